@@ -1,0 +1,2 @@
+"""placeholder"""
+__version__ = "0.1.0"
