@@ -1,0 +1,58 @@
+"""``mizzen-ci`` / ``python -m mizzen_ci``: the command-line entry of mizzen's CI.
+
+Invariants:
+- Runs with ``python3 -S`` from a bare checkout (``PYTHONPATH=ci/src``): every command module is
+  stdlib-only.
+- One table, :data:`COMMANDS`, maps a command to the module that implements it; such a module
+  provides ``add_arguments(command, parser)`` and ``run(command, args) -> int``.
+- Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from .fleet import FLEET_RELATIVE_PATH, FleetError, find_repo_root, load_fleet
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": (
+        "mizzen_ci.registry_cli",
+        "check every test file's registration (exit 1 on errors)",
+    ),
+    "list": ("mizzen_ci.registry_cli", "list registered tests with their derived runner pool"),
+}
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, help="repository root (default: found from the cwd)")
+    parser.add_argument(
+        "--fleet", type=Path, help=f"fleet table (default: ROOT/{FLEET_RELATIVE_PATH})"
+    )
+
+
+def resolve_root_and_fleet(args: argparse.Namespace):
+    """(root, fleet) from ``--root``/``--fleet``; raises FleetError with a clear message."""
+    root = args.root.resolve() if args.root else find_repo_root()
+    return root, load_fleet(args.fleet.resolve() if args.fleet else root / FLEET_RELATIVE_PATH)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mizzen-ci", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(name, p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return module.run(args.command, args)
+    except FleetError as e:
+        print(f"mizzen-ci {args.command}: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,237 @@
+"""The fleet: GPU generations, capabilities, labels and runner pools, read from ``ci/fleet.toml``.
+
+Invariants:
+- ``fleet.toml`` is the one table of hardware facts; this module only reads and checks it and
+  derives from it (which generation a compute capability belongs to, which pool hosts a test).
+- Generations keep the file's order, which is the auto-dispatch preference order.
+- Pool derivation is deterministic: on one arch, the smallest pool (fewest GPUs per runner) that
+  has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
+- A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FLEET_RELATIVE_PATH = Path("ci") / "fleet.toml"
+
+
+class FleetError(ValueError):
+    """``fleet.toml`` is malformed; the message names the entry and the fix."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU generation (not a SKU) with the compute capabilities that belong to it."""
+
+    name: str
+    compute_capabilities: tuple[str, ...]
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A set of identical GPU runners: ``runners`` machines of ``gpus_per_runner`` GPUs each."""
+
+    name: str
+    arch: str
+    gpu: str
+    gpus_per_runner: int
+    runners: int
+    runs_on: tuple[str, ...]
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class CpuPool:
+    """The pool that runs CPU jobs (hosted runners)."""
+
+    name: str
+    runs_on: tuple[str, ...]
+    runners: int
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Everything ``fleet.toml`` says, with the derivations the registry and planner need."""
+
+    path: Path
+    archs: tuple[Arch, ...]
+    capabilities: frozenset[str]
+    labels: frozenset[str]
+    pools: tuple[Pool, ...]
+    cpu_pool: CpuPool
+
+    @property
+    def arch_names(self) -> tuple[str, ...]:
+        """Generation names in auto-dispatch preference order."""
+        return tuple(a.name for a in self.archs)
+
+    def arch(self, name: str) -> Arch:
+        for a in self.archs:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def pools_of(self, arch: str) -> tuple[Pool, ...]:
+        return tuple(p for p in self.pools if p.arch == arch)
+
+    def arches_in_fleet(self) -> tuple[str, ...]:
+        """Generations that have at least one pool, in preference order."""
+        have = {p.arch for p in self.pools}
+        return tuple(a for a in self.arch_names if a in have)
+
+    def max_gpus(self, arch: str) -> int:
+        """The most GPUs one runner of ``arch`` has (0 when the fleet has none of that arch)."""
+        return max((p.gpus_per_runner for p in self.pools_of(arch)), default=0)
+
+    def pool_for(self, arch: str, num_gpus: int, needs: frozenset[str] | set[str] = frozenset()):
+        """The smallest pool of ``arch`` with ``num_gpus`` GPUs per runner and every capability
+        in ``needs``; ``None`` when no pool can host it."""
+        fits = [
+            p
+            for p in self.pools_of(arch)
+            if p.gpus_per_runner >= num_gpus and set(needs) <= p.capabilities
+        ]
+        if not fits:
+            return None
+        return min(fits, key=lambda p: (p.gpus_per_runner, len(p.capabilities), p.name))
+
+    def pool(self, name: str) -> Pool | CpuPool:
+        if name == self.cpu_pool.name:
+            return self.cpu_pool
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def arch_of_capability(self, compute_capability: str) -> str | None:
+        """The generation a compute capability (``"9.0"``) belongs to, or ``None``."""
+        for a in self.archs:
+            if compute_capability in a.compute_capabilities:
+                return a.name
+        return None
+
+
+def find_repo_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) that holds ``ci/fleet.toml``."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / FLEET_RELATIVE_PATH).is_file():
+            return d
+    raise FleetError(
+        f"no {FLEET_RELATIVE_PATH} found at or above {here}: run from a mizzen checkout "
+        "or pass --root DIR"
+    )
+
+
+def load_fleet(path: Path | str) -> Fleet:
+    """Read and check ``fleet.toml``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise FleetError(f"{path}: no such fleet file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FleetError(f"{path}: not valid TOML: {e}") from None
+    return _parse(path, data)
+
+
+def _need(path: Path, where: str, table: dict, key: str, kind: type | tuple[type, ...]):
+    if key not in table:
+        raise FleetError(f"{path}: {where} lacks `{key}`; add it")
+    value = table[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise FleetError(f"{path}: {where}.{key} must be {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _kind_name(kind) -> str:
+    names = {str: "a string", int: "an integer", list: "a list", dict: "a table"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def _strings(path: Path, where: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise FleetError(f"{path}: {where} must be a list of non-empty strings, got {value!r}")
+    if len(set(value)) != len(value):
+        raise FleetError(f"{path}: {where} lists a name twice: {value!r}")
+    return tuple(value)
+
+
+def _parse(path: Path, data: dict) -> Fleet:
+    capabilities = frozenset(_strings(path, "capabilities", data.get("capabilities", [])))
+    labels = frozenset(_strings(path, "labels", _need(path, "the top level", data, "labels", list)))
+
+    archs: list[Arch] = []
+    owner: dict[str, str] = {}
+    for i, raw in enumerate(_need(path, "the top level", data, "arch", list)):
+        where = f"[[arch]] #{i + 1}"
+        name = _need(path, where, raw, "name", str)
+        ccs = _strings(
+            path, f"{where} ({name}).compute_capabilities", raw.get("compute_capabilities")
+        )
+        for cc in ccs:
+            major, _, minor = cc.partition(".")
+            if not (major.isdigit() and minor.isdigit()):
+                raise FleetError(
+                    f"{path}: {where} ({name}): compute capability {cc!r} is not 'M.m'"
+                )
+            if cc in owner:
+                raise FleetError(
+                    f"{path}: compute capability {cc} is listed for both {owner[cc]} and {name}; "
+                    "a capability belongs to one generation"
+                )
+            owner[cc] = name
+        if any(a.name == name for a in archs):
+            raise FleetError(f"{path}: arch {name!r} is listed twice")
+        archs.append(Arch(name, ccs, _strings(path, f"{where}.gpus", raw.get("gpus", []))))
+
+    arch_names = {a.name for a in archs}
+    pools: list[Pool] = []
+    for i, raw in enumerate(data.get("pool", [])):
+        where = f"[[pool]] #{i + 1}"
+        name = _need(path, where, raw, "name", str)
+        arch = _need(path, where, raw, "arch", str)
+        if arch not in arch_names:
+            raise FleetError(
+                f"{path}: pool {name}: arch {arch!r} is not one of {sorted(arch_names)}"
+            )
+        gpus = _need(path, where, raw, "gpus_per_runner", int)
+        runners = _need(path, where, raw, "runners", int)
+        if gpus < 1 or runners < 1:
+            raise FleetError(f"{path}: pool {name}: gpus_per_runner and runners must be ≥ 1")
+        caps = frozenset(_strings(path, f"pool {name}.capabilities", raw.get("capabilities", [])))
+        if not caps <= capabilities:
+            raise FleetError(
+                f"{path}: pool {name}: unknown capabilities {sorted(caps - capabilities)}; "
+                f"known: {sorted(capabilities)}"
+            )
+        if any(p.name == name for p in pools):
+            raise FleetError(f"{path}: pool {name!r} is listed twice")
+        pools.append(
+            Pool(
+                name=name,
+                arch=arch,
+                gpu=_need(path, where, raw, "gpu", str),
+                gpus_per_runner=gpus,
+                runners=runners,
+                runs_on=_strings(path, f"pool {name}.runs_on", raw.get("runs_on")),
+                capabilities=caps,
+            )
+        )
+
+    raw_cpu = _need(path, "the top level", data, "cpu_pool", dict)
+    cpu_pool = CpuPool(
+        name=_need(path, "[cpu_pool]", raw_cpu, "name", str),
+        runs_on=_strings(path, "cpu_pool.runs_on", raw_cpu.get("runs_on")),
+        runners=_need(path, "[cpu_pool]", raw_cpu, "runners", int),
+    )
+    if any(p.name == cpu_pool.name for p in pools):
+        raise FleetError(f"{path}: the cpu pool and a GPU pool are both named {cpu_pool.name!r}")
+    return Fleet(path, tuple(archs), capabilities, labels, tuple(pools), cpu_pool)

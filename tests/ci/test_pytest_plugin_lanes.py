@@ -1,0 +1,90 @@
+"""The pytest plugin decides collection from the registry, driven through pytester on a small repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=20, labels=["ci"])
+
+FLEET = (Path(__file__).parent / "fixtures" / "registry" / "fleet.toml").read_text()
+HEAD = "from mizzen_ci import register_cpu_ci, register_cuda_ci\n"
+
+
+@pytest.fixture
+def repo(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makefile(".toml", **{"ci/fleet": FLEET})
+    pytester.makepyprojecttoml(
+        '[tool.mizzen.registry]\nexclude = ["tests/data"]\n[tool.pytest.ini_options]\n'
+    )
+    files = {
+        "tests/test_cpu_ok.py": HEAD + "register_cpu_ci(est_time=1)\ndef test_a():\n    pass\n",
+        "tests/sub/test_cpu_nested.py": HEAD
+        + "register_cpu_ci(est_time=1)\ndef test_b():\n    pass\n",
+        "tests/test_gpu.py": HEAD
+        + "register_cuda_ci(est_time=1, hardware=['hopper'], labels=['lora'])\n"
+        + "import not_installed_gpu_lib\ndef test_g():\n    pass\n",
+        "tests/test_disabled.py": HEAD
+        + "register_cpu_ci(est_time=1, disabled='flaky upstream, issue 7')\n"
+        + "raise RuntimeError('a disabled module must never be imported')\n",
+        "tests/test_broken_registration.py": HEAD
+        + "register_cpu_ci(est_time=-1)\ndef test_c():\n    pass\n",
+        "tests/data/test_fixture_data.py": "this is not python at all (\n",
+    }
+    for rel, src in files.items():
+        p = pytester.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(src)
+    return pytester
+
+
+def test_cpu_lane_collects_cpu_files_skips_disabled_and_fails_broken(repo: pytest.Pytester):
+    result = repo.runpytest("tests")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a broken registration stops the lane
+    result = repo.runpytest("-rs", "--continue-on-collection-errors", "tests")
+    result.assert_outcomes(passed=2, skipped=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*mizzen lane: cpu*",
+            "*tests/test_broken_registration.py:2: ?est-time? `est_time` must be positive*",
+            "*disabled in registry: flaky upstream, issue 7*",
+        ]
+    )
+    assert "test_gpu" not in result.stdout.str()
+    assert "test_fixture_data" not in result.stdout.str()
+
+
+def test_gpu_lane_collects_only_files_declaring_the_arch(repo: pytest.Pytester):
+    (repo.path / "tests" / "test_broken_registration.py").unlink()
+    result = repo.runpytest("--mizzen-lane", "hopper", "tests")
+    # the only hopper file is collected (its import fails here: proof it was collected)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*tests/test_gpu.py*", "*not_installed_gpu_lib*"])
+    result = repo.runpytest("--mizzen-lane", "blackwell", "tests")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def test_a_file_named_explicitly_for_the_wrong_lane_is_an_error(repo: pytest.Pytester):
+    result = repo.runpytest("tests/test_gpu.py")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*tests/test_gpu.py:2: registered for cuda (hopper), not for lane 'cpu'*nox -s gpu-hopper*"
+        ]
+    )
+
+
+def test_lane_from_environment_and_unknown_lane(repo: pytest.Pytester, monkeypatch):
+    monkeypatch.setenv("MIZZEN_LANE", "volta")
+    result = repo.runpytest("tests")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown lane 'volta'*hopper*"])
+
+
+def test_plugin_is_inert_outside_a_mizzen_checkout(pytester: pytest.Pytester):
+    pytester.makepyfile(test_plain="def test_x():\n    pass\n")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
