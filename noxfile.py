@@ -1,0 +1,159 @@
+"""mizzen's lanes: each session is exactly what CI runs for it, runnable on any machine.
+
+Sessions stay thin: they install (from ``uv.lock``, never resolving anew) and call ``mizzen-ci`` or
+pytest; the logic lives in ``mizzen_ci``.  Facts come from their one table: workspace members from
+the root ``pyproject.toml``, GPU generations from ``ci/fleet.toml``.
+
+    nox -s registry       the main job for now: every registered test with its derived pool
+    nox -s validate lint cpu packages   what CI runs (see README)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CI_SRC = ROOT / "ci" / "src"
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["validate", "lint", "cpu", "packages"]
+nox.options.error_on_missing_interpreters = True
+
+# Environment every test process of a CPU lane gets: no GPU, no Ray dashboards or auth prompts.
+CPU_TEST_ENV = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "MIZZEN_LANE": "cpu",
+}
+CPU_TEST_TIMEOUT_S = (
+    "900"  # per test (pytest-timeout): a hang fails loudly instead of eating the job
+)
+
+
+def _workspace_members() -> dict[str, Path]:
+    """{distribution name: directory} of the uv workspace members, from the root pyproject."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        members = tomllib.load(f)["tool"]["uv"]["workspace"]["members"]
+    out = {}
+    for rel in members:
+        with (ROOT / rel / "pyproject.toml").open("rb") as f:
+            out[tomllib.load(f)["project"]["name"]] = ROOT / rel
+    return out
+
+
+def _bare_mizzen_ci(session: nox.Session, *args: str) -> None:
+    """Run ``python -S -m mizzen_ci ARGS`` with only ``ci/src`` on the path: a bare runner."""
+    session.run(
+        sys.executable,
+        "-S",
+        "-m",
+        "mizzen_ci",
+        *args,
+        env={"PYTHONPATH": str(CI_SRC)},
+        external=True,
+    )
+
+
+def _sync_workspace(session: nox.Session, *extra: str) -> None:
+    """Install the locked workspace (all members, their CPU extras, the dev group) into the venv."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--frozen",
+        "--inexact",
+        *extra,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location, "UV_PYTHON_DOWNLOADS": "never"},
+        external=True,
+    )
+
+
+@nox.session(venv_backend="none")
+def validate(session: nox.Session) -> None:
+    """Check every test file's registration (stdlib only, `python -S`)."""
+    _bare_mizzen_ci(session, "validate")
+
+
+@nox.session(venv_backend="none")
+def registry(session: nox.Session) -> None:
+    """The registry table: every test, its lane, arches, GPUs, labels and derived pool."""
+    _bare_mizzen_ci(session, "list", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    _sync_workspace(session, "--only-group", "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def cpu(session: nox.Session) -> None:
+    """Every enabled CPU-registered test, in parallel; no tests collected (exit 5) is a failure."""
+    _sync_workspace(session)
+    session.run(
+        "pytest",
+        "--mizzen-lane",
+        "cpu",
+        "-n",
+        os.environ.get("MIZZEN_XDIST", "auto"),
+        "--dist",
+        "loadfile",
+        "--timeout",
+        CPU_TEST_TIMEOUT_S,
+        *(session.posargs or ["tests"]),
+        env=CPU_TEST_ENV,
+    )
+
+
+@nox.session
+def packages(session: nox.Session) -> None:
+    """Build each member's wheel, install it alone into a fresh venv (its declared dependencies only,
+    at the locked versions) and import every module of it.  Posargs pick members (default: all)."""
+    members = _workspace_members()
+    chosen = session.posargs or list(members)
+    unknown = sorted(set(chosen) - set(members))
+    if unknown:
+        session.error(f"unknown workspace member(s) {unknown}; choose from {sorted(members)}")
+    tmp = Path(session.create_tmp())
+    wheels = tmp / "wheels"
+    session.run(
+        "uv",
+        "build",
+        "--all-packages",
+        "--wheel",
+        "--out-dir",
+        str(wheels),
+        external=True,
+        silent=True,
+    )
+    constraints = tmp / "locked.txt"
+    session.run(
+        "uv", "export", "--frozen", "--all-packages", "--all-extras", "--no-hashes",
+        "--no-emit-workspace", "--no-header", "--output-file", str(constraints),
+        external=True, silent=True,
+    )  # fmt: skip
+    with constraints.open("a") as f:  # members come from the wheels just built, never from an index
+        for wheel in sorted(wheels.glob("*.whl")):
+            f.write(f"{wheel.name.split('-')[0].replace('_', '-')} @ {wheel.resolve().as_uri()}\n")
+    walker = CI_SRC / "mizzen_ci" / "import_walk.py"
+    for name in chosen:
+        venv = tmp / f"venv-{name}"
+        session.run(
+            "uv", "venv", "--quiet", "--clear", "--python", sys.executable, str(venv), external=True
+        )
+        python = str(venv / "bin" / "python")
+        session.run(
+            "uv", "pip", "install", "--quiet", "--python", python,
+            "--constraints", str(constraints), name,
+            env={"UV_PYTHON_DOWNLOADS": "never"}, external=True,
+        )  # fmt: skip
+        import_name = name.replace("-", "_")
+        session.run(python, "-P", str(walker), import_name, external=True, env=CPU_TEST_ENV)
