@@ -1,0 +1,323 @@
+"""The Harbor run settings and the one table of worker environment variables that carries them.
+
+The launcher (`launcher.harbor_env_vars`) builds a `HarborSettings`, validates it and turns it into
+environment variables for the rollout workers; the agent function (`agent.run`) reads them back
+with `HarborSettings.from_env`. Both sides run the same `validate`, so a worker never starts a
+trial from settings the launcher would have refused.
+
+Invariants:
+- `ENV_VARS` is the only place a variable name is spelled; `to_env` and `from_env` derive from it.
+- Optional knobs are written only when set; `max_iterations=0` is set (zero, not "unset").
+- No secret is ever a setting: provider keys travel as key-file paths (see `credentials`), the
+  engine key as the NAME of the variable that holds it. `agent_kwargs` with a credential-looking
+  name and a literal value are refused.
+- Importing this module imports no Harbor; `validate` imports `harbor` lazily to check the
+  environment type against Harbor's own `EnvironmentType` and the harness against `AgentName`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.redaction import is_sensitive_name
+
+RESPONSE_TOO_LONG_POLICIES = ("abort", "recover")
+DEFAULT_REWARD_KEY = "reward"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+
+#: setting name -> worker environment variable
+ENV_VARS: dict[str, str] = {
+    "tasks_dir": "MIZZEN_HARBOR_TASKS_DIR",
+    "trials_dir": "MIZZEN_HARBOR_TRIALS_DIR",
+    "model_name": "MIZZEN_HARBOR_MODEL",
+    "agent": "MIZZEN_HARBOR_AGENT",
+    "environment_type": "MIZZEN_HARBOR_ENVIRONMENT_TYPE",
+    "environment_import_path": "MIZZEN_HARBOR_ENVIRONMENT_IMPORT_PATH",
+    "trial_timeout_s": "MIZZEN_HARBOR_TRIAL_TIMEOUT_S",
+    "agent_timeout_s": "MIZZEN_HARBOR_AGENT_TIMEOUT_S",
+    "verifier_timeout_s": "MIZZEN_HARBOR_VERIFIER_TIMEOUT_S",
+    "max_iterations": "MIZZEN_HARBOR_MAX_ITERATIONS",
+    "response_too_long": "MIZZEN_HARBOR_RESPONSE_TOO_LONG",
+    "reward_key": "MIZZEN_HARBOR_REWARD_KEY",
+    "engine_api_key_var": "MIZZEN_HARBOR_ENGINE_API_KEY_VAR",
+    "environment_kwargs": "MIZZEN_HARBOR_ENVIRONMENT_KWARGS",
+    "agent_kwargs": "MIZZEN_HARBOR_AGENT_KWARGS",
+    "keep_sandbox": "MIZZEN_HARBOR_KEEP_SANDBOX",
+}
+
+
+@dataclass
+class HarborSettings:
+    """How every trial of a run is configured (see `ENV_VARS` for the variables).
+
+    Fields:
+        tasks_dir: root of the Harbor tasks; a sample's instance id names a directory in it.
+        trials_dir: where trial directories (logs, results) are written.
+        model_name: the model name the engine serves (what agents put in their requests).
+        agent: the harness (`harnesses.HARNESSES`), default terminus-2.
+        environment_type / environment_import_path: exactly one; a Harbor `EnvironmentType`
+            value, or `module:Class` of a custom `BaseEnvironment` (e.g. the local sandbox).
+        trial_timeout_s: wall-clock limit of one whole trial (setup + agent + verifier).
+        agent_timeout_s / verifier_timeout_s: override the task's own limits (optional).
+        max_iterations: agent turn limit; 0 means zero turns (optional).
+        response_too_long: `abort` (default) or `recover`; see `harnesses` for why abort.
+        reward_key: the verifier reward to use (default `reward`, else the first one).
+        engine_api_key_var: NAME of the worker variable holding the engine's API key (optional).
+        environment_kwargs / agent_kwargs: extra kwargs for Harbor's environment / agent.
+        keep_sandbox: keep the sandbox after the trial (debugging); default delete.
+    """
+
+    tasks_dir: Path
+    trials_dir: Path
+    model_name: str
+    agent: str = "terminus-2"
+    environment_type: str | None = None
+    environment_import_path: str | None = None
+    trial_timeout_s: float = 3600.0
+    agent_timeout_s: float | None = None
+    verifier_timeout_s: float | None = None
+    max_iterations: int | None = None
+    response_too_long: str = "abort"
+    reward_key: str = DEFAULT_REWARD_KEY
+    engine_api_key_var: str | None = None
+    environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    keep_sandbox: bool = False
+
+    # --------------------------------------------------------------------------- validation
+
+    def validate(self, *, create_trials_dir: bool = False) -> HarborSettings:
+        """Normalise and check every field; raise HarborConfigError naming the variable."""
+        self.tasks_dir = Path(self.tasks_dir).expanduser().resolve()
+        if not self.tasks_dir.is_dir():
+            raise _error(
+                "tasks_dir",
+                f"{self.tasks_dir} is not a directory",
+                "point it at the directory holding one sub-directory per Harbor task",
+            )
+        self.trials_dir = Path(self.trials_dir).expanduser().resolve()
+        self._check_trials_dir(create_trials_dir)
+        if not isinstance(self.model_name, str) or not self.model_name.strip():
+            raise _error("model_name", "is empty", "set the model name the engine serves")
+        self.model_name = self.model_name.strip()
+        self._validate_environment()
+        self.response_too_long = str(self.response_too_long).strip().lower()
+        if self.response_too_long not in RESPONSE_TOO_LONG_POLICIES:
+            raise _error(
+                "response_too_long",
+                f"is {self.response_too_long!r}",
+                f"use one of {list(RESPONSE_TOO_LONG_POLICIES)}",
+            )
+        self._validate_agent()
+        self.trial_timeout_s = _positive("trial_timeout_s", self.trial_timeout_s)
+        for name in ("agent_timeout_s", "verifier_timeout_s"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _positive(name, value))
+        if self.max_iterations is not None:
+            if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int):
+                raise _error("max_iterations", f"is {self.max_iterations!r}", "use an integer")
+            if self.max_iterations < 0:
+                raise _error(
+                    "max_iterations",
+                    f"is {self.max_iterations}",
+                    "use 0 (no turns) or a positive limit; leave unset for none",
+                )
+        if not self.reward_key or not isinstance(self.reward_key, str):
+            raise _error("reward_key", "is empty", f"use a reward name, e.g. {DEFAULT_REWARD_KEY}")
+        if self.engine_api_key_var is not None and not re.fullmatch(
+            r"[A-Za-z_][A-Za-z0-9_]*", self.engine_api_key_var
+        ):
+            raise _error(
+                "engine_api_key_var",
+                "is not a variable name",
+                "give the NAME of the variable holding the key, never the key",
+            )
+        for name in ("environment_kwargs", "agent_kwargs"):
+            if not isinstance(getattr(self, name), dict):
+                raise _error(name, "is not a mapping", "use a JSON object")
+        _refuse_literal_secrets(self.agent_kwargs, "agent_kwargs")
+        _refuse_literal_secrets(self.environment_kwargs, "environment_kwargs")
+        return self
+
+    def _check_trials_dir(self, create: bool) -> None:
+        if self.trials_dir.exists() and not self.trials_dir.is_dir():
+            raise _error(
+                "trials_dir",
+                f"{self.trials_dir} exists and is not a directory",
+                "point it at a directory (it is created when missing)",
+            )
+        if create:
+            try:
+                self.trials_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _error(
+                    "trials_dir",
+                    f"cannot create {self.trials_dir} ({exc.strerror})",
+                    "choose a writable location",
+                ) from None
+        else:
+            probe = self.trials_dir
+            while not probe.exists():
+                probe = probe.parent
+            if not os.access(probe, os.W_OK):
+                raise _error(
+                    "trials_dir",
+                    f"{self.trials_dir} cannot be created under {probe} (not writable)",
+                    "choose a writable location",
+                )
+
+    def _validate_environment(self) -> None:
+        if self.environment_type is not None:
+            self.environment_type = normalize_environment_type(self.environment_type)
+        if self.environment_import_path is not None:
+            self.environment_import_path = self.environment_import_path.strip()
+            if not _IMPORT_PATH.fullmatch(self.environment_import_path):
+                raise _error(
+                    "environment_import_path",
+                    f"is {self.environment_import_path!r}",
+                    "use 'package.module:ClassName' of a Harbor BaseEnvironment",
+                )
+        if (self.environment_type is None) == (self.environment_import_path is None):
+            raise HarborConfigError(
+                f"set exactly one of {ENV_VARS['environment_type']} (a Harbor environment type, "
+                f"e.g. docker, daytona) and {ENV_VARS['environment_import_path']} (module:Class "
+                "of a custom environment, e.g. the local sandbox "
+                "mizzen_rollout.harbor.local_environment:LocalSandboxEnvironment)"
+            )
+
+    def _validate_agent(self) -> None:
+        from mizzen_rollout.harbor.harnesses import harness
+
+        self.agent = str(self.agent).strip().lower()
+        spec = harness(self.agent)  # raises with the list of harnesses
+        if self.response_too_long not in spec.too_long_policies:
+            raise _error(
+                "response_too_long",
+                f"{self.response_too_long!r} is not supported by {spec.name} "
+                f"(supported: {sorted(spec.too_long_policies)})",
+                spec.too_long_note,
+            )
+
+    @property
+    def provider(self) -> str | None:
+        """The sandbox provider whose credentials the workers need (None for custom imports)."""
+        return self.environment_type
+
+    # ----------------------------------------------------------------------- (de)serialising
+
+    def to_env(self) -> dict[str, str]:
+        """The worker variables; optional knobs only when set (0 counts as set)."""
+        env: dict[str, str] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None or (isinstance(value, dict) and not value):
+                continue
+            if item.name == "keep_sandbox" and not value:
+                continue
+            if isinstance(value, dict):
+                text = json.dumps(value, sort_keys=True)
+            elif isinstance(value, bool):
+                text = "1" if value else "0"
+            else:
+                text = str(value)
+            env[ENV_VARS[item.name]] = text
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HarborSettings:
+        """Read and validate the settings from the worker environment."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, variable in ENV_VARS.items():
+            raw = env.get(variable)
+            if raw is None or raw == "":
+                continue
+            values[name] = _parse(name, variable, raw)
+        missing = [
+            ENV_VARS[n] for n in ("tasks_dir", "trials_dir", "model_name") if n not in values
+        ]
+        if missing:
+            raise HarborConfigError(
+                f"the Harbor agent function needs {missing} in the worker environment; start "
+                "the run with the variables from mizzen_rollout.harbor.harbor_env_vars(...)"
+            )
+        return cls(**values).validate()
+
+
+def normalize_environment_type(raw: str) -> str:
+    """Strip and lower-case `raw` and check it against Harbor's own `EnvironmentType`."""
+    try:
+        from harbor.models.environment_type import EnvironmentType
+    except ImportError:
+        raise HarborConfigError(
+            "checking the environment type needs harbor: install mizzen-rollout[harbor]"
+        ) from None
+    value = str(raw).strip().lower()
+    valid = [member.value for member in EnvironmentType]
+    if value not in valid:
+        raise _error(
+            "environment_type",
+            f"{raw!r} is not a Harbor environment type",
+            f"use one of {valid}, or an environment import path",
+        )
+    return value
+
+
+def _error(name: str, problem: str, fix: str) -> HarborConfigError:
+    return HarborConfigError(f"{ENV_VARS[name]} ({name}): {problem}; fix: {fix}")
+
+
+def _positive(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _error(
+            name, f"is {value!r}, not a number", "use a positive number of seconds"
+        ) from None
+    if not number > 0 or number == float("inf"):
+        raise _error(name, f"is {value!r}", "use a positive, finite number of seconds")
+    return number
+
+
+def _parse(name: str, variable: str, raw: str) -> Any:
+    try:
+        if name in ("tasks_dir", "trials_dir"):
+            return Path(raw)
+        if name in ("trial_timeout_s", "agent_timeout_s", "verifier_timeout_s"):
+            return float(raw)
+        if name == "max_iterations":
+            return int(raw)
+        if name in ("environment_kwargs", "agent_kwargs"):
+            return json.loads(raw)
+        if name == "keep_sandbox":
+            return raw.strip().lower() in ("1", "true", "yes")
+    except (ValueError, json.JSONDecodeError):
+        raise HarborConfigError(f"{variable} ({name}): cannot parse {raw!r}") from None
+    return raw
+
+
+def _refuse_literal_secrets(values: Mapping[str, Any], where: str, path: str = "") -> None:
+    for key, value in values.items():
+        here = f"{path}.{key}" if path else str(key)
+        if isinstance(value, Mapping):
+            _refuse_literal_secrets(value, where, here)
+        elif (
+            is_sensitive_name(str(key))
+            and isinstance(value, str)
+            and value
+            and not _TEMPLATE.fullmatch(value)
+        ):
+            raise HarborConfigError(
+                f"{ENV_VARS[where]} ({where}): {here} holds a literal credential; worker "
+                "variables are logged in plain text. fix: put the secret in a worker variable and "
+                "write '${THAT_VARIABLE}' here."
+            )

@@ -1,0 +1,105 @@
+"""Building one trial's Harbor `TrialConfig` from the run settings and one sample.
+
+Invariants:
+- The result is a real, validated `harbor.models.trial.config.TrialConfig` (Harbor is imported
+  here, lazily); any Harbor validation error becomes a HarborConfigError naming the field.
+- The task comes only from `task_ids.resolve_task_dir` (strict id, inside the tasks root).
+- The agent points at the engine endpoint `base_url` with the sample's sampling parameters, as
+  `harnesses.agent_setup` derives them. The engine key, if any, is referenced as `${VAR}` (Harbor
+  resolves it in-process), so no secret is ever part of a config Harbor writes to disk.
+- Optional limits (agent/verifier timeouts, max_iterations) are applied only when set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.harnesses import AgentSetup, agent_setup, merge_agent_kwargs
+from mizzen_rollout.harbor.settings import HarborSettings
+from mizzen_rollout.harbor.task_ids import resolve_task_dir
+
+if TYPE_CHECKING:
+    from harbor.models.trial.config import TrialConfig
+
+#: the placeholder key sent when the engine needs none (OpenAI clients refuse an empty key)
+NO_ENGINE_KEY = "mizzen-no-key"
+ENGINE_KEY_VAR = "MIZZEN_ENGINE_API_KEY"
+
+
+def build_trial_config(
+    settings: HarborSettings,
+    *,
+    instance_id: str,
+    base_url: str,
+    sampling_params: dict[str, Any] | None,
+) -> tuple[TrialConfig, AgentSetup]:
+    """The `TrialConfig` for one sample, and the agent setup it was derived from."""
+    from harbor.models.trial.config import (
+        AgentConfig,
+        EnvironmentConfig,
+        TaskConfig,
+        TrialConfig,
+        VerifierConfig,
+    )
+    from pydantic import ValidationError
+
+    task_dir = resolve_task_dir(settings.tasks_dir, instance_id)
+    setup = agent_setup(
+        settings.agent,
+        model_name=settings.model_name,
+        sampling_params=sampling_params,
+        max_iterations=settings.max_iterations,
+        response_too_long=settings.response_too_long,
+    )
+    if setup.substituted_for is None:
+        merge_agent_kwargs(setup, settings.agent_kwargs)
+
+    agent_fields: dict[str, Any] = {"name": setup.name, "kwargs": setup.kwargs}
+    env = dict(setup.env)
+    if setup.model_name is not None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise HarborConfigError(
+                f"base_url {base_url!r} is not an http(s) URL; fix: pass the engine's "
+                "OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1"
+            )
+        key_var = settings.engine_api_key_var
+        env[ENGINE_KEY_VAR] = f"${{{key_var}}}" if key_var else NO_ENGINE_KEY
+        agent_fields.update(
+            model_name=setup.model_name,
+            base_url=base_url,
+            model_api_key_name=ENGINE_KEY_VAR,
+            model_api_format=setup.model_api_format,
+        )
+    if env:
+        agent_fields["env"] = env
+    if settings.agent_timeout_s is not None:
+        agent_fields["override_timeout_sec"] = settings.agent_timeout_s
+
+    environment_fields: dict[str, Any] = {
+        "kwargs": dict(settings.environment_kwargs),
+        "delete": not settings.keep_sandbox,
+    }
+    if settings.environment_import_path is not None:
+        environment_fields["import_path"] = settings.environment_import_path
+    else:
+        environment_fields["type"] = settings.environment_type
+
+    verifier_fields: dict[str, Any] = {}
+    if settings.verifier_timeout_s is not None:
+        verifier_fields["override_timeout_sec"] = settings.verifier_timeout_s
+
+    try:
+        config = TrialConfig(
+            task=TaskConfig(path=task_dir),
+            trials_dir=settings.trials_dir,
+            agent=AgentConfig(**agent_fields),
+            environment=EnvironmentConfig(**environment_fields),
+            verifier=VerifierConfig(**verifier_fields),
+        )
+    except ValidationError as exc:
+        raise HarborConfigError(
+            f"the trial configuration for {instance_id!r} does not validate as a Harbor "
+            f"TrialConfig: {exc}"
+        ) from None
+    return config, setup
