@@ -1,0 +1,315 @@
+"""Duration history: what each test file took on each lane, and the planner's estimate from it.
+
+The store is JSON lines (one JSON object per line, UTF-8), append-only.  One record is one run of
+one test *file* on one lane::
+
+    {"file": "tests/train/test_lora.py", "arch": "hopper", "seconds": 123.4, "outcome": "passed",
+     "when": "2026-11-30T06:12:00+00:00", "lane": "gpu-hopper", "job": "gpu-hopper-h200-2gpu-1"}
+
+- ``file``: repository-relative POSIX path of the test file.
+- ``arch``: the GPU generation it ran on (a name from ``ci/fleet.toml``), ``null`` for the CPU lane.
+- ``seconds``: wall seconds of the file, the sum of its junit testcases (setup + call + teardown).
+- ``outcome``: ``passed`` | ``failed`` | ``skipped`` | ``error``; for a file, the worst of its
+  testcases in the order passed < skipped < failed < error.
+- ``when``: ISO-8601 UTC timestamp of the recording.
+- ``lane``: ``cpu`` or ``gpu-<arch>``; ``job``: the planned job id, or ``null`` for a local run.
+
+Unknown keys are kept out of :class:`Record` but tolerated on read, so the format can grow.
+
+Invariants:
+- Stdlib only (``python3 -S``): ``xml.etree`` for junit, ``json`` for the store.
+- :func:`append` writes all its records with one ``write`` on a file opened for appending, so a
+  crash never leaves half a batch behind a complete line; readers skip nothing silently: a
+  malformed line is a :class:`HistoryError` naming ``path:line``.
+- The estimate of a (file, arch) is the p90 (nearest rank) of its most recent ``RECENT`` *passing*
+  durations; with no passing record it is the registration's ``est_time``.  Failed, errored and
+  skipped runs never feed an estimate (a crash at second 3 says nothing about a full run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+OUTCOMES = ("passed", "skipped", "failed", "error")  # in order of severity
+_SEVERITY = {o: i for i, o in enumerate(OUTCOMES)}
+RECENT = 20  # passing runs per (file, arch) that feed an estimate
+QUANTILE = 0.9
+
+
+class HistoryError(ValueError):
+    """A history file or junit report cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One run of one test file on one lane."""
+
+    file: str
+    arch: str | None
+    seconds: float
+    outcome: str
+    when: str
+    lane: str
+    job: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds expected for one (file, arch), and where the figure came from."""
+
+    seconds: float
+    source: str  # "history" | "est_time"
+    samples: int = 0
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def worst(outcomes: Iterable[str]) -> str:
+    """The most severe outcome (passed < skipped < failed < error); ``passed`` for none."""
+    return max(outcomes, key=_SEVERITY.__getitem__, default="passed")
+
+
+# --------------------------------------------------------------------------------------------
+# junit XML -> records
+
+
+def file_of_testcase(classname: str, name: str) -> str | None:
+    """The test file of a pytest junit testcase, from its dotted ``classname``.
+
+    pytest writes ``classname="tests.ci.test_cli"`` (or ``tests.ci.test_cli.TestX`` inside a
+    class); registered test files are named ``test_*.py``, so the file is the dotted path up to
+    its last ``test_*`` component.  A collection error has an empty classname and the module in
+    ``name``.
+    """
+    dotted = classname or name
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i].startswith("test_"):
+            return "/".join(parts[: i + 1]) + ".py"
+    if "/" in name and name.endswith(".py"):  # some collection errors carry the path itself
+        return name
+    return None
+
+
+def _testcase_outcome(case: ET.Element) -> str:
+    tags = {child.tag for child in case}
+    if "error" in tags:
+        return "error"
+    if "failure" in tags:
+        return "failed"
+    if "skipped" in tags:
+        return "skipped"
+    return "passed"
+
+
+def records_from_junit(
+    xml_path: Path | str,
+    *,
+    arch: str | None,
+    lane: str,
+    job: str | None = None,
+    file: str | None = None,
+    when: str | None = None,
+) -> list[Record]:
+    """One :class:`Record` per test file in a junit XML report, summing its testcases' times.
+
+    ``file`` attributes every testcase to that file (a lane that runs one pytest process per
+    file knows it); otherwise the file comes from each testcase's ``file`` attribute (junit
+    ``xunit1``) or its ``classname`` (see :func:`file_of_testcase`).
+    """
+    xml_path = Path(xml_path)
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError) as e:
+        raise HistoryError(f"{xml_path}: cannot read junit XML: {e}") from None
+    when = when or now_utc()
+    seconds: dict[str, float] = {}
+    outcomes: dict[str, list[str]] = {}
+    for case in root.iter("testcase"):
+        path = (
+            file
+            or case.get("file")
+            or file_of_testcase(case.get("classname", ""), case.get("name", ""))
+        )
+        if path is None:
+            raise HistoryError(
+                f"{xml_path}: testcase {case.get('classname')!r}::{case.get('name')!r} names no "
+                "test_*.py file; pass file= when the report holds one file"
+            )
+        try:
+            t = float(case.get("time") or 0.0)
+        except ValueError:
+            raise HistoryError(
+                f"{xml_path}: testcase {path}::{case.get('name')} has time={case.get('time')!r}"
+            ) from None
+        seconds[path] = seconds.get(path, 0.0) + t
+        outcomes.setdefault(path, []).append(_testcase_outcome(case))
+    if file is not None and file not in seconds:
+        # No testcase at all: pytest ran nothing.  That is an error of the file, not a pass.
+        seconds[file], outcomes[file] = 0.0, ["error"]
+    return [
+        Record(
+            file=path,
+            arch=arch,
+            seconds=round(seconds[path], 3),
+            outcome=worst(outcomes[path]),
+            when=when,
+            lane=lane,
+            job=job,
+        )
+        for path in sorted(seconds)
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+
+
+def append(path: Path | str, records: Iterable[Record]) -> int:
+    """Append ``records`` to the JSON-lines store at ``path`` (created with its parents)."""
+    lines = "".join(r.to_json() + "\n" for r in records)
+    if not lines:
+        return 0
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        data = lines.encode()
+        written = os.write(fd, data)
+        while written < len(data):  # O_APPEND keeps the rest contiguous for a single writer
+            written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
+    return lines.count("\n")
+
+
+def _record_from(obj: object, where: str) -> Record:
+    if not isinstance(obj, dict):
+        raise HistoryError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
+
+    def field(name: str, kinds: tuple[type, ...], nullable: bool = False):
+        if name not in obj:
+            raise HistoryError(f"{where}: record lacks `{name}`; every record has {_FIELDS}")
+        value = obj[name]
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise HistoryError(f"{where}: `{name}` has the wrong type: {value!r}")
+        return value
+
+    file = field("file", (str,))
+    arch = field("arch", (str,), nullable=True)
+    seconds = float(field("seconds", (int, float)))
+    if not math.isfinite(seconds) or seconds < 0:
+        raise HistoryError(f"{where}: seconds must be a finite number ≥ 0, got {seconds!r}")
+    outcome = field("outcome", (str,))
+    if outcome not in _SEVERITY:
+        raise HistoryError(f"{where}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    job = field("job", (str, int), nullable=True) if "job" in obj else None
+    return Record(
+        file=file,
+        arch=arch,
+        seconds=seconds,
+        outcome=outcome,
+        when=field("when", (str,)),
+        lane=field("lane", (str,)),
+        job=None if job is None else str(job),
+    )
+
+
+_FIELDS = "file, arch, seconds, outcome, when, lane"
+
+
+def history_files(path: Path | str) -> list[Path]:
+    """``path`` itself, or every ``*.jsonl`` below it when it is a directory (sorted)."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+    return [path]
+
+
+def load(paths: Iterable[Path | str] | Path | str, *, missing_ok: bool = False) -> list[Record]:
+    """Every record of the given stores (files, or directories of ``*.jsonl``), in file order."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    records: list[Record] = []
+    for given in paths:
+        for path in history_files(given):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                if missing_ok:
+                    continue
+                raise HistoryError(f"{path}: no such history file") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise HistoryError(f"{path}: cannot read: {e}") from None
+            for lineno, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise HistoryError(f"{path}:{lineno}: not JSON: {e.msg}") from None
+                records.append(_record_from(obj, f"{path}:{lineno}"))
+    return records
+
+
+def compact(records: Iterable[Record], *, keep: int = 50) -> list[Record]:
+    """The newest ``keep`` records of each (file, arch, outcome class), oldest first: a bounded
+    store that still holds every estimate's inputs."""
+    groups: dict[tuple[str, str | None, bool], list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.file, r.arch, r.outcome == "passed"), []).append(r)
+    kept = [r for rs in groups.values() for r in sorted(rs, key=lambda r: r.when)[-keep:]]
+    return sorted(kept, key=lambda r: (r.when, r.file, r.arch or ""))
+
+
+# --------------------------------------------------------------------------------------------
+# Estimates
+
+
+def quantile(values: list[float], q: float = QUANTILE) -> float:
+    """Nearest-rank quantile of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+class Estimator:
+    """Seconds per (file, arch): the p90 of recent passing runs, else the registration's est_time."""
+
+    def __init__(
+        self, records: Iterable[Record] = (), *, recent: int = RECENT, q: float = QUANTILE
+    ):
+        passing: dict[tuple[str, str | None], list[Record]] = {}
+        for r in records:
+            if r.outcome == "passed":
+                passing.setdefault((r.file, r.arch), []).append(r)
+        self._p: dict[tuple[str, str | None], tuple[float, int]] = {}
+        for key, rs in passing.items():
+            last = [r.seconds for r in sorted(rs, key=lambda r: r.when)[-recent:]]
+            self._p[key] = (quantile(last, q), len(last))
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    def estimate(self, file: str, arch: str | None, est_time: float) -> Estimate:
+        found = self._p.get((file, arch))
+        if found is None:
+            return Estimate(float(est_time), "est_time", 0)
+        seconds, n = found
+        return Estimate(max(seconds, 0.001), "history", n)
+
+    def seconds(self, file: str, arch: str | None, est_time: float) -> float:
+        return self.estimate(file, arch, est_time).seconds
