@@ -48,6 +48,7 @@ __all__ = [
     "all_gather_rows",
     "context_parallel_causal_attention",
     "exchange_left_halo",
+    "halo_rows",
     "owned_groups",
     "pad_layout",
     "shard_packed_stream",
@@ -289,11 +290,11 @@ def _halo_plan(shard: CPShard, halo: int, device) -> _HaloPlan:
     tl = shard.num_local_tokens
     ext_parts, global_parts, local_parts = [], [], []
     n_ext = 0
-    prev_chunk = None
+    prev_end = 0  # never fetch a row this rank already holds: ext rows stay unique, ascending
     for i, c in enumerate(shard.chunks):
         start, end = shard.chunk_range(c)
-        if c > 0 and prev_chunk != c - 1:
-            need = list(range(max(0, start - halo), start))
+        need = list(range(max(prev_end, start - halo), start))
+        if need:
             ext_parts.append(torch.tensor([tl + slot_of(g) for g in need], dtype=torch.long))
             global_parts.append(torch.tensor(need, dtype=torch.long))
             n_ext += len(need)
@@ -301,7 +302,7 @@ def _halo_plan(shard: CPShard, halo: int, device) -> _HaloPlan:
         ext_parts.append(torch.arange(i * cs, (i + 1) * cs))
         global_parts.append(torch.arange(start, end))
         n_ext += cs
-        prev_chunk = c
+        prev_end = end
     return _HaloPlan(
         send.to(device),
         torch.cat(ext_parts).to(device),
@@ -310,12 +311,25 @@ def _halo_plan(shard: CPShard, halo: int, device) -> _HaloPlan:
     )
 
 
+def halo_rows(shard: CPShard, halo: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(global_index, local_in_ext)`` of :func:`exchange_left_halo`'s result, without exchanging."""
+    if shard.cp_size == 1 or halo == 0:
+        idx = shard.local_token_index.to(device)
+        return idx, torch.arange(idx.numel(), device=device)
+    plan = shard.layout.cached(
+        ("cp_halo_plan", shard.cp_size, shard.split, shard.rank, halo, torch.device(device)),
+        lambda: _halo_plan(shard, halo, device),
+    )
+    return plan.global_index, plan.local_in_ext
+
+
 def exchange_left_halo(
     x_local: torch.Tensor, shard: CPShard, halo: int, group=None
 ) -> ExtendedRows:
     """Give each local chunk the ``halo`` global rows just before it (clamped at the stream start).
 
-    Rows a chunk already has locally right before it are not fetched twice.  Differentiable: the
+    Rows this rank holds are never fetched, so the extended rows are unique and ascending in
+    global index (a chunk's window reaches them through the chunk before it).  Differentiable: the
     gradient of a received row is returned to the rank that owns it.
     """
     _check_local(x_local, shard, "x_local")
@@ -326,7 +340,14 @@ def exchange_left_halo(
         pos = torch.arange(x_local.shape[0], device=x_local.device)
         return ExtendedRows(x_local, idx, pos)
     plan = shard.layout.cached(
-        ("cp_halo_plan", shard.cp_size, shard.split, shard.rank, halo, x_local.device),
+        (
+            "cp_halo_plan",
+            shard.cp_size,
+            shard.split,
+            shard.rank,
+            halo,
+            torch.device(x_local.device),
+        ),
         lambda: _halo_plan(shard, halo, x_local.device),
     )
     gathered = _gather_flat(x_local.index_select(0, plan.send_index), group)

@@ -1,0 +1,20 @@
+"""DeepSeek-V4-style attention plugin: sliding window + compressed KV + top-k indexer + sink.
+
+Importing this package builds no model; see :mod:`.attention` for the layer and its invariants.
+"""
+
+from mizzen_plugins.deepseek_v4.attention import (
+    AttentionOutput,
+    DeepSeekV4Attention,
+    DeepSeekV4AttentionStack,
+    apply_rope,
+)
+from mizzen_plugins.deepseek_v4.config import DeepSeekV4AttentionConfig
+
+__all__ = [
+    "AttentionOutput",
+    "DeepSeekV4Attention",
+    "DeepSeekV4AttentionConfig",
+    "DeepSeekV4AttentionStack",
+    "apply_rope",
+]
