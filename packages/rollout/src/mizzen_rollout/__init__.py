@@ -5,6 +5,17 @@ and CPU runners), score with reward functions, group samples for RL, run Harbor 
 scale out with a Ray rollout manager.  :mod:`mizzen_rollout.samples` is the sample contract that
 training reads.
 
+Modules (one concern each):
+- :mod:`.samples`: the sample contract (plain dataclasses, JSON lines).
+- :mod:`.engines`: one async engine interface; the SGLang HTTP client, the launcher, the embedded
+  server (``mizzen-rollout serve``) and the protocol shapes (:mod:`.engines.protocol`).
+- :mod:`.rewards`: math exact match, token F1, custom rewards by import path.
+- :mod:`.data`: JSON-lines prompt datasets with a seeded, resumable cursor.
+- :mod:`.router`, :mod:`.rollout`, :mod:`.metrics`: routing, the rollout pipeline, its metrics.
+- :mod:`.manager`: the Ray rollout manager (engine workers as actors, fault handling).
+- :mod:`.harbor`: Harbor agent trials.
+- :mod:`.cli`: the ``mizzen-rollout`` command.
+
 Invariant: importing any module of this package loads none of torch, ray, harbor or transformers
 (the lazy-import policy in the root ``pyproject.toml``); they are imported inside the functions that
 use them, so the base install (httpx only) imports everything.

@@ -1,2 +1,327 @@
-def main() -> int:
+"""``mizzen-rollout``: generate scored samples from a prompt dataset, or serve the embedded engine.
+
+    mizzen-rollout generate --data prompts.jsonl --n 4 --out samples.jsonl
+    mizzen-rollout generate --data example:math --n 4 --out samples.jsonl --reward math
+    mizzen-rollout generate --data prompts.jsonl --engine-url http://gpu-host:30000 --out s.jsonl
+    mizzen-rollout serve --port 30000
+
+Invariants:
+- ``generate`` without ``--engine-url`` starts the embedded engine (``serve`` in a subprocess on
+  127.0.0.1), uses it and stops it; with ``--engine-url`` (repeatable) it talks to running SGLang
+  (or embedded) servers.  ``--ray`` routes through the Ray rollout manager instead of the local
+  router.
+- Progress goes to stderr, the final summary to stdout; the samples file is written atomically.
+- Exit codes: 0 success; 1 when every sample failed (the summary says why); 2 for bad arguments,
+  data or reward specs (the message names the problem and the fix).
+- No heavy import at module scope: the engine backends import torch/transformers, the manager
+  imports ray, each only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .data import DataCursor, DataError, DatasetKeys, PromptDataset, example_datasets
+from .engines.base import SamplingParams
+from .progress import ProgressBar
+from .rewards import RewardSpecError, load_reward
+from .rollout import (
+    RolloutBatch,
+    RolloutConfig,
+    drop_groups_with_aborted,
+    drop_groups_with_failed,
+)
+from .samples import write_samples
+
+__all__ = ["build_parser", "main"]
+
+
+class UsageError(Exception):
+    """A problem with the command line, the data or the reward spec (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mizzen-rollout",
+        description="Rollout for RL post-training: prompts in, scored samples out.",
+    )
+    parser.add_argument("--version", action="version", version=f"mizzen-rollout {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser(
+        "generate",
+        help="generate n samples per prompt and write them as JSON lines",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    gen.add_argument(
+        "--data",
+        required=True,
+        help="prompt dataset (JSON lines), or example:NAME for a shipped one "
+        f"({', '.join(sorted(example_datasets()))})",
+    )
+    gen.add_argument("--out", required=True, help="where to write the samples (JSON lines)")
+    gen.add_argument("--n", type=int, default=4, help="samples per prompt")
+    gen.add_argument("--limit", type=int, default=None, help="use only this many prompts")
+    gen.add_argument("--shuffle", action="store_true", help="take prompts in seeded random order")
+    gen.add_argument("--data-seed", type=int, default=0, help="seed of the prompt shuffle")
+    gen.add_argument("--input-key", default="prompt", help="JSON key of the prompt")
+    gen.add_argument("--label-key", default="label", help="JSON key of the reference answer")
+    gen.add_argument(
+        "--metadata-keys",
+        default=None,
+        help="comma-separated keys kept as metadata (default: every other key)",
+    )
+    gen.add_argument("--tenant-key", default=None, help="JSON key of the tenant / LoRA slot id")
+    engine = gen.add_argument_group("engine")
+    engine.add_argument(
+        "--engine-url",
+        action="append",
+        default=[],
+        help="an SGLang server URL (repeatable); default: start the embedded engine",
+    )
+    engine.add_argument(
+        "--model", default=None, help="embedded engine: local HF model directory (default: tiny)"
+    )
+    engine.add_argument(
+        "--backend",
+        default="transformers",
+        choices=("transformers", "echo"),
+        help="embedded engine backend",
+    )
+    engine.add_argument("--engine-seed", type=int, default=0, help="embedded engine weight seed")
+    engine.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    engine.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
+    engine.add_argument(
+        "--no-server-tokenize",
+        action="store_true",
+        help="send prompt text instead of ids tokenised by the server's /tokenize",
+    )
+    engine.add_argument("--ray", action="store_true", help="route through the Ray manager")
+    engine.add_argument("--ray-address", default=None, help="existing Ray cluster address")
+    engine.add_argument(
+        "--num-engines", type=int, default=1, help="with --ray and no URL: embedded engines"
+    )
+    sampling = gen.add_argument_group("sampling")
+    sampling.add_argument("--max-new-tokens", type=int, default=64)
+    sampling.add_argument("--temperature", type=float, default=1.0)
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=-1)
+    sampling.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    sampling.add_argument("--seed", type=int, default=0, help="sampling seed (per-sample derived)")
+    sampling.add_argument("--no-logprobs", action="store_true", help="do not request log-probs")
+    scoring = gen.add_argument_group("scoring and filters")
+    scoring.add_argument(
+        "--reward",
+        default="none",
+        help="math | f1 | none | package.module:function | path/to/file.py:function",
+    )
+    scoring.add_argument("--drop-aborted", action="store_true", help="drop groups with aborts")
+    scoring.add_argument("--drop-failed", action="store_true", help="drop groups with failures")
+    output = gen.add_argument_group("output")
+    output.add_argument("--no-progress", action="store_true", help="no progress bar")
+    output.add_argument("--metrics-out", default=None, help="also write the metrics as JSON")
+
+    srv = sub.add_parser(
+        "serve",
+        help="serve the embedded engine (SGLang protocol subset) over HTTP",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=30000, help="0 lets the kernel pick")
+    srv.add_argument("--model", default=None, help="local HF model directory (default: tiny)")
+    srv.add_argument("--backend", default="transformers", choices=("transformers", "echo"))
+    srv.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
+    srv.add_argument("--num-threads", type=int, default=1, help="torch CPU threads")
+    srv.add_argument("--port-file", default=None, help="write the URL here once listening")
+    srv.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
+    srv.add_argument("--verbose", action="store_true", help="log every request")
+    return parser
+
+
+# ============================================================================= serve
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .engines.embedded.backend import make_backend
+    from .engines.embedded.server import serve
+
+    try:
+        backend = make_backend(
+            args.backend, model_path=args.model, seed=args.seed, num_threads=args.num_threads
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    serve(
+        backend,
+        host=args.host,
+        port=args.port,
+        port_file=args.port_file,
+        parent_pid=args.parent_pid,
+        verbose=args.verbose,
+    )
     return 0
+
+
+# ============================================================================= generate
+def _config(args: argparse.Namespace) -> RolloutConfig:
+    try:
+        sampling = SamplingParams(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            stop=tuple(args.stop),
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    filters = []
+    if args.drop_aborted:
+        filters.append(drop_groups_with_aborted)
+    if args.drop_failed:
+        filters.append(drop_groups_with_failed)
+    if args.n < 1:
+        raise UsageError(f"--n is {args.n}; use >= 1")
+    if args.concurrency < 1:
+        raise UsageError(f"--concurrency is {args.concurrency}; use >= 1")
+    return RolloutConfig(
+        n_samples=args.n,
+        sampling=sampling,
+        return_logprob=not args.no_logprobs,
+        server_tokenize=not args.no_server_tokenize,
+        max_concurrency=args.concurrency,
+        filters=tuple(filters),
+    )
+
+
+async def _generate_local(args, prompts, config, reward, progress) -> tuple[RolloutBatch, str]:
+    from .engines.client import SGLangClient
+    from .engines.launcher import launch_embedded
+    from .router import EngineRouter
+
+    server = None
+    urls = list(args.engine_url)
+    if not urls:
+        print(
+            f"mizzen-rollout: starting the embedded engine ({args.backend}"
+            f"{', model ' + args.model if args.model else ', tiny random model'})...",
+            file=sys.stderr,
+            flush=True,
+        )
+        server = await asyncio.to_thread(
+            launch_embedded, model_path=args.model, seed=args.engine_seed, backend=args.backend
+        )
+        urls = [server.url]
+    clients = [SGLangClient(u, timeout_s=args.timeout) for u in urls]
+    router = EngineRouter(clients)
+    try:
+        from .rollout import run_rollout
+
+        batch = await run_rollout(
+            prompts,
+            router,
+            config,
+            reward=reward,
+            on_sample=lambda s: progress.update(s.status.value),
+        )
+    finally:
+        await router.aclose()
+        if server is not None:
+            server.stop()
+            server.cleanup_logs()
+    where = "embedded engine" if server is not None else ", ".join(urls)
+    return batch, where
+
+
+def _generate_ray(args, prompts, config, reward, progress) -> tuple[RolloutBatch, str]:
+    from .manager import EngineSpec, RolloutManager
+
+    if args.engine_url:
+        specs = [EngineSpec(kind="url", url=u, timeout_s=args.timeout) for u in args.engine_url]
+    else:
+        specs = [
+            EngineSpec(
+                kind="embedded",
+                model_path=args.model,
+                backend=args.backend,
+                seed=args.engine_seed,
+                timeout_s=args.timeout,
+            )
+            for _ in range(args.num_engines)
+        ]
+    with RolloutManager(specs, address=args.ray_address) as manager:
+        batch = manager.generate_groups(
+            prompts, config, reward=reward, on_sample=lambda s: progress.update(s.status.value)
+        )
+        where = f"Ray manager over {len(specs)} engine(s)"
+    return batch, where
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    metadata_keys = (
+        tuple(k.strip() for k in args.metadata_keys.split(",") if k.strip())
+        if args.metadata_keys is not None
+        else None
+    )
+    keys = DatasetKeys(
+        input_key=args.input_key,
+        label_key=args.label_key or None,
+        metadata_keys=metadata_keys,
+        tenant_key=args.tenant_key,
+    )
+    try:
+        dataset = PromptDataset.from_jsonl(args.data, keys)
+        reward = load_reward(args.reward)
+    except (DataError, RewardSpecError) as exc:
+        raise UsageError(str(exc)) from None
+    config = _config(args)
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit is {args.limit}; use >= 1")
+    count = min(args.limit or len(dataset), len(dataset))
+    prompts = DataCursor(dataset, seed=args.data_seed, shuffle=args.shuffle).next_batch(count)
+    total = len(prompts) * config.n_samples
+    progress = ProgressBar(total, enabled=not args.no_progress)
+    started = time.perf_counter()
+    if args.ray:
+        batch, where = _generate_ray(args, prompts, config, reward, progress)
+    else:
+        batch, where = asyncio.run(_generate_local(args, prompts, config, reward, progress))
+    progress.close()
+    written = write_samples(args.out, batch.samples)
+    metrics = batch.metrics
+    print(
+        f"mizzen-rollout generate: {len(prompts)} prompts x {config.n_samples} samples from "
+        f"{dataset.source} via {where}; wrote {written} samples to {args.out} "
+        f"(total {time.perf_counter() - started:.1f} s)"
+    )
+    for line in metrics.summary_lines():
+        print("  " + line)
+    failed = [s for g in batch.groups + batch.dropped for s in g.samples if s.error]
+    if failed:
+        print(f"  first error: {failed[0].request_id}: {failed[0].error}")
+    if args.metrics_out:
+        Path(args.metrics_out).write_text(json.dumps(metrics.to_dict(), indent=2) + "\n")
+    return (
+        1
+        if metrics.num_samples and metrics.status_counts.get("failed") == metrics.num_samples
+        else 0
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        return cmd_generate(args)
+    except UsageError as exc:
+        print(f"mizzen-rollout {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

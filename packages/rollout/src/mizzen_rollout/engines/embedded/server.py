@@ -1,0 +1,284 @@
+"""The embedded engine server (``mizzen-rollout serve``): SGLang's protocol subset over HTTP/1.1.
+
+Endpoints: ``POST /generate``, ``POST /v1/chat/completions``, ``POST /abort_request``,
+``POST /tokenize``, ``GET /health``, ``GET /get_model_info`` — shapes from :mod:`..protocol`, so
+the client code that talks to SGLang talks to this server unchanged.
+
+Invariants:
+- Standard library HTTP (``ThreadingHTTPServer``, keep-alive); one thread per connection; the
+  backend serialises generation itself.
+- The server listens only after the backend is loaded, so ``/health`` answering 200 means ready.
+  With ``port=0`` the kernel picks the port; ``port_file`` receives it (written atomically).
+- A request whose body breaks the protocol, or asks for something the backend does not implement,
+  gets HTTP 400 with a message; a backend crash gets HTTP 500 with the message.  Neither stops
+  the server.
+- ``/abort_request`` marks the request id: a queued request ends before it starts, a running one
+  after its current token; both answer 200 with an ``abort`` finish reason (as current SGLang).
+- With ``parent_pid`` set, the server exits when that process is gone (no orphans when an engine
+  worker is killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .. import protocol
+from .backend import Backend, UnsupportedParameterError
+from .tokenizer import TokenizerError
+
+__all__ = ["EmbeddedServer", "serve"]
+
+
+class _AbortRegistry:
+    """Request id -> abort flag for requests that are queued or running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flags: dict[str, threading.Event] = {}
+
+    def register(self, request_id: str) -> threading.Event:
+        with self._lock:
+            if request_id in self._flags:
+                raise protocol.ProtocolRequestError(
+                    f"request id {request_id!r} is already in flight; use unique rids"
+                )
+            flag = self._flags[request_id] = threading.Event()
+            return flag
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self._flags.pop(request_id, None)
+
+    def abort(self, request_id: str, abort_all: bool) -> int:
+        with self._lock:
+            targets = list(self._flags.values()) if abort_all else [self._flags.get(request_id)]
+        hit = 0
+        for flag in targets:
+            if flag is not None:
+                flag.set()
+                hit += 1
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._flags)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: EmbeddedServer
+
+    # Quiet by default: one line per request would drown the test logs.
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _send_json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error_json(self, status: HTTPStatus, message: str) -> None:
+        self._send_json(
+            status, {"error": {"message": message, "type": status.phrase, "code": status.value}}
+        )
+
+    def _read_json(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw or b"null")
+        except json.JSONDecodeError as exc:
+            raise protocol.ProtocolRequestError(f"the body is not JSON ({exc})") from None
+
+    def do_GET(self) -> None:
+        if self.path == protocol.HEALTH_PATH:
+            self._send_json(HTTPStatus.OK, {})
+        elif self.path == protocol.MODEL_INFO_PATH:
+            self._send_json(
+                HTTPStatus.OK,
+                {
+                    "model_path": self.server.backend.description,
+                    "is_generation": True,
+                    "max_model_len": self.server.backend.max_model_len,
+                },
+            )
+        else:
+            self._send_error_json(HTTPStatus.NOT_FOUND, f"no route GET {self.path}")
+
+    def do_POST(self) -> None:
+        routes = {
+            protocol.GENERATE_PATH: self.server.handle_generate,
+            protocol.CHAT_PATH: self.server.handle_chat,
+            protocol.ABORT_PATH: self.server.handle_abort,
+            protocol.TOKENIZE_PATH: self.server.handle_tokenize,
+        }
+        handler = routes.get(self.path)
+        if handler is None:
+            self._read_json_quietly()
+            self._send_error_json(HTTPStatus.NOT_FOUND, f"no route POST {self.path}")
+            return
+        try:
+            body = self._read_json()
+            status, answer = handler(body)
+        except (protocol.ProtocolRequestError, UnsupportedParameterError, TokenizerError) as exc:
+            self._send_error_json(HTTPStatus.BAD_REQUEST, str(exc))
+            return
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self._send_json(status, answer)
+
+    def _read_json_quietly(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+
+
+class EmbeddedServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer bound to ``host:port`` serving one backend."""
+
+    daemon_threads = True
+    request_queue_size = 2048
+
+    def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 0, verbose=False):
+        self.backend = backend
+        self.verbose = verbose
+        self.inflight = _AbortRegistry()
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def client_url(self) -> str:
+        """The URL a local client should use (a wildcard bind is reached on 127.0.0.1)."""
+        host, port = self.server_address[:2]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+    # ------------------------------------------------------------------ handlers
+    def _run(self, request_id: str, prompt_ids: list[int], sampling: Any, return_logprob: bool):
+        flag = self.inflight.register(request_id)
+        try:
+            return self.backend.generate(
+                prompt_ids,
+                sampling,
+                request_id=request_id,
+                return_logprob=return_logprob,
+                should_abort=flag.is_set,
+            )
+        finally:
+            self.inflight.release(request_id)
+
+    def handle_generate(self, body: Any) -> tuple[int, Any]:
+        start = time.perf_counter()
+        request = protocol.parse_generate_payload(body)
+        tokenizer = self.backend.tokenizer
+        prompt_ids = (
+            list(request.input_ids)
+            if request.input_ids is not None
+            else tokenizer.encode(request.text or "")
+        )
+        gen = self._run(request.request_id, prompt_ids, request.sampling, request.return_logprob)
+        logprobs = gen.logprobs
+        if request.return_logprob and logprobs is None:
+            logprobs = ()
+        return HTTPStatus.OK, protocol.build_generate_response(
+            request_id=request.request_id,
+            text=gen.text,
+            output_ids=gen.output_ids,
+            finish=gen.finish,
+            prompt_tokens=len(prompt_ids),
+            output_logprobs=logprobs if request.return_logprob else None,
+            e2e_latency=time.perf_counter() - start,
+        )
+
+    def handle_chat(self, body: Any) -> tuple[int, Any]:
+        request = protocol.parse_chat_payload(body)
+        tokenizer = self.backend.tokenizer
+        prompt_ids = tokenizer.apply_chat_template(request.messages)
+        gen = self._run(request.request_id, prompt_ids, request.sampling, request.return_logprob)
+        logprobs = gen.logprobs
+        if request.return_logprob and logprobs is None:
+            logprobs = ()
+        return HTTPStatus.OK, protocol.build_chat_response(
+            request=request,
+            text=gen.text,
+            finish=gen.finish,
+            prompt_token_ids=prompt_ids,
+            output_ids=gen.output_ids,
+            output_logprobs=logprobs if request.return_logprob else None,
+            token_texts=[tokenizer.token_text(t) for t in gen.output_ids],
+            return_prompt_token_ids=bool(body.get("return_prompt_token_ids")),
+        )
+
+    def handle_abort(self, body: Any) -> tuple[int, Any]:
+        request_id, abort_all = protocol.parse_abort_payload(body)
+        self.inflight.abort(request_id, abort_all)
+        return HTTPStatus.OK, {}
+
+    def handle_tokenize(self, body: Any) -> tuple[int, Any]:
+        text, add_special = protocol.parse_tokenize_payload(body)
+        tokens = self.backend.tokenizer.encode(text, add_special_tokens=add_special)
+        return HTTPStatus.OK, protocol.build_tokenize_response(
+            tokens, max_model_len=self.backend.max_model_len
+        )
+
+
+def _write_url_file(path: str, url: str) -> None:
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(url, encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def _watch_parent(server: EmbeddedServer, parent_pid: int, interval_s: float = 0.5) -> None:
+    while True:
+        time.sleep(interval_s)
+        if os.getppid() != parent_pid:
+            print(
+                f"mizzen-rollout serve: parent process {parent_pid} is gone; shutting down",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(0)
+
+
+def serve(
+    backend: Backend,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    port_file: str | None = None,  # receives the URL once listening
+    parent_pid: int | None = None,
+    verbose: bool = False,
+) -> None:
+    """Serve ``backend`` until interrupted (blocks)."""
+    server = EmbeddedServer(backend, host, port, verbose=verbose)
+    if parent_pid is not None:
+        threading.Thread(
+            target=_watch_parent, args=(server, parent_pid), daemon=True, name="parent-watch"
+        ).start()
+    if port_file:
+        _write_url_file(port_file, server.client_url)
+    print(f"mizzen-rollout serve: listening on {server.url} ({backend.description})", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,638 @@
+"""SGLang's HTTP protocol, the subset mizzen speaks: the ONE place its shapes are written down.
+
+Both sides use this module: the client (:mod:`.client`) builds requests and parses responses with
+it, and the embedded server (:mod:`.embedded.server`) parses requests and builds responses with
+it, so the two cannot drift apart.  ``tests/rollout/test_protocol.py`` pins the shapes to
+SGLang's documented fields.
+
+Facts taken from SGLang's documentation and source (read, not copied):
+
+- ``POST /generate`` takes ``text`` or ``input_ids`` (one of them), ``sampling_params`` (object),
+  ``rid`` (request id), ``return_logprob``, ``logprob_start_len`` (default -1: output tokens only),
+  ``top_logprobs_num``, ``return_text_in_logprobs``, ``stream``, ``lora_path``
+  (``docs/basic_usage/sampling_params.md``, ``io_struct.py::GenerateReqInput``).
+- ``sampling_params`` keys: ``max_new_tokens``, ``stop``, ``stop_token_ids``, ``temperature``,
+  ``top_p``, ``top_k`` (-1 = off), ``min_p``, penalties, ``min_new_tokens``, constrained-decoding
+  keys, ``n``, ``ignore_eos``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
+  ``no_stop_trim``, ``custom_params``, and ``sampling_seed`` (what the OpenAI ``seed`` maps to).
+- The ``/generate`` answer is ``{"text", "output_ids", "meta_info"}``; ``meta_info`` holds ``id``
+  (the rid), ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
+  ``e2e_latency`` and, with ``return_logprob``, ``input_token_logprobs`` /
+  ``output_token_logprobs`` as lists of ``[logprob, token_id, token_text_or_null]``.
+- ``finish_reason`` is ``{"type": "stop", "matched": <id or str>}``,
+  ``{"type": "length", "length": n}`` or
+  ``{"type": "abort", "message", "status_code", "err_type"}``.  Depending on the SGLang version an
+  aborted request answers 200 with an ``abort`` finish reason or an HTTP error.
+- ``POST /abort_request`` takes ``{"rid": str, "abort_all": bool}``; ``GET /health`` answers 200
+  when the server is up; ``POST /tokenize`` takes ``{"prompt", "add_special_tokens"}`` and answers
+  ``{"tokens", "count", "max_model_len"}``.
+- ``POST /v1/chat/completions`` (OpenAI-compatible) takes ``messages``, ``model``, ``max_tokens``
+  (or ``max_completion_tokens``), ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``,
+  ``top_logprobs``, ``n`` and SGLang extensions ``top_k``, ``min_p``, ``stop_token_ids``,
+  ``ignore_eos``, ``rid``, ``return_prompt_token_ids``, ``return_token_ids``.  A choice is
+  ``{"index", "message": {"role", "content"}, "logprobs": {"content": [{"token", "logprob",
+  ...}]}, "finish_reason", "matched_stop", "prompt_token_ids", "token_ids"}``; ``usage`` holds
+  ``prompt_tokens``, ``completion_tokens``, ``total_tokens``.
+
+Invariants:
+- Standard library only.  Parsing errors raise :class:`EngineProtocolError` (client side) or
+  :class:`ProtocolRequestError` (server side, answered as HTTP 400), naming the field path.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .base import (
+    ChatRequest,
+    ChatResult,
+    EngineProtocolError,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+)
+
+# ----------------------------------------------------------------------------- endpoints
+GENERATE_PATH = "/generate"
+CHAT_PATH = "/v1/chat/completions"
+ABORT_PATH = "/abort_request"
+HEALTH_PATH = "/health"
+TOKENIZE_PATH = "/tokenize"
+MODEL_INFO_PATH = "/get_model_info"
+
+# ----------------------------------------------------------------------------- documented fields
+#: Top-level fields of SGLang's ``/generate`` request that mizzen may send or the embedded server
+#: accepts (a subset of ``GenerateReqInput``).
+GENERATE_REQUEST_FIELDS = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "rid",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "return_text_in_logprobs",
+        "stream",
+        "lora_path",
+    }
+)
+#: ``sampling_params`` keys mizzen models in :class:`SamplingParams` (name on the wire).
+SAMPLING_PARAM_WIRE_NAMES = {
+    "max_new_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "ignore_eos": "ignore_eos",
+    "seed": "sampling_seed",
+}
+#: Every documented ``sampling_params`` key (what SGLang knows; the embedded server implements
+#: only :data:`SAMPLING_PARAM_WIRE_NAMES` plus the no-op-at-default ones below).
+DOCUMENTED_SAMPLING_PARAMS = frozenset(
+    {
+        *SAMPLING_PARAM_WIRE_NAMES.values(),
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "json_schema",
+        "regex",
+        "ebnf",
+        "structural_tag",
+        "n",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "custom_params",
+    }
+)
+#: Keys of ``meta_info`` in a ``/generate`` answer that mizzen reads or writes.
+META_INFO_FIELDS = frozenset(
+    {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "e2e_latency",
+        "output_token_logprobs",
+    }
+)
+FINISH_REASON_TYPES = frozenset({"stop", "length", "abort"})
+ABORT_REQUEST_FIELDS = frozenset({"rid", "abort_all"})
+TOKENIZE_REQUEST_FIELDS = frozenset({"prompt", "add_special_tokens"})
+CHAT_REQUEST_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "seed",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "stream",
+        "rid",
+        "return_prompt_token_ids",
+        "return_token_ids",
+    }
+)
+
+
+class ProtocolRequestError(ValueError):
+    """A request body broke the protocol (the embedded server answers it with HTTP 400)."""
+
+
+# ============================================================================= helpers
+def _require(body: Mapping[str, Any], key: str, where: str, engine: str) -> Any:
+    if not isinstance(body, Mapping) or key not in body:
+        raise EngineProtocolError(
+            f"{engine}: response has no '{where}{key}' (SGLang documents it); got keys "
+            f"{sorted(body) if isinstance(body, Mapping) else type(body).__name__}",
+            engine=engine,
+        )
+    return body[key]
+
+
+def _as_int(value: Any, path: str, engine: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EngineProtocolError(
+            f"{engine}: response field '{path}' is {value!r}, not an integer", engine=engine
+        )
+    return value
+
+
+def _logprob(value: Any, path: str, engine: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise EngineProtocolError(
+            f"{engine}: response field '{path}' is {value!r}, not a log-probability",
+            engine=engine,
+        )
+    # -inf (a token the distribution excluded) is clamped so samples stay JSON-serialisable.
+    return max(float(value), -1e30)
+
+
+def sampling_to_wire(sampling: SamplingParams) -> dict[str, Any]:
+    """``SamplingParams`` -> SGLang ``sampling_params`` (defaults that SGLang shares are sent too,
+    so a server launched with model-provided defaults cannot silently change the sampling)."""
+    wire: dict[str, Any] = {
+        "max_new_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+    }
+    if sampling.stop:
+        wire["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        wire["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.ignore_eos:
+        wire["ignore_eos"] = True
+    if sampling.seed is not None:
+        wire["sampling_seed"] = sampling.seed
+    wire.update(sampling.extra)
+    return wire
+
+
+def sampling_from_wire(params: Any) -> SamplingParams:
+    """SGLang ``sampling_params`` -> ``SamplingParams`` (server side; unknown keys -> extra)."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, Mapping):
+        raise ProtocolRequestError(f"sampling_params is {type(params).__name__}, not an object")
+    unknown = sorted(set(params) - DOCUMENTED_SAMPLING_PARAMS)
+    if unknown:
+        raise ProtocolRequestError(
+            f"sampling_params has unknown key(s) {unknown}; documented keys: "
+            f"{sorted(DOCUMENTED_SAMPLING_PARAMS)}"
+        )
+    kwargs: dict[str, Any] = {}
+    for attr, wire_name in SAMPLING_PARAM_WIRE_NAMES.items():
+        if wire_name in params and params[wire_name] is not None:
+            kwargs[attr] = params[wire_name]
+    if isinstance(kwargs.get("stop"), str):
+        kwargs["stop"] = (kwargs["stop"],)
+    extra = {k: v for k, v in params.items() if k not in SAMPLING_PARAM_WIRE_NAMES.values()}
+    try:
+        return SamplingParams(**kwargs, extra=extra)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolRequestError(f"sampling_params: {exc}") from None
+
+
+def finish_to_wire(finish: FinishReason, *, length: int) -> dict[str, Any]:
+    if finish.kind == "stop":
+        return {"type": "stop", "matched": finish.matched}
+    if finish.kind == "length":
+        return {"type": "length", "length": length}
+    return {
+        "type": "abort",
+        "message": finish.message or "Aborted",
+        "status_code": None,
+        "err_type": None,
+    }
+
+
+def finish_from_wire(value: Any, engine: str) -> FinishReason:
+    if not isinstance(value, Mapping) or value.get("type") not in FINISH_REASON_TYPES:
+        raise EngineProtocolError(
+            f"{engine}: 'meta_info.finish_reason' is {value!r}; SGLang documents an object whose "
+            f"'type' is one of {sorted(FINISH_REASON_TYPES)}",
+            engine=engine,
+        )
+    kind = value["type"]
+    if kind == "abort":
+        return FinishReason("abort", message=str(value.get("message") or "Aborted"))
+    return FinishReason(kind, matched=value.get("matched"))
+
+
+# ============================================================================= /generate
+def build_generate_payload(request: GenerateRequest) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "rid": request.request_id,
+        "sampling_params": sampling_to_wire(request.sampling),
+        "return_logprob": request.return_logprob,
+    }
+    if request.input_ids is not None:
+        payload["input_ids"] = list(request.input_ids)
+    else:
+        payload["text"] = request.text
+    if request.lora_path is not None:
+        payload["lora_path"] = request.lora_path
+    return payload
+
+
+def parse_generate_response(
+    body: Any, *, request_id: str, engine: str, latency_s: float = 0.0
+) -> GenerateResult:
+    if not isinstance(body, Mapping):
+        raise EngineProtocolError(
+            f"{engine}: /generate answered {type(body).__name__}, not an object (a batch answer "
+            "means the request was a batch; mizzen sends one prompt per request)",
+            engine=engine,
+            request_id=request_id,
+        )
+    meta = _require(body, "meta_info", "", engine)
+    finish = finish_from_wire(_require(meta, "finish_reason", "meta_info.", engine), engine)
+    prompt_tokens = _as_int(
+        _require(meta, "prompt_tokens", "meta_info.", engine), "meta_info.prompt_tokens", engine
+    )
+    completion_tokens = _as_int(
+        _require(meta, "completion_tokens", "meta_info.", engine),
+        "meta_info.completion_tokens",
+        engine,
+    )
+    logprob_entries = meta.get("output_token_logprobs")
+    logprobs: tuple[float, ...] | None = None
+    ids_from_logprobs: list[int] | None = None
+    if logprob_entries is not None:
+        if not isinstance(logprob_entries, list):
+            raise EngineProtocolError(
+                f"{engine}: 'meta_info.output_token_logprobs' is not a list", engine=engine
+            )
+        values, ids_from_logprobs = [], []
+        for i, entry in enumerate(logprob_entries):
+            path = f"meta_info.output_token_logprobs[{i}]"
+            if not isinstance(entry, list | tuple) or len(entry) < 2:
+                raise EngineProtocolError(
+                    f"{engine}: '{path}' is {entry!r}; SGLang documents [logprob, token_id, text]",
+                    engine=engine,
+                )
+            values.append(_logprob(entry[0], f"{path}[0]", engine))
+            ids_from_logprobs.append(_as_int(entry[1], f"{path}[1]", engine))
+        logprobs = tuple(values)
+    raw_ids = body.get("output_ids")
+    if raw_ids is None:
+        # Older SGLang answers carry no output_ids; the log-prob entries name the tokens.
+        output_ids = tuple(ids_from_logprobs or ())
+    else:
+        if not isinstance(raw_ids, list):
+            raise EngineProtocolError(f"{engine}: 'output_ids' is not a list", engine=engine)
+        output_ids = tuple(_as_int(t, f"output_ids[{i}]", engine) for i, t in enumerate(raw_ids))
+    if logprobs is not None and output_ids and len(logprobs) != len(output_ids):
+        raise EngineProtocolError(
+            f"{engine}: 'meta_info.output_token_logprobs' has {len(logprobs)} entries but "
+            f"'output_ids' has {len(output_ids)}",
+            engine=engine,
+        )
+    text = body.get("text", "")
+    if not isinstance(text, str):
+        raise EngineProtocolError(f"{engine}: 'text' is not a string", engine=engine)
+    return GenerateResult(
+        request_id=request_id,
+        text=text,
+        output_ids=output_ids,
+        finish=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        output_logprobs=logprobs,
+        latency_s=latency_s,
+        engine=engine,
+    )
+
+
+def parse_generate_payload(body: Any) -> GenerateRequest:
+    """Server side: a ``/generate`` body -> GenerateRequest (one prompt per request)."""
+    if not isinstance(body, Mapping):
+        raise ProtocolRequestError("the /generate body must be a JSON object")
+    unknown = sorted(set(body) - GENERATE_REQUEST_FIELDS)
+    if unknown:
+        raise ProtocolRequestError(
+            f"/generate has unknown field(s) {unknown}; accepted: {sorted(GENERATE_REQUEST_FIELDS)}"
+        )
+    if body.get("stream"):
+        raise ProtocolRequestError("stream=true is not supported by this server; send stream=false")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
+    if text is not None and not isinstance(text, str):
+        raise ProtocolRequestError("'text' must be one string (batches are not supported)")
+    if input_ids is not None and (
+        not isinstance(input_ids, list)
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids)
+    ):
+        raise ProtocolRequestError("'input_ids' must be one list of non-negative integers")
+    rid = body.get("rid") or uuid.uuid4().hex
+    if not isinstance(rid, str):
+        raise ProtocolRequestError("'rid' must be a string")
+    start = body.get("logprob_start_len", -1)
+    if start not in (-1, None):
+        raise ProtocolRequestError("only logprob_start_len=-1 (output tokens) is supported")
+    if body.get("top_logprobs_num"):
+        raise ProtocolRequestError("top_logprobs_num is not supported by this server")
+    sampling = sampling_from_wire(body.get("sampling_params"))
+    return GenerateRequest(
+        request_id=rid,
+        text=text,
+        input_ids=tuple(input_ids) if input_ids is not None else None,
+        sampling=sampling,
+        return_logprob=bool(body.get("return_logprob", False)),
+        lora_path=body.get("lora_path"),
+    )
+
+
+def build_generate_response(
+    *,
+    request_id: str,
+    text: str,
+    output_ids: Sequence[int],
+    finish: FinishReason,
+    prompt_tokens: int,
+    output_logprobs: Sequence[float] | None,
+    e2e_latency: float,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": request_id,
+        "finish_reason": finish_to_wire(finish, length=len(output_ids)),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(output_ids),
+        "cached_tokens": 0,
+        "e2e_latency": e2e_latency,
+    }
+    if output_logprobs is not None:
+        meta["output_token_logprobs"] = [
+            [float(lp), int(tok), None] for lp, tok in zip(output_logprobs, output_ids, strict=True)
+        ]
+    return {"text": text, "output_ids": [int(t) for t in output_ids], "meta_info": meta}
+
+
+# ============================================================================= /v1/chat/completions
+def build_chat_payload(request: ChatRequest) -> dict[str, Any]:
+    s = request.sampling
+    payload: dict[str, Any] = {
+        "model": request.model,
+        "messages": [dict(m) for m in request.messages],
+        "max_tokens": s.max_new_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "rid": request.request_id,
+        "logprobs": request.return_logprob,
+    }
+    if s.stop:
+        payload["stop"] = list(s.stop)
+    if s.stop_token_ids:
+        payload["stop_token_ids"] = list(s.stop_token_ids)
+    if s.ignore_eos:
+        payload["ignore_eos"] = True
+    if s.seed is not None:
+        payload["seed"] = s.seed
+    if request.return_token_ids:
+        payload["return_prompt_token_ids"] = True
+        payload["return_token_ids"] = True
+    return payload
+
+
+_CHAT_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "tool_calls": "stop"}
+
+
+def parse_chat_response(
+    body: Any, *, request_id: str, engine: str, latency_s: float = 0.0
+) -> ChatResult:
+    choices = _require(body, "choices", "", engine)
+    if not isinstance(choices, list) or not choices:
+        raise EngineProtocolError(f"{engine}: 'choices' is empty or not a list", engine=engine)
+    choice = choices[0]
+    message = _require(choice, "message", "choices[0].", engine)
+    content = message.get("content") if isinstance(message, Mapping) else None
+    raw_finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
+    if raw_finish not in _CHAT_FINISH:
+        raise EngineProtocolError(
+            f"{engine}: 'choices[0].finish_reason' is {raw_finish!r}; expected one of "
+            f"{sorted(_CHAT_FINISH)}",
+            engine=engine,
+        )
+    kind = _CHAT_FINISH[raw_finish]
+    finish = (
+        FinishReason("abort", message="Aborted")
+        if kind == "abort"
+        else FinishReason(kind, matched=choice.get("matched_stop"))
+    )
+    usage = _require(body, "usage", "", engine)
+    prompt_tokens = _as_int(
+        _require(usage, "prompt_tokens", "usage.", engine), "usage.prompt_tokens", engine
+    )
+    completion_tokens = _as_int(
+        _require(usage, "completion_tokens", "usage.", engine), "usage.completion_tokens", engine
+    )
+
+    def ids(key: str) -> tuple[int, ...] | None:
+        raw = choice.get(key)
+        if raw is None:
+            return None
+        if not isinstance(raw, list):
+            raise EngineProtocolError(f"{engine}: 'choices[0].{key}' is not a list", engine=engine)
+        return tuple(_as_int(t, f"choices[0].{key}[{i}]", engine) for i, t in enumerate(raw))
+
+    logprobs: tuple[float, ...] | None = None
+    raw_logprobs = choice.get("logprobs")
+    if raw_logprobs is not None:
+        entries = raw_logprobs.get("content") if isinstance(raw_logprobs, Mapping) else None
+        if not isinstance(entries, list):
+            raise EngineProtocolError(
+                f"{engine}: 'choices[0].logprobs.content' is not a list", engine=engine
+            )
+        logprobs = tuple(
+            _logprob(
+                e.get("logprob") if isinstance(e, Mapping) else e,
+                f"choices[0].logprobs.content[{i}].logprob",
+                engine,
+            )
+            for i, e in enumerate(entries)
+        )
+    return ChatResult(
+        request_id=request_id,
+        text=content or "",
+        finish=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        prompt_token_ids=ids("prompt_token_ids"),
+        output_ids=ids("token_ids"),
+        output_logprobs=logprobs,
+        latency_s=latency_s,
+        engine=engine,
+    )
+
+
+def parse_chat_payload(body: Any) -> ChatRequest:
+    """Server side: a chat body -> ChatRequest."""
+    if not isinstance(body, Mapping):
+        raise ProtocolRequestError("the chat body must be a JSON object")
+    unknown = sorted(set(body) - CHAT_REQUEST_FIELDS)
+    if unknown:
+        raise ProtocolRequestError(
+            f"/v1/chat/completions has unknown field(s) {unknown}; accepted: "
+            f"{sorted(CHAT_REQUEST_FIELDS)}"
+        )
+    if body.get("stream"):
+        raise ProtocolRequestError("stream=true is not supported by this server")
+    if body.get("n", 1) != 1:
+        raise ProtocolRequestError("only n=1 is supported; send n requests instead")
+    if body.get("top_logprobs"):
+        raise ProtocolRequestError("top_logprobs is not supported by this server")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolRequestError("'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ProtocolRequestError(f"messages[{i}] needs a string 'role'")
+        if not isinstance(m.get("content", ""), str):
+            raise ProtocolRequestError(f"messages[{i}].content must be a string here")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    wire: dict[str, Any] = {
+        key: body[key]
+        for key in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids")
+        if body.get(key) is not None
+    }
+    if max_tokens is not None:
+        wire["max_new_tokens"] = max_tokens
+    if body.get("ignore_eos"):
+        wire["ignore_eos"] = True
+    if body.get("seed") is not None:
+        wire["sampling_seed"] = body["seed"]
+    rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
+    return ChatRequest(
+        request_id=str(rid),
+        messages=tuple(messages),
+        sampling=sampling_from_wire(wire),
+        return_logprob=bool(body.get("logprobs", False)),
+        return_token_ids=bool(body.get("return_token_ids", False)),
+        model=str(body.get("model", "default")),
+    )
+
+
+def build_chat_response(
+    *,
+    request: ChatRequest,
+    text: str,
+    finish: FinishReason,
+    prompt_token_ids: Sequence[int],
+    output_ids: Sequence[int],
+    output_logprobs: Sequence[float] | None,
+    token_texts: Sequence[str] | None = None,
+    return_prompt_token_ids: bool = False,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": None,
+        "finish_reason": finish.kind,
+        "matched_stop": finish.matched if finish.kind == "stop" else None,
+    }
+    if output_logprobs is not None:
+        texts = token_texts or [""] * len(output_ids)
+        choice["logprobs"] = {
+            "content": [
+                {"token": t, "logprob": float(lp), "bytes": None, "top_logprobs": []}
+                for t, lp in zip(texts, output_logprobs, strict=True)
+            ]
+        }
+    if request.return_token_ids:
+        choice["token_ids"] = [int(t) for t in output_ids]
+    if return_prompt_token_ids:
+        choice["prompt_token_ids"] = [int(t) for t in prompt_token_ids]
+    return {
+        "id": request.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt_token_ids),
+            "completion_tokens": len(output_ids),
+            "total_tokens": len(prompt_token_ids) + len(output_ids),
+        },
+    }
+
+
+# ============================================================================= abort / tokenize
+def build_abort_payload(request_id: str) -> dict[str, Any]:
+    return {"rid": request_id, "abort_all": False}
+
+
+def parse_abort_payload(body: Any) -> tuple[str, bool]:
+    if not isinstance(body, Mapping) or set(body) - ABORT_REQUEST_FIELDS:
+        raise ProtocolRequestError(f"/abort_request takes {sorted(ABORT_REQUEST_FIELDS)}")
+    return str(body.get("rid", "")), bool(body.get("abort_all", False))
+
+
+def build_tokenize_payload(text: str) -> dict[str, Any]:
+    return {"prompt": text, "add_special_tokens": True}
+
+
+def parse_tokenize_payload(body: Any) -> tuple[str, bool]:
+    if not isinstance(body, Mapping) or not isinstance(body.get("prompt"), str):
+        raise ProtocolRequestError("/tokenize takes {'prompt': str, 'add_special_tokens': bool}")
+    if set(body) - TOKENIZE_REQUEST_FIELDS:
+        raise ProtocolRequestError(f"/tokenize takes {sorted(TOKENIZE_REQUEST_FIELDS)}")
+    return body["prompt"], bool(body.get("add_special_tokens", True))
+
+
+def build_tokenize_response(tokens: Sequence[int], *, max_model_len: int) -> dict[str, Any]:
+    return {
+        "tokens": [int(t) for t in tokens],
+        "count": len(tokens),
+        "max_model_len": max_model_len,
+    }
+
+
+def parse_tokenize_response(body: Any, *, engine: str) -> list[int]:
+    tokens = _require(body, "tokens", "", engine)
+    if not isinstance(tokens, list):
+        raise EngineProtocolError(f"{engine}: '/tokenize' 'tokens' is not a list", engine=engine)
+    return [_as_int(t, f"tokens[{i}]", engine) for i, t in enumerate(tokens)]
