@@ -246,11 +246,14 @@ class NamespaceSandbox:
                 os.kill(self._init_pid, signal.SIGKILL)
             self._init_pid = None
         if self._holder is not None:
-            if self._holder.returncode is None:
+            # unshare reaps the dead init and exits; kill it only if it does not.
+            try:
+                await asyncio.wait_for(self._holder.wait(), 5)
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self._holder.pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._holder.wait(), 10)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._holder.wait(), 5)
             self._holder = None
 
     # ------------------------------------------------------------------------------- commands
