@@ -14,7 +14,8 @@ Invariants:
 - Parameter shapes follow Hugging Face NemotronH (``in_proj``, ``conv1d`` as ``[channels, K]``,
   ``dt_bias``, ``A_log``, ``D``, ``norm``, ``out_proj``), so weights map one-to-one (see
   :mod:`mizzen_plugins.nemotron_h.weights`).
-- Decay, ``dt`` and normalisation arithmetic run in float32 whatever the parameter dtype.
+- Decay, ``dt``, skip and normalisation arithmetic run in at least float32 whatever the parameter
+  dtype (:mod:`mizzen_plugins.nemotron_h.numerics`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
 from mizzen_plugins.nemotron_h.conv import causal_depthwise_conv
+from mizzen_plugins.nemotron_h.numerics import compute_dtype, upcast
 from mizzen_plugins.nemotron_h.packing import PackedSequences
 from mizzen_plugins.nemotron_h.scan_backend import selective_scan
 
@@ -34,8 +36,8 @@ __all__ = ["GatedRMSNorm", "Mamba2Mixer"]
 
 
 class GatedRMSNorm(nn.Module):
-    """``weight * rms_norm(y * silu(z))``, RMS over groups of ``group_size``; float32 inside,
-    the result in ``z``'s dtype (the activations' dtype)."""
+    """``weight * rms_norm(y * silu(z))``, RMS over groups of ``group_size``; at least float32
+    inside, the result in ``z``'s dtype (the activations' dtype)."""
 
     def __init__(self, size: int, group_size: int, eps: float) -> None:
         super().__init__()
@@ -46,10 +48,10 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        gated = y.float() * F.silu(z.float())
+        gated = upcast(y) * F.silu(upcast(z))
         groups = gated.unflatten(-1, (-1, self.group_size))
         normed = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * normed.flatten(-2)).to(z.dtype)
+        return (self.weight.to(normed.dtype) * normed.flatten(-2)).to(z.dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -97,8 +99,8 @@ class Mamba2Mixer(nn.Module):
         z, xBC, dt = self.in_proj(hidden).split([c.ssm_inner_size, c.conv_channels, H], dim=-1)
         xBC = F.silu(causal_depthwise_conv(xBC, self.conv_weight, self.conv_bias, packed.position))
         x, B, C = xBC.split([c.ssm_inner_size, G * N, G * N], dim=-1)
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*c.dt_limit)
-        A = -torch.exp(self.A_log.float())
+        dt = F.softplus(upcast(dt) + self.dt_bias.to(compute_dtype(dt))).clamp(*c.dt_limit)
+        A = -torch.exp(self.A_log.to(dt.dtype))
         x_heads = x.reshape(1, T, H, P)
         y = selective_scan(
             x_heads,
@@ -109,6 +111,6 @@ class Mamba2Mixer(nn.Module):
             chunk_size=c.chunk_size,
             seq_idx=packed.seq_idx.unsqueeze(0),
         )
-        y = y.float() + x_heads.float() * self.D.float()[:, None]
+        y = upcast(y) + upcast(x_heads) * self.D.to(compute_dtype(y))[:, None]
         y = self.norm(y.reshape(T, c.ssm_inner_size), z)
         return self.out_proj(y)

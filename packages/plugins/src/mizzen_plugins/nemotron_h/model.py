@@ -11,7 +11,7 @@ Invariants:
   ``B`` sequences of ``L`` tokens.
 - A block's layer attribute is named by its kind (``ssm``, ``attention`` or ``mlp``), so state-dict
   names say what they hold; :mod:`mizzen_plugins.nemotron_h.weights` maps them to Hugging Face.
-- Norm arithmetic runs in float32; activations and the residual stream stay in the parameter dtype.
+- Norm arithmetic runs in at least float32; activations and the residual stream stay in the parameter dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from torch import nn
 
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
 from mizzen_plugins.nemotron_h.mixer import Mamba2Mixer
+from mizzen_plugins.nemotron_h.numerics import upcast
 from mizzen_plugins.nemotron_h.packing import PackedSequences, packed_sequences, uniform_cu_seqlens
 from mizzen_plugins.nemotron_h.pattern import LayerKind
 from mizzen_plugins.nemotron_h.self_attention import CausalSelfAttention
@@ -32,7 +33,7 @@ __all__ = ["MLP", "HybridBlock", "HybridCausalLM", "RMSNorm", "build_model"]
 
 
 class RMSNorm(nn.Module):
-    """``weight * x / rms(x)``, computed in float32, returned in ``x``'s dtype."""
+    """``weight * x / rms(x)``, computed in at least float32, returned in ``x``'s dtype."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -40,9 +41,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = upcast(x)
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * normed).to(x.dtype)
+        return (self.weight.to(xf.dtype) * normed).to(x.dtype)
 
 
 class MLP(nn.Module):

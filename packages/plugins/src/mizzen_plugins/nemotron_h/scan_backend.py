@@ -99,8 +99,17 @@ def scan_backend(device_type: str) -> ScanBackend:
     return backend
 
 
-@functools.cache
 def _compiled_scan() -> ScanFn:
+    """:func:`ssd_chunked` through ``torch.compile``; compiled on first call, not on choice."""
+
+    def run(*args, **kwargs) -> torch.Tensor:
+        return _compiled_ssd_chunked()(*args, **kwargs)
+
+    return run
+
+
+@functools.cache
+def _compiled_ssd_chunked() -> ScanFn:
     return torch.compile(ssd_chunked, dynamic=True)
 
 

@@ -15,8 +15,8 @@ attention-like products inside a chunk, and the recurrence only across chunk bou
 Invariants:
 - Inputs ``x [b, T, H, P]``, ``dt [b, T, H]`` (already softplus-ed and clamped, > 0),
   ``A [H]`` (< 0), ``B``/``C [b, T, G, N]``, optional ``seq_idx [b, T]`` (non-decreasing integers).
-  Output ``y [b, T, H, P]`` in ``x``'s dtype; the arithmetic runs in float32 (float64 for float64
-  inputs, so tests can compare the two forms tightly).
+  Output ``y [b, T, H, P]`` in ``x``'s dtype; the arithmetic runs in
+  :func:`~mizzen_plugins.nemotron_h.numerics.compute_dtype` (float32, or float64 for float64).
 - No subtraction of cumulative sums: every decay ``exp(sum of dt*A over (s, l])`` is formed from a
   masked cumulative sum, so it is exactly 1 for an empty range and never overflows; pairs of
   positions in different sequences get decay 0 through a mask (no ``-inf`` arithmetic in the
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from mizzen_plugins.nemotron_h.numerics import compute_dtype
 
 __all__ = ["ssd_chunked", "ssd_step_by_step"]
 
@@ -53,10 +55,6 @@ def _check_shapes(x, dt, A, B, C, seq_idx) -> None:
         raise ValueError(f"ssd scan shapes (x is {tuple(x.shape)}): " + "; ".join(problems))
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(x.dtype, torch.float32)
-
-
 def _heads_of_groups(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``[..., G, N] -> [..., H, N]``: head ``h`` uses group ``h // (H / G)``."""
     return t.repeat_interleave(num_heads // t.shape[-2], dim=-2)
@@ -73,7 +71,7 @@ def ssd_step_by_step(
     """The recurrence, one token at a time (slow; the definition the chunked scan must equal)."""
     _check_shapes(x, dt, A, B, C, seq_idx)
     b, T, H, P = x.shape
-    f = _compute_dtype(x)
+    f = compute_dtype(x)
     Bh = _heads_of_groups(B.to(f), H)
     Ch = _heads_of_groups(C.to(f), H)
     state = x.new_zeros(b, H, P, B.shape[-1], dtype=f)
@@ -123,7 +121,7 @@ def ssd_chunked(
     seq_idx = seq_idx.to(torch.int64)
 
     # Pad the time axis to n * Q: dt = 0 there (decay 1, no input), same sequence as the last token.
-    f = _compute_dtype(x)
+    f = compute_dtype(x)
     xf = F.pad(x.to(f), (0, 0, 0, 0, 0, pad))
     dtf = F.pad(dt.to(f), (0, 0, 0, pad))
     Bh = F.pad(_heads_of_groups(B.to(f), H), (0, 0, 0, 0, 0, pad))

@@ -1,0 +1,169 @@
+"""The Mamba-2 selective scan and the causal conv: chunked == step by step, and THD restarts."""
+
+import logging
+
+import pytest
+import torch
+
+from mizzen_ci import register_cpu_ci
+from mizzen_plugins.nemotron_h import scan_backend as backend_module
+from mizzen_plugins.nemotron_h.conv import causal_depthwise_conv
+from mizzen_plugins.nemotron_h.packing import packed_sequences
+from mizzen_plugins.nemotron_h.ssd import ssd_chunked, ssd_step_by_step
+
+register_cpu_ci(est_time=10, labels=["ssm", "plugins", "thd"])
+
+
+def random_scan_inputs(b, T, H, P, G, N, *, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, T, H, P, generator=g, dtype=dtype)
+    dt = torch.rand(b, T, H, generator=g, dtype=dtype) * 0.5 + 0.01
+    A = -(torch.rand(H, generator=g, dtype=dtype) * 3 + 0.05)
+    B = torch.randn(b, T, G, N, generator=g, dtype=dtype)
+    C = torch.randn(b, T, G, N, generator=g, dtype=dtype)
+    return x, dt, A, B, C
+
+
+def seq_idx_from_lengths(lengths):
+    return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 16, 64])
+def test_chunked_scan_equals_the_step_by_step_recurrence(chunk_size):
+    # 37 tokens: never a multiple of the chunk (except 1); several sequences per chunk, one-token
+    # and chunk-straddling sequences, a boundary exactly on a chunk start (at 8 and 16).
+    lengths = [5, 3, 8, 1, 15, 5]
+    seq = torch.stack([seq_idx_from_lengths(lengths), torch.zeros(37, dtype=torch.int64)])
+    x, dt, A, B, C = random_scan_inputs(2, 37, H=4, P=3, G=2, N=5, seed=chunk_size)
+    expected = ssd_step_by_step(x, dt, A, B, C, seq)
+    got = ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size, seq_idx=seq)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    # Without seq_idx: one sequence per batch row, state carried over the whole row.
+    torch.testing.assert_close(
+        ssd_chunked(x, dt, A, B, C, chunk_size=chunk_size),
+        ssd_step_by_step(x, dt, A, B, C),
+        rtol=1e-10,
+        atol=1e-10,
+    )
+
+
+def test_chunked_scan_gradients_equal_the_recurrence_gradients():
+    lengths = [6, 1, 9, 4]
+    seq = seq_idx_from_lengths(lengths)[None]
+    inputs = [t.requires_grad_() for t in random_scan_inputs(1, 20, H=2, P=3, G=1, N=4, seed=7)]
+    weights = torch.randn(1, 20, 2, 3, dtype=torch.float64)
+    (ssd_step_by_step(*inputs, seq) * weights).sum().backward()
+    expected = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    (ssd_chunked(*inputs, chunk_size=8, seq_idx=seq) * weights).sum().backward()
+    for name, t, g in zip(["x", "dt", "A", "B", "C"], inputs, expected, strict=True):
+        assert torch.isfinite(t.grad).all(), name
+        torch.testing.assert_close(t.grad, g, rtol=1e-9, atol=1e-9, msg=f"grad of {name}")
+
+
+def test_packed_scan_equals_separate_runs_per_sequence():
+    lengths = [7, 12, 1, 0, 20]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    packed = packed_sequences(cu, int(cu[-1]))
+    x, dt, A, B, C = random_scan_inputs(1, int(cu[-1]), H=4, P=2, G=2, N=3, seed=3)
+    y = ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=packed.seq_idx[None])
+    for start, end in packed.bounds():
+        alone = ssd_chunked(
+            *(t[:, start:end] for t in (x, dt)), A, *(t[:, start:end] for t in (B, C)), chunk_size=8
+        )
+        torch.testing.assert_close(y[:, start:end], alone, rtol=1e-10, atol=1e-10)
+
+
+def test_scan_keeps_the_input_dtype_and_computes_in_float32():
+    x, dt, A, B, C = random_scan_inputs(1, 24, H=2, P=4, G=1, N=4, seed=11, dtype=torch.float32)
+    reference = ssd_chunked(
+        x.double(), dt.double(), A.double(), B.double(), C.double(), chunk_size=8
+    )
+    low = ssd_chunked(x.bfloat16(), dt, A, B.bfloat16(), C.bfloat16(), chunk_size=8)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.double(), reference, rtol=2e-2, atol=5e-2)
+
+
+def test_scan_rejects_mismatched_shapes():
+    x, dt, A, B, C = random_scan_inputs(1, 10, H=4, P=2, G=3, N=3, seed=0)
+    with pytest.raises(ValueError, match="3 groups must divide 4 heads"):
+        ssd_chunked(x, dt, A, B, C, chunk_size=4)
+
+
+def test_packed_conv_equals_per_sequence_conv_with_zero_history():
+    lengths = [1, 6, 0, 3, 9]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    packed = packed_sequences(cu, int(cu[-1]))
+    T, channels, K = int(cu[-1]), 5, 4
+    x = torch.randn(T, channels, dtype=torch.float64)
+    weight = torch.randn(channels, K, dtype=torch.float64)
+    bias = torch.randn(channels, dtype=torch.float64)
+    out = causal_depthwise_conv(x, weight, bias, packed.position)
+    for start, end in packed.bounds():
+        # torch's own depthwise conv on the sequence alone (left zero padding, causal crop).
+        alone = torch.nn.functional.conv1d(
+            x[start:end].T[None], weight[:, None, :], bias, padding=K - 1, groups=channels
+        )[0, :, : end - start].T
+        torch.testing.assert_close(out[start:end], alone)
+
+
+def test_packed_sequences_validates_cu_seqlens():
+    packed = packed_sequences(torch.tensor([0, 2, 2, 5], dtype=torch.int32), 5)
+    assert packed.seq_idx.tolist() == [0, 0, 2, 2, 2]
+    assert packed.position.tolist() == [0, 1, 0, 1, 2]
+    assert packed.bounds() == [(0, 2), (2, 5)] and packed.max_seqlen == 3
+    for bad in ([0, 3, 2, 5], [1, 5], [0, 4]):
+        with pytest.raises(ValueError, match="start at 0, never decrease and end at"):
+            packed_sequences(torch.tensor(bad), 5)
+    with pytest.raises(ValueError, match="integer tensor"):
+        packed_sequences(torch.tensor([0.0, 5.0]), 5)
+
+
+@pytest.fixture
+def fresh_backend_choice(monkeypatch):
+    monkeypatch.delenv(backend_module.ENV_VAR, raising=False)
+    backend_module.scan_backend.cache_clear()
+    yield monkeypatch
+    backend_module.scan_backend.cache_clear()
+
+
+def test_backend_is_chosen_once_per_device_type_and_logged(fresh_backend_choice, caplog):
+    caplog.set_level(logging.INFO, logger=backend_module.__name__)
+    first = backend_module.scan_backend("cpu")
+    assert first.name == "reference" and first.run is ssd_chunked
+    assert backend_module.scan_backend("cpu") is first
+    logged = [r.getMessage() for r in caplog.records if r.name == backend_module.__name__]
+    assert logged == ["selective scan on cpu: reference (cpu: eager pure-torch chunked scan)"]
+
+
+def assert_no_mamba_ssm():
+    try:
+        import mamba_ssm  # noqa: F401
+    except ImportError:
+        return
+    pytest.fail("this CPU test expects mamba_ssm to be absent, as on the CPU image")
+
+
+def test_cuda_falls_back_to_the_compiled_scan_without_mamba_ssm(fresh_backend_choice, caplog):
+    # Only the decision is made here (no CUDA call): the compiled scan is wrapped, not run.
+    assert_no_mamba_ssm()
+    caplog.set_level(logging.INFO, logger=backend_module.__name__)
+    chosen = backend_module.scan_backend("cuda")
+    assert chosen.name == "compiled"
+    (message,) = [r.getMessage() for r in caplog.records if r.name == backend_module.__name__]
+    assert message.startswith("selective scan on cuda: compiled (mamba_ssm unavailable (")
+    assert "No module named 'mamba_ssm'" in message
+    assert not torch.cuda.is_initialized()
+
+
+def test_forced_backend_that_cannot_run_is_an_error(fresh_backend_choice):
+    assert_no_mamba_ssm()
+    fresh_backend_choice.setenv(backend_module.ENV_VAR, "mamba_ssm")
+    with pytest.raises(
+        RuntimeError, match=r"MIZZEN_SSM_SCAN=mamba_ssm but mamba_ssm cannot be used"
+    ):
+        backend_module.scan_backend("cpu")
+    fresh_backend_choice.setenv(backend_module.ENV_VAR, "fastest")
+    with pytest.raises(ValueError, match=r"'fastest' is not a scan backend"):
+        backend_module.scan_backend("cpu")
