@@ -1,0 +1,791 @@
+"""The import graph of Python source trees, read from the syntax tree (nothing is ever imported).
+
+This is the one import-graph builder of the repository: the lazy-import check
+(:mod:`mizzen_ci.lazy_imports_static`) and the PR planner both build on it.
+
+API (a contract; keep it stable)
+--------------------------------
+
+Per file, **facts** parsed from the source alone (independent of where the file lives)::
+
+    facts = parse_facts(source_bytes, filename)   # -> ModuleFacts
+    facts.imports   # tuple[RawImport, ...] in source order
+    facts.error     # None, or "line N: message" when the file does not parse (then no imports)
+
+    RawImport(module, level, names, line, scope, guarded, kind)
+      module   dotted name as written after ``import`` / ``from`` ("" for ``from . import x``)
+      level    leading dots of a relative import (0: absolute)
+      names    for ``from`` imports the imported names (``"*"`` included); () otherwise
+      line     1-based line of the statement (of the call for importlib)
+      scope    "module"        top-level statement, also inside if/try/with/for/while/match blocks
+                               and class bodies (they run when the module is imported)
+               "function"      inside a function body (runs only when called): lazy
+               "type-checking" under ``if TYPE_CHECKING:`` (never at run time): lazy
+               "getattr"       inside a module-level ``def __getattr__`` (PEP 562): lazy
+               (a statement nested in several takes the outermost lazy reason)
+      guarded  inside ``try:`` with a handler that catches ImportError (ImportError,
+               ModuleNotFoundError, Exception, BaseException, a bare except, or a tuple with one),
+               or inside ``with contextlib.suppress(ImportError)``.  Still an eager import.
+      kind     "import" | "from" | "importlib" (``importlib.import_module("lit")``, also
+               ``import_module("lit")`` and relative literals with ``package=__package__``) |
+               "__import__" (``__import__("lit")``).  Only string-literal names are seen;
+               computed names are invisible here (the runtime check sees them).
+
+**FactsCache**\\ (path or None): facts keyed by the sha256 of the file's bytes, optionally kept in
+a JSON file (e.g. ``.mizzen-cache/import-facts.json``; keep it out of git).  A stat fast path
+(size + mtime_ns, as git's index does, with a 2 s racy-timestamp window re-hashed) means a warm
+build costs one ``stat`` per file plus one JSON load; a touched but unchanged file costs a hash,
+never a parse.  ``cache.save()`` writes atomically and only when something changed; facts of files
+no longer seen are dropped.  A cache from another format version or Python minor is ignored.
+
+**ImportGraph.build(root, source_dirs, extra_files=(), cache=None)**
+
+- ``source_dirs``: directories that are ``sys.path`` entries (``packages/train/src``).  Every
+  package (a directory with ``__init__.py``; namespace packages are not walked, as ``pkgutil``
+  does not walk them) and module below them is a node named by its dotted module name.  A module
+  name defined in two source dirs keeps the first and records a problem.
+- ``extra_files``: files that are not importable modules (test files); each is a node named by its
+  root-relative POSIX path (it contains ``/``, so it never collides with a module name).
+- Paths are root-relative POSIX strings (absolute when outside ``root``).
+
+Attributes and queries (``scope``: "module" follows only module-scope edges, i.e. what importing
+runs; "all" follows lazy edges too, i.e. what calling anything might run):
+
+- ``graph.modules``: ``{module name: file}``; ``graph.files``: ``{node: file}`` (modules + extras)
+- ``graph.facts[node]``: its ModuleFacts; ``graph.problems``: ``[GraphProblem(file, line, msg)]``
+  (syntax errors, relative imports beyond the top-level package, duplicate modules)
+- ``graph.edges(node)``: resolved ``ImportEdge(target, line, lazy, guarded, kind, scope, names)``
+  in source order.  Resolution: relative imports become absolute; ``from pkg import name`` gives
+  an edge to ``pkg`` (kind "from") and, when ``pkg.name`` is a module of the graph, one to it
+  (kind "submodule").  Targets outside the graph are kept as written (external modules).
+- ``graph.successors(node, scope)``: ``tuple[Hop, ...]``.  Importing ``a.b.c`` runs ``a`` and
+  ``a.b`` first: each edge to a module of the graph yields hops to its parent packages that are in
+  the graph (``hop.parent_of`` names the imported module), then to the module itself.  A node's
+  own parent packages are not its successors (ask for them with :meth:`ImportGraph.with_parents`).
+- ``graph.closure(starts, scope)``: every name reached (graph modules and external targets).
+- ``graph.importers(targets, scope)``: every node that reaches one of ``targets`` (reverse
+  closure, one pass; what a planner asks for changed modules).
+- ``graph.chain(starts, predicate, scope)``: the shortest ``list[Hop]`` from ``starts`` to a
+  name for which ``predicate(name)`` holds, or None.  The predicate sees every name reached
+  (not the starts); for ``from X import n`` with ``X`` outside the graph it sees ``X`` and
+  ``X.n`` (``n`` may be a submodule), and the last hop names the one that matched.  Cycles are
+  fine (visited set).  ``str(hop)`` is ``file:line imports target (module scope)`` style.
+
+Invariants: stdlib only; building never raises for bad source (problems are recorded); results are
+deterministic (sorted discovery, source-order edges, breadth-first chains).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+SCOPES = ("module", "function", "type-checking", "getattr")
+KINDS = ("import", "from", "importlib", "__import__")
+_GUARD_EXCEPTIONS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
+
+
+# --------------------------------------------------------------------------------------------
+# Facts of one file.
+
+
+class RawImport(NamedTuple):
+    """One import as written in a file, before resolution (what the cache stores)."""
+
+    module: str
+    level: int
+    names: tuple[str, ...]
+    line: int
+    scope: str
+    guarded: bool
+    kind: str
+
+    @property
+    def lazy(self) -> bool:
+        return self.scope != "module"
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleFacts:
+    """What one file's syntax tree says about its imports."""
+
+    imports: tuple[RawImport, ...]
+    error: str | None = None  # "line N: message" when the source does not parse
+    error_line: int = 0
+
+    def to_json(self) -> list:
+        return [[list(i) for i in self.imports], self.error, self.error_line]
+
+    @classmethod
+    def from_json(cls, data: list) -> ModuleFacts:
+        imports, error, error_line = data
+        return cls(
+            tuple(RawImport(m, lv, tuple(n), ln, s, g, k) for m, lv, n, ln, s, g, k in imports),
+            error,
+            error_line,
+        )
+
+
+def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
+    """The imports of one file's source (never raises: a syntax error becomes ``error``)."""
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError) as e:  # ValueError: source with null bytes
+        line = getattr(e, "lineno", None) or 1
+        msg = getattr(e, "msg", None) or str(e)
+        return ModuleFacts((), f"line {line}: {msg}", line)
+    out: list[RawImport] = []
+    dynamic = b"import_module" in source or b"__import__" in source
+    _Walker(out, dynamic).block(tree.body, "module", False, True)
+    return ModuleFacts(tuple(out))
+
+
+class _Walker:
+    """Statement walk (expressions are only searched for importlib calls, and only when the file
+    mentions ``import_module`` or ``__import__``, which keeps the walk cheap)."""
+
+    __slots__ = ("dynamic", "out")
+
+    def __init__(self, out: list[RawImport], dynamic: bool):
+        self.out = out
+        self.dynamic = dynamic
+
+    def block(self, body: list[ast.stmt], scope: str, guarded: bool, top: bool) -> None:
+        out = self.out
+        for node in body:
+            t = type(node)
+            if t is ast.Import:
+                for a in node.names:
+                    out.append(RawImport(a.name, 0, (), node.lineno, scope, guarded, "import"))
+            elif t is ast.ImportFrom:
+                names = tuple(a.name for a in node.names)
+                out.append(
+                    RawImport(
+                        node.module or "", node.level, names, node.lineno, scope, guarded, "from"
+                    )
+                )
+            elif t is ast.FunctionDef or t is ast.AsyncFunctionDef:
+                if self.dynamic:
+                    self.calls(node.decorator_list, scope, guarded)
+                if scope == "module":
+                    inner = "getattr" if top and node.name == "__getattr__" else "function"
+                else:
+                    inner = scope
+                self.block(node.body, inner, False, False)
+            elif t is ast.ClassDef:
+                self.block(node.body, scope, guarded, False)
+            elif t is ast.If:
+                if _is_type_checking(node.test):
+                    self.block(
+                        node.body, "type-checking" if scope == "module" else scope, guarded, top
+                    )
+                else:
+                    if self.dynamic:
+                        self.calls((node.test,), scope, guarded)
+                    self.block(node.body, scope, guarded, top)
+                self.block(node.orelse, scope, guarded, top)
+            elif t is ast.Try or t is ast.TryStar:
+                catches = guarded or _catches_import_error(node.handlers)
+                self.block(node.body, scope, catches, top)
+                for h in node.handlers:
+                    self.block(h.body, scope, guarded, top)
+                self.block(node.orelse, scope, guarded, top)
+                self.block(node.finalbody, scope, guarded, top)
+            elif t is ast.With or t is ast.AsyncWith:
+                suppresses = guarded or any(_suppresses_import_error(i) for i in node.items)
+                if self.dynamic:
+                    self.calls([i.context_expr for i in node.items], scope, guarded)
+                self.block(node.body, scope, suppresses, top)
+            elif t is ast.For or t is ast.AsyncFor or t is ast.While:
+                self.block(node.body, scope, guarded, top)
+                self.block(node.orelse, scope, guarded, top)
+            elif t is ast.Match:
+                for case in node.cases:
+                    self.block(case.body, scope, guarded, top)
+            elif self.dynamic:
+                self.calls((node,), scope, guarded)
+
+    def calls(self, nodes: Iterable[ast.AST], scope: str, guarded: bool) -> None:
+        """Record ``importlib.import_module("lit")`` / ``__import__("lit")`` inside ``nodes``."""
+        for root in nodes:
+            for n in ast.walk(root):
+                if type(n) is not ast.Call or not n.args:
+                    continue
+                kind = _dynamic_import_kind(n.func)
+                if kind is None:
+                    continue
+                arg = n.args[0]
+                if not (type(arg) is ast.Constant and type(arg.value) is str and arg.value):
+                    continue  # a computed name: invisible statically (the runtime check sees it)
+                name = arg.value
+                level = len(name) - len(name.lstrip("."))
+                if level:
+                    if kind != "importlib" or not _anchor_is_own_package(n):
+                        continue
+                    name = name[level:]
+                self.out.append(RawImport(name, level, (), n.lineno, scope, guarded, kind))
+
+
+def _dynamic_import_kind(func: ast.expr) -> str | None:
+    if type(func) is ast.Attribute and func.attr == "import_module":
+        return (
+            "importlib" if type(func.value) is ast.Name and func.value.id == "importlib" else None
+        )
+    if type(func) is ast.Name:
+        if func.id == "import_module":
+            return "importlib"
+        if func.id == "__import__":
+            return "__import__"
+    return None
+
+
+def _anchor_is_own_package(call: ast.Call) -> bool:
+    """``import_module(".x", __package__)`` (or ``package=__package__`` / ``__spec__.parent``)."""
+    pkg = call.args[1] if len(call.args) > 1 else None
+    for kw in call.keywords:
+        if kw.arg == "package":
+            pkg = kw.value
+    if type(pkg) is ast.Name:
+        return pkg.id == "__package__"
+    return (
+        type(pkg) is ast.Attribute
+        and pkg.attr == "parent"
+        and type(pkg.value) is ast.Name
+        and pkg.value.id == "__spec__"
+    )
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    if type(test) is ast.Name:
+        return test.id == "TYPE_CHECKING"
+    if type(test) is ast.Attribute:
+        return test.attr == "TYPE_CHECKING"
+    if type(test) is ast.BoolOp and type(test.op) is ast.And:
+        return any(_is_type_checking(v) for v in test.values)
+    return False
+
+
+def _exception_name(node: ast.expr) -> str | None:
+    if type(node) is ast.Name:
+        return node.id
+    if type(node) is ast.Attribute:
+        return node.attr
+    return None
+
+
+def _catches_import_error(handlers: list[ast.ExceptHandler]) -> bool:
+    for h in handlers:
+        if h.type is None:
+            return True
+        types = h.type.elts if type(h.type) is ast.Tuple else [h.type]
+        if any(_exception_name(x) in _GUARD_EXCEPTIONS for x in types):
+            return True
+    return False
+
+
+def _suppresses_import_error(item: ast.withitem) -> bool:
+    call = item.context_expr
+    if type(call) is not ast.Call:
+        return False
+    f = call.func
+    name = f.attr if type(f) is ast.Attribute else f.id if type(f) is ast.Name else None
+    return name == "suppress" and any(_exception_name(a) in _GUARD_EXCEPTIONS for a in call.args)
+
+
+# --------------------------------------------------------------------------------------------
+# The facts cache.
+
+_CACHE_FORMAT = 1
+_RACY_WINDOW_NS = 2_000_000_000
+
+
+class FactsCache:
+    """ModuleFacts keyed by sha256 of the file's bytes, optionally persisted as JSON.
+
+    ``facts_for(path, key)`` returns the facts of the file at ``path`` (``key``: a stable name for
+    the stat index, e.g. the root-relative path).  ``hits`` / ``parsed`` count what happened.
+    """
+
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path is not None else None
+        self._stat: dict[str, list] = {}  # key -> [size, mtime_ns, sha]
+        self._facts: dict[str, ModuleFacts | list] = {}  # sha -> facts (JSON form until used)
+        self._written_ns = 0
+        self._seen: dict[str, list] = {}
+        self._dirty = False
+        self.hits = 0
+        self.parsed = 0
+        if self.path is not None:
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                data = json.loads(f.read())
+        except (OSError, ValueError):
+            return
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != _CACHE_FORMAT
+            or data.get("python") != list(sys.version_info[:2])
+        ):
+            return
+        self._stat = data.get("files", {})
+        self._facts = data.get("facts", {})
+        self._written_ns = data.get("written_ns", 0)
+
+    def facts_for(self, path: Path | str, key: str) -> ModuleFacts:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return ModuleFacts((), f"line 1: cannot read: {e.strerror}", 1)
+        old = self._stat.get(key)
+        sha = None
+        if (
+            old is not None
+            and old[0] == st.st_size
+            and old[1] == st.st_mtime_ns
+            and st.st_mtime_ns < self._written_ns - _RACY_WINDOW_NS
+        ):
+            sha = old[2]
+        source = None
+        if sha is None or sha not in self._facts:
+            try:
+                with open(path, "rb") as f:
+                    source = f.read()
+            except OSError as e:
+                return ModuleFacts((), f"line 1: cannot read: {e.strerror}", 1)
+            sha = hashlib.sha256(source).hexdigest()
+        entry = [st.st_size, st.st_mtime_ns, sha]
+        if old != entry:
+            self._dirty = True
+        self._seen[key] = entry
+        facts = self._facts.get(sha)
+        if facts is None:
+            facts = parse_facts(source, str(path))
+            self._facts[sha] = facts
+            self._dirty = True
+            self.parsed += 1
+        else:
+            self.hits += 1
+            if type(facts) is list:
+                facts = ModuleFacts.from_json(facts)
+                self._facts[sha] = facts
+        return facts
+
+    def save(self) -> None:
+        """Write the cache (atomically) if it has a path and something changed."""
+        if self.path is None:
+            return
+        if not self._dirty and set(self._seen) == set(self._stat):
+            return
+        shas = {e[2] for e in self._seen.values()}
+        facts = {
+            sha: (f.to_json() if isinstance(f, ModuleFacts) else f)
+            for sha, f in self._facts.items()
+            if sha in shas
+        }
+        data = {
+            "format": _CACHE_FORMAT,
+            "python": list(sys.version_info[:2]),
+            "written_ns": time.time_ns(),
+            "files": self._seen,
+            "facts": facts,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.replace(tmp, self.path)
+        self._stat, self._written_ns, self._dirty = dict(self._seen), data["written_ns"], False
+
+
+# --------------------------------------------------------------------------------------------
+# The graph.
+
+
+class ImportEdge(NamedTuple):
+    """One resolved import of a node: an absolute target module name."""
+
+    target: str
+    line: int
+    lazy: bool
+    guarded: bool
+    kind: str  # "import" | "from" | "submodule" | "importlib" | "__import__"
+    scope: str
+    names: tuple[str, ...] = ()  # for kind "from": the imported names
+
+
+_WHERE = {
+    "module": "module scope",
+    "function": "lazy: inside a function",
+    "type-checking": "lazy: under TYPE_CHECKING",
+    "getattr": "lazy: inside module __getattr__",
+}
+
+
+class Hop(NamedTuple):
+    """One step of a chain: ``source`` (a node, in ``file``) imports ``target`` at ``line``."""
+
+    source: str
+    file: str
+    line: int
+    target: str
+    edge: ImportEdge
+    parent_of: str | None = None  # set when target is a parent package run first
+
+    def describe(self) -> str:
+        e = self.edge
+        notes = [_WHERE[e.scope]]
+        if e.guarded:
+            notes.append("guarded by try/except ImportError")
+        if e.kind == "importlib":
+            notes.append("importlib.import_module")
+        elif e.kind == "__import__":
+            notes.append("__import__")
+        if self.parent_of is not None:
+            notes.append(f"parent package of {self.parent_of}, its __init__ runs first")
+        return f"{self.file}:{self.line} imports {self.target} ({', '.join(notes)})"
+
+    __str__ = describe
+
+
+@dataclass(frozen=True)
+class GraphProblem:
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+def iter_source_modules(source_dir: Path) -> Iterator[tuple[str, Path]]:
+    """(module name, file) of every package and module below one ``sys.path`` entry, sorted."""
+    try:
+        entries = sorted(os.scandir(source_dir), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if e.name.startswith(".") or e.name in _SKIP_DIRS:
+            continue
+        if e.is_dir():
+            init = os.path.join(e.path, "__init__.py")
+            if e.name.isidentifier() and os.path.isfile(init):
+                yield from _iter_package(e.name, e.path)
+        elif e.name.endswith(".py") and e.name[:-3].isidentifier():
+            yield e.name[:-3], Path(e.path)
+
+
+def _iter_package(name: str, path: str) -> Iterator[tuple[str, Path]]:
+    yield name, Path(path, "__init__.py")
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        n = e.name
+        if n.startswith(".") or n in _SKIP_DIRS:
+            continue
+        if n.endswith(".py"):
+            stem = n[:-3]
+            if stem != "__init__" and stem.isidentifier() and e.is_file():
+                yield f"{name}.{stem}", Path(e.path)
+        elif (
+            n.isidentifier() and e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py"))
+        ):
+            yield from _iter_package(f"{name}.{n}", e.path)
+
+
+class ImportGraph:
+    """Modules (and extra files) of a tree with their resolved imports; see the module docstring."""
+
+    def __init__(
+        self,
+        root: Path,
+        modules: dict[str, str],
+        files: dict[str, str],
+        facts: dict[str, ModuleFacts],
+        problems: list[GraphProblem],
+    ):
+        self.root = root
+        self.modules = modules
+        self.files = files
+        self.facts = facts
+        self.problems = problems
+        self._edges: dict[str, tuple[ImportEdge, ...]] = {}
+        self._succ: dict[tuple[str, str], tuple[Hop, ...]] = {}
+        self._pred: dict[str, dict[str, list[str]]] = {}
+        for node in files:
+            self._edges[node] = self._resolve(node)
+
+    # ---- building
+
+    @classmethod
+    def build(
+        cls,
+        root: Path | str,
+        source_dirs: Iterable[Path | str],
+        extra_files: Iterable[Path | str] = (),
+        cache: FactsCache | None = None,
+    ) -> ImportGraph:
+        root = Path(root).resolve()
+        cache = cache if cache is not None else FactsCache(None)
+        modules: dict[str, str] = {}
+        files: dict[str, str] = {}
+        facts: dict[str, ModuleFacts] = {}
+        problems: list[GraphProblem] = []
+        for sd in source_dirs:
+            sd = Path(sd)
+            sd = sd if sd.is_absolute() else root / sd
+            for name, path in iter_source_modules(sd):
+                rel = _rel(path, root)
+                if name in modules:
+                    problems.append(
+                        GraphProblem(
+                            rel,
+                            1,
+                            f"module {name} is also defined by {modules[name]}; kept that one",
+                        )
+                    )
+                    continue
+                modules[name] = rel
+                files[name] = rel
+                facts[name] = cache.facts_for(path, rel)
+        for p in extra_files:
+            p = Path(p)
+            p = p if p.is_absolute() else root / p
+            rel = _rel(p, root)
+            files[rel] = rel
+            facts[rel] = cache.facts_for(p, rel)
+        for node, f in facts.items():
+            if f.error is not None:
+                problems.append(GraphProblem(files[node], f.error_line, f"cannot parse: {f.error}"))
+        return cls(root, modules, files, facts, problems)
+
+    def _resolve(self, node: str) -> tuple[ImportEdge, ...]:
+        modules = self.modules
+        is_module = node in modules
+        if is_module:
+            is_pkg = modules[node].endswith("__init__.py")
+            package = node if is_pkg else node.rpartition(".")[0]
+        else:
+            package = ""
+        out: list[ImportEdge] = []
+        for imp in self.facts[node].imports:
+            module, level, names, line, scope, guarded, kind = imp
+            lazy = scope != "module"
+            if level:
+                parts = package.split(".") if package else []
+                if level > len(parts):
+                    where = "outside any package" if not parts else f"beyond package {package}"
+                    self.problems.append(
+                        GraphProblem(
+                            self.files[node],
+                            line,
+                            f"relative import {'.' * level}{module} reaches {where}",
+                        )
+                    )
+                    continue
+                base = ".".join(parts[: len(parts) - level + 1])
+                target = f"{base}.{module}" if module else base
+            else:
+                target = module
+            if kind == "from":
+                out.append(ImportEdge(target, line, lazy, guarded, "from", scope, names))
+                for n in names:
+                    sub = f"{target}.{n}"
+                    if sub in modules:
+                        out.append(ImportEdge(sub, line, lazy, guarded, "submodule", scope))
+            else:
+                out.append(ImportEdge(target, line, lazy, guarded, kind, scope))
+        return tuple(out)
+
+    # ---- queries
+
+    def is_module(self, name: str) -> bool:
+        return name in self.modules
+
+    def path_of(self, node: str) -> Path:
+        return self.root / self.files[node]
+
+    def edges(self, node: str) -> tuple[ImportEdge, ...]:
+        return self._edges.get(node, ())
+
+    def with_parents(self, module: str) -> list[str]:
+        """``module`` preceded by its parent packages that are in the graph (what importing runs)."""
+        parts = module.split(".")
+        out = [".".join(parts[:i]) for i in range(1, len(parts))]
+        return [p for p in out if p in self.modules] + [module]
+
+    def successors(self, node: str, scope: str = "module") -> tuple[Hop, ...]:
+        key = (node, scope)
+        hops = self._succ.get(key)
+        if hops is not None:
+            return hops
+        if scope not in ("module", "all"):
+            raise ValueError(f"scope must be 'module' or 'all', not {scope!r}")
+        modules = self.modules
+        file = self.files.get(node, node)
+        out: list[Hop] = []
+        for e in self._edges.get(node, ()):
+            if scope == "module" and e.lazy:
+                continue
+            t = e.target
+            if "." in t:
+                parts = t.split(".")
+                for i in range(1, len(parts)):
+                    p = ".".join(parts[:i])
+                    if p in modules:
+                        out.append(Hop(node, file, e.line, p, e, t))
+            out.append(Hop(node, file, e.line, t, e))
+        hops = tuple(out)
+        self._succ[key] = hops
+        return hops
+
+    def closure(self, starts: str | Iterable[str], scope: str = "module") -> set[str]:
+        """Every name reachable from ``starts`` (graph nodes and external targets)."""
+        todo = [starts] if isinstance(starts, str) else list(starts)
+        seen: set[str] = set()
+        while todo:
+            n = todo.pop()
+            for h in self.successors(n, scope):
+                if h.target not in seen:
+                    seen.add(h.target)
+                    if h.target in self.files:
+                        todo.append(h.target)
+        return seen
+
+    def importers(self, targets: str | Iterable[str], scope: str = "module") -> set[str]:
+        """Every node whose closure holds one of ``targets`` (one reverse breadth-first pass)."""
+        pred = self._pred.get(scope)
+        if pred is None:
+            pred = {}
+            for n in self.files:
+                for h in self.successors(n, scope):
+                    pred.setdefault(h.target, []).append(n)
+            self._pred[scope] = pred
+        todo = [targets] if isinstance(targets, str) else list(targets)
+        seen: set[str] = set()
+        while todo:
+            t = todo.pop()
+            for n in pred.get(t, ()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return seen
+
+    def chain(
+        self,
+        starts: str | Sequence[str],
+        predicate: Callable[[str], bool],
+        scope: str = "module",
+    ) -> list[Hop] | None:
+        """The shortest chain of hops from ``starts`` to a name satisfying ``predicate``."""
+        starts = [starts] if isinstance(starts, str) else list(starts)
+        files = self.files
+        back: dict[str, Hop | None] = {s: None for s in starts}
+        queue = deque(starts)
+        while queue:
+            n = queue.popleft()
+            for h in self.successors(n, scope):
+                hit = self._match(h, predicate)
+                if hit is not None:
+                    out = [hit]
+                    prev = back[n]
+                    while prev is not None:
+                        out.append(prev)
+                        prev = back[prev.source]
+                    out.reverse()
+                    return out
+                t = h.target
+                if t not in back:
+                    back[t] = h
+                    if t in files:
+                        queue.append(t)
+        return None
+
+    def _match(self, h: Hop, predicate: Callable[[str], bool]) -> Hop | None:
+        if predicate(h.target):
+            return h
+        e = h.edge
+        if e.kind == "from" and h.parent_of is None and h.target not in self.modules:
+            for n in e.names:
+                if n != "*" and predicate(f"{h.target}.{n}"):
+                    return h._replace(target=f"{h.target}.{n}")
+        return None
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return path.resolve().as_posix()
+
+
+# --------------------------------------------------------------------------------------------
+# Finding source dirs in a tree.
+
+_TREE_SKIP = frozenset({"node_modules", "__pycache__", "build", "dist", "site-packages", "tests"})
+
+
+def locate_packages(root: Path, names: Iterable[str], max_depth: int = 4) -> dict[str, list[Path]]:
+    """For each top-level package name, the directories ``<name>/`` (with ``__init__.py``) found at
+    ``root/<name>``, ``root/src/<name>`` or ``<dir>/src/<name>`` up to ``max_depth`` below ``root``
+    (hidden, virtualenv, build and ``tests`` directories skipped).  Empty list: not found."""
+    wanted = list(dict.fromkeys(names))
+    found: dict[str, list[Path]] = {n: [] for n in wanted}
+    for n in wanted:
+        if (root / n / "__init__.py").is_file():
+            found[n].append(root / n)
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if not e.is_dir() or e.name.startswith(".") or e.name in _TREE_SKIP:
+                continue
+            if os.path.exists(os.path.join(e.path, "pyvenv.cfg")):
+                continue
+            if e.name == "src":
+                for n in wanted:
+                    if os.path.isfile(os.path.join(e.path, n, "__init__.py")):
+                        found[n].append(Path(e.path, n))
+            elif depth + 1 < max_depth:
+                stack.append((Path(e.path), depth + 1))
+    return {n: sorted(set(v)) for n, v in found.items()}
+
+
+def workspace_source_dirs(root: Path) -> list[Path]:
+    """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
+    the member directory), from ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; plus
+    ``root/src`` when present.  Empty when ``root`` is no uv workspace."""
+    import tomllib  # only this helper reads TOML
+
+    out: list[Path] = []
+    pyproject = root / "pyproject.toml"
+    members: list[str] = []
+    if pyproject.is_file():
+        with pyproject.open("rb") as f:
+            data = tomllib.load(f)
+        members = data.get("tool", {}).get("uv", {}).get("workspace", {}).get("members", [])
+    for pattern in members:
+        for member in sorted(root.glob(pattern)):
+            if (member / "pyproject.toml").is_file():
+                out.append(member / "src" if (member / "src").is_dir() else member)
+    if (root / "src").is_dir() and root / "src" not in out:
+        out.append(root / "src")
+    return out
