@@ -12,6 +12,18 @@ Invariants:
 - A file named explicitly on the command line that is not registered for the lane is an error,
   not a silent deselection.
 - Paths excluded from the registry (``[tool.mizzen.registry] exclude``) are never collected.
+
+Truth rules (what is declared is what runs):
+- GPU lane: each test checks, before its fixtures run, that the GPUs it sees are of the lane's
+  generation (compute capability from ``--mizzen-compute-capability`` /
+  ``$MIZZEN_COMPUTE_CAPABILITY``, which the GPU runner sets from its probe; else probed here) and
+  that it sees exactly its file's ``num_gpus`` devices (``CUDA_VISIBLE_DEVICES``, and
+  ``torch.cuda.device_count()`` when torch is imported).  Otherwise the test errors.
+- GPU lane: a test or a module that skips *fails* ("skipped on hardware it declared", with the
+  skip reason); ``disabled=`` in the registration is the only way not to run.  ``xfail`` is not a
+  skip and is left to pytest.
+- CPU lane: the first test during which ``torch.cuda.is_initialized()`` becomes true (checked after
+  each setup, call and teardown when torch is imported; this plugin never imports it) fails.
 - Like every module of ``mizzen_ci`` it imports only the stdlib at module scope: ``pytest`` is
   imported inside the hooks (which only pytest calls), so the package installs and imports alone.
 """
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +40,7 @@ from .fleet import FLEET_RELATIVE_PATH, Fleet, load_fleet
 from .registry import Registration, RegistryError, is_excluded, read_registry, registry_excludes
 
 LANE_ENV = "MIZZEN_LANE"
+CAPABILITY_ENV = "MIZZEN_COMPUTE_CAPABILITY"
 
 
 @dataclass
@@ -38,6 +52,8 @@ class LaneState:
     errors: dict[str, list[RegistryError]]
     excludes: tuple[str, ...]
     explicit: set[str] = field(default_factory=set)
+    capability_input: str | None = None  # "9.0" or "10.0,10.3"; None: probe the visible GPUs
+    cuda_init_reported: bool = False
 
     def rel(self, path: Path) -> str | None:
         try:
@@ -65,6 +81,12 @@ def pytest_addoption(parser) -> None:
         default=None,
         help=f"lane to collect for: cpu or a GPU generation (default: ${LANE_ENV} or cpu)",
     )
+    group.addoption(
+        "--mizzen-compute-capability",
+        default=None,
+        help="compute capability of the GPUs this process sees, e.g. 9.0 (GPU lanes; default: "
+        f"${CAPABILITY_ENV}, else probed with nvidia-smi)",
+    )
 
 
 def pytest_configure(config) -> None:
@@ -83,6 +105,9 @@ def pytest_configure(config) -> None:
     excludes = registry_excludes(root)
     registry = read_registry(root, fleet)
     state = LaneState(root, fleet, lane, registry.by_path(), registry.errors_by_path(), excludes)
+    state.capability_input = (
+        config.getoption("--mizzen-compute-capability") or os.environ.get(CAPABILITY_ENV) or None
+    )
     for arg in config.args:
         path = Path(arg.split("::", 1)[0])
         path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
@@ -90,6 +115,7 @@ def pytest_configure(config) -> None:
         if rel and path.is_file():
             state.explicit.add(rel)
     config.stash[_state_key()] = state
+    config.pluginmanager.register(_truth_rules_class()(state), "mizzen-truth-rules")
 
 
 def _state(config) -> LaneState | None:
@@ -101,7 +127,10 @@ def pytest_report_header(config) -> str | None:
     if state is None:
         return None
     n = sum(1 for r in state.registrations.values() if state.in_lane(r))
-    return f"mizzen lane: {state.lane} ({n} registered file(s) in this lane)"
+    header = f"mizzen lane: {state.lane} ({n} registered file(s) in this lane)"
+    if state.lane != "cpu" and state.capability_input:
+        header += f", compute capability {state.capability_input}"
+    return header
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
@@ -140,6 +169,8 @@ def _node_classes():
             raise self.CollectError(self.mizzen_message)
 
     class DisabledItem(pytest.Item):
+        mizzen_disabled = True
+
         def runtest(self) -> None:  # never called: the item carries a skip marker
             raise AssertionError("a disabled registration must not run")
 
@@ -195,3 +226,156 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
         node.mizzen_reason = reg.disabled
         return node
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Truth rules
+
+
+@functools.cache
+def _visible_capabilities(capability_input: str | None) -> tuple[tuple[str, ...], str]:
+    """(compute capabilities of the GPUs this process sees, where that came from)."""
+    if capability_input:
+        return tuple(c.strip() for c in capability_input.split(",") if c.strip()), (
+            f"--mizzen-compute-capability / ${CAPABILITY_ENV}"
+        )
+    from .device_probe import ProbeError, probe  # subprocesses only; never torch in-process
+
+    try:
+        found = probe()
+    except ProbeError as e:
+        return (), str(e)
+    return tuple(g.compute_capability for g in found.gpus), found.describe()
+
+
+def hardware_problem(state: LaneState) -> str | None:
+    """Why this process's GPUs are not of the lane's generation, or ``None`` when they are."""
+    arch = state.fleet.arch(state.lane)
+    capabilities, source = _visible_capabilities(state.capability_input)
+    wanted = (
+        f"lane {state.lane!r} runs on {state.lane} GPUs "
+        f"(compute capability {', '.join(arch.compute_capabilities)})"
+    )
+    if not capabilities:
+        return f"{wanted}, but this process sees no GPU: {source}"
+    wrong = [
+        f"{cc} ({state.fleet.arch_of_capability(cc) or 'not in ' + str(FLEET_RELATIVE_PATH)})"
+        for cc in capabilities
+        if state.fleet.arch_of_capability(cc) != state.lane
+    ]
+    if wrong:
+        return f"{wanted}, but this process sees compute capability {', '.join(wrong)} [{source}]"
+    return None
+
+
+def device_count_problem(reg: Registration) -> str | None:
+    """Why the test does not see exactly ``reg.num_gpus`` devices, or ``None``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return (
+            f"{reg.path} declares num_gpus={reg.num_gpus} but CUDA_VISIBLE_DEVICES is not set, so "
+            "it would see every GPU of the host. Fix: run it through the lane "
+            "(nox -s gpu-<arch>), which leases its GPUs and sets CUDA_VISIBLE_DEVICES"
+        )
+    n = len([e for e in visible.split(",") if e.strip()])
+    if n != reg.num_gpus:
+        return (
+            f"{reg.path} declares num_gpus={reg.num_gpus} but CUDA_VISIBLE_DEVICES={visible!r} "
+            f"makes {n} visible. Fix: give it exactly {reg.num_gpus}, or change num_gpus"
+        )
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and hasattr(cuda, "device_count"):
+        seen = cuda.device_count()
+        if seen != reg.num_gpus:
+            return (
+                f"{reg.path} declares num_gpus={reg.num_gpus} and CUDA_VISIBLE_DEVICES={visible!r}, "
+                f"but torch.cuda.device_count() == {seen}"
+            )
+    return None
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    is_initialized = getattr(getattr(torch, "cuda", None), "is_initialized", None)
+    if is_initialized is None:
+        return False
+    try:
+        return bool(is_initialized())
+    except Exception:  # torch half-imported: it cannot have initialised CUDA yet
+        return False
+
+
+def _skip_reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+@functools.cache
+def _truth_rules_class():
+    """The truth-rule hooks, built on first use so that importing this module needs no pytest."""
+    import pytest
+
+    class TruthRules:
+        def __init__(self, state: LaneState):
+            self.state = state
+
+        def _skip_message(self, what: str, reason: str) -> str:
+            cc = self.state.capability_input or "probed"
+            return (
+                f"{what + ' ' if what else ''}skipped on hardware it declared (lane {self.state.lane}, compute "
+                f"capability {cc}): {reason}\nA skip on a GPU lane is a failure: the test was "
+                "dispatched here because its registration declares this generation. Fix: make it "
+                'run here, or set `disabled="<reason>"` in its registration (the only way not to '
+                "run)"
+            )
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_make_collect_report(self, collector):
+            outcome = yield
+            report = outcome.get_result()
+            if self.state.lane != "cpu" and report.skipped:
+                report.outcome = "failed"
+                report.longrepr = self._skip_message(
+                    f"{collector.nodeid or collector.path}:", _skip_reason(report.longrepr)
+                )
+
+        def pytest_runtest_setup(self, item) -> None:
+            state = self.state
+            if state.lane == "cpu" or getattr(item, "mizzen_disabled", False):
+                return
+            problem = hardware_problem(state)
+            reg = state.registrations.get(state.rel(item.path) or "")
+            if problem is None and reg is not None:
+                problem = device_count_problem(reg)
+            if problem is not None:
+                pytest.fail(f"mizzen truth rule: {problem}", pytrace=False)
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            report = outcome.get_result()
+            state = self.state
+            if state.lane != "cpu":
+                if (
+                    report.skipped
+                    and not hasattr(report, "wasxfail")
+                    and not getattr(item, "mizzen_disabled", False)
+                ):
+                    report.outcome = "failed"
+                    report.longrepr = self._skip_message("", _skip_reason(report.longrepr))
+            elif not state.cuda_init_reported and _cuda_initialised():
+                state.cuda_init_reported = True
+                message = (
+                    f"{item.nodeid} initialised CUDA on the CPU lane (torch.cuda.is_initialized() "
+                    f"became true during {report.when}). A CPU-lane test must never initialise "
+                    "CUDA. Fix: keep it on the CPU (device='cpu', no .cuda(), no torch.cuda calls "
+                    "that create a context), or register it with register_cuda_ci(...)"
+                )
+                if report.failed and report.longrepr is not None:
+                    message += f"\n\n{report.longrepr}"
+                report.outcome = "failed"
+                report.longrepr = message
+
+    return TruthRules
