@@ -81,6 +81,8 @@ def test_batched_input_is_uniform_packing():
     torch.testing.assert_close(logits[1], model(ids[1]))
     with pytest.raises(ValueError, match="not both"):
         model(ids, torch.tensor([0, 11, 22, 33]))
+    with pytest.raises(ValueError, match="cu_seqlens describes 30 tokens but input_ids has 33"):
+        model(ids.reshape(-1), torch.tensor([0, 10, 30]))
 
 
 def test_mapping_round_trips_for_every_optional_tensor():

@@ -8,8 +8,8 @@ import torch
 from mizzen_ci import register_cpu_ci
 from mizzen_plugins.nemotron_h import scan_backend as backend_module
 from mizzen_plugins.nemotron_h.conv import causal_depthwise_conv
-from mizzen_plugins.nemotron_h.packing import packed_sequences
 from mizzen_plugins.nemotron_h.ssd import ssd_chunked, ssd_step_by_step
+from mizzen_plugins.thd import PackedLayout
 
 register_cpu_ci(est_time=10, labels=["ssm", "plugins", "thd"])
 
@@ -22,6 +22,10 @@ def random_scan_inputs(b, T, H, P, G, N, *, seed, dtype=torch.float64):
     B = torch.randn(b, T, G, N, generator=g, dtype=dtype)
     C = torch.randn(b, T, G, N, generator=g, dtype=dtype)
     return x, dt, A, B, C
+
+
+def segment_bounds(layout):
+    return [(s, s + n) for s, n in zip(layout.starts, layout.lengths, strict=True) if n]
 
 
 def seq_idx_from_lengths(lengths):
@@ -63,12 +67,10 @@ def test_chunked_scan_gradients_equal_the_recurrence_gradients():
 
 
 def test_packed_scan_equals_separate_runs_per_sequence():
-    lengths = [7, 12, 1, 0, 20]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    packed = packed_sequences(cu, int(cu[-1]))
-    x, dt, A, B, C = random_scan_inputs(1, int(cu[-1]), H=4, P=2, G=2, N=3, seed=3)
-    y = ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=packed.seq_idx[None])
-    for start, end in packed.bounds():
+    layout = PackedLayout.from_lengths([7, 12, 1, 0, 20])
+    x, dt, A, B, C = random_scan_inputs(1, layout.num_tokens, H=4, P=2, G=2, N=3, seed=3)
+    y = ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=layout.segment_ids[None])
+    for start, end in segment_bounds(layout):
         alone = ssd_chunked(
             *(t[:, start:end] for t in (x, dt)), A, *(t[:, start:end] for t in (B, C)), chunk_size=8
         )
@@ -92,32 +94,18 @@ def test_scan_rejects_mismatched_shapes():
 
 
 def test_packed_conv_equals_per_sequence_conv_with_zero_history():
-    lengths = [1, 6, 0, 3, 9]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    packed = packed_sequences(cu, int(cu[-1]))
-    T, channels, K = int(cu[-1]), 5, 4
+    layout = PackedLayout.from_lengths([1, 6, 0, 3, 9])
+    T, channels, K = layout.num_tokens, 5, 4
     x = torch.randn(T, channels, dtype=torch.float64)
     weight = torch.randn(channels, K, dtype=torch.float64)
     bias = torch.randn(channels, dtype=torch.float64)
-    out = causal_depthwise_conv(x, weight, bias, packed.position)
-    for start, end in packed.bounds():
+    out = causal_depthwise_conv(x, weight, bias, layout.positions)
+    for start, end in segment_bounds(layout):
         # torch's own depthwise conv on the sequence alone (left zero padding, causal crop).
         alone = torch.nn.functional.conv1d(
             x[start:end].T[None], weight[:, None, :], bias, padding=K - 1, groups=channels
         )[0, :, : end - start].T
         torch.testing.assert_close(out[start:end], alone)
-
-
-def test_packed_sequences_validates_cu_seqlens():
-    packed = packed_sequences(torch.tensor([0, 2, 2, 5], dtype=torch.int32), 5)
-    assert packed.seq_idx.tolist() == [0, 0, 2, 2, 2]
-    assert packed.position.tolist() == [0, 1, 0, 1, 2]
-    assert packed.bounds() == [(0, 2), (2, 5)] and packed.max_seqlen == 3
-    for bad in ([0, 3, 2, 5], [1, 5], [0, 4]):
-        with pytest.raises(ValueError, match="start at 0, never decrease and end at"):
-            packed_sequences(torch.tensor(bad), 5)
-    with pytest.raises(ValueError, match="integer tensor"):
-        packed_sequences(torch.tensor([0.0, 5.0]), 5)
 
 
 @pytest.fixture

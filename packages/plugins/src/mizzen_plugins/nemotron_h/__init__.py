@@ -4,11 +4,12 @@ Modules, one concern each:
 
 - :mod:`.pattern`: the layer pattern (``M-M*-M-``) and its parsing.
 - :mod:`.config`: :class:`NemotronHConfig`, to and from a Hugging Face-style dict.
-- :mod:`.packing`: packed (THD) batch structure from ``cu_seqlens``.
 - :mod:`.ssd`: the selective scan (step-by-step definition and chunked form), pure torch.
 - :mod:`.scan_backend`: which scan runs on a device (reference / torch.compile / mamba_ssm).
 - :mod:`.conv`: the causal depthwise convolution with per-sequence restart.
-- :mod:`.mixer`, :mod:`.self_attention`, :mod:`.model`: the layers and the model.
+- :mod:`.mixer`, :mod:`.self_attention`, :mod:`.model`: the layers and the model (packed batches
+  through :class:`mizzen_plugins.thd.PackedLayout`, attention through
+  :func:`mizzen_plugins.attention.causal_thd_attention`).
 - :mod:`.weights`: the weight-name table to and from the Hugging Face NemotronH layout.
 - :mod:`.plugin`: the ``nemotron_h`` entry point.
 

@@ -29,8 +29,8 @@ from torch import nn
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
 from mizzen_plugins.nemotron_h.conv import causal_depthwise_conv
 from mizzen_plugins.nemotron_h.numerics import compute_dtype, upcast
-from mizzen_plugins.nemotron_h.packing import PackedSequences
 from mizzen_plugins.nemotron_h.scan_backend import selective_scan
+from mizzen_plugins.thd import PackedLayout
 
 __all__ = ["GatedRMSNorm", "Mamba2Mixer"]
 
@@ -92,12 +92,12 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) == dt
         self.norm.weight.fill_(1.0)
 
-    def forward(self, hidden: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
         c = self.config
         T = hidden.shape[0]
         H, P, G, N = c.ssm_num_heads, c.ssm_head_dim, c.ssm_num_groups, c.ssm_state_size
         z, xBC, dt = self.in_proj(hidden).split([c.ssm_inner_size, c.conv_channels, H], dim=-1)
-        xBC = F.silu(causal_depthwise_conv(xBC, self.conv_weight, self.conv_bias, packed.position))
+        xBC = F.silu(causal_depthwise_conv(xBC, self.conv_weight, self.conv_bias, layout.positions))
         x, B, C = xBC.split([c.ssm_inner_size, G * N, G * N], dim=-1)
         dt = F.softplus(upcast(dt) + self.dt_bias.to(compute_dtype(dt))).clamp(*c.dt_limit)
         A = -torch.exp(self.A_log.to(dt.dtype))
@@ -109,7 +109,7 @@ class Mamba2Mixer(nn.Module):
             B.reshape(1, T, G, N),
             C.reshape(1, T, G, N),
             chunk_size=c.chunk_size,
-            seq_idx=packed.seq_idx.unsqueeze(0),
+            seq_idx=layout.segment_ids.unsqueeze(0),
         )
         y = upcast(y) + upcast(x_heads) * self.D.to(compute_dtype(y))[:, None]
         y = self.norm(y.reshape(T, c.ssm_inner_size), z)

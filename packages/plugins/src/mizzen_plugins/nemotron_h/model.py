@@ -8,7 +8,8 @@ squared-ReLU :class:`MLP` (``-``).
 Invariants:
 - The model works on packed (THD) batches: ``input_ids [T]`` with ``cu_seqlens [num_seqs + 1]``;
   each sequence's logits equal those of running it alone.  A ``[B, L]`` batch is the special case of
-  ``B`` sequences of ``L`` tokens.
+  ``B`` sequences of ``L`` tokens.  The batch structure is one
+  :class:`~mizzen_plugins.thd.PackedLayout` (the workspace's THD helper), built once per forward.
 - A block's layer attribute is named by its kind (``ssm``, ``attention`` or ``mlp``), so state-dict
   names say what they hold; :mod:`mizzen_plugins.nemotron_h.weights` maps them to Hugging Face.
 - Norm arithmetic runs in at least float32; activations and the residual stream stay in the parameter dtype.
@@ -25,9 +26,9 @@ from torch import nn
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
 from mizzen_plugins.nemotron_h.mixer import Mamba2Mixer
 from mizzen_plugins.nemotron_h.numerics import upcast
-from mizzen_plugins.nemotron_h.packing import PackedSequences, packed_sequences, uniform_cu_seqlens
 from mizzen_plugins.nemotron_h.pattern import LayerKind
 from mizzen_plugins.nemotron_h.self_attention import CausalSelfAttention
+from mizzen_plugins.thd import PackedLayout
 
 __all__ = ["MLP", "HybridBlock", "HybridCausalLM", "RMSNorm", "build_model"]
 
@@ -65,7 +66,7 @@ class MLP(nn.Module):
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
-    def forward(self, x: torch.Tensor, packed: PackedSequences | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: PackedLayout | None = None) -> torch.Tensor:
         return self.down_proj(F.relu(self.up_proj(x)).square())
 
 
@@ -92,8 +93,8 @@ class HybridBlock(nn.Module):
     def layer(self) -> nn.Module:
         return getattr(self, self.layer_name)
 
-    def forward(self, x: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
-        return x + self.layer(self.norm(x), packed)
+    def forward(self, x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
+        return x + self.layer(self.norm(x), layout)
 
 
 class HybridCausalLM(nn.Module):
@@ -128,36 +129,58 @@ class HybridCausalLM(nn.Module):
                 out.weight.div_(math.sqrt(c.num_layers))
 
     def forward(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | PackedLayout | None = None
     ) -> torch.Tensor:
-        """Logits for ``input_ids``: ``[T]`` packed (with ``cu_seqlens``; one sequence if None)
-        -> ``[T, vocab]``, or ``[B, L]`` (``cu_seqlens`` must be None) -> ``[B, L, vocab]``."""
+        """Logits for ``input_ids``: ``[T]`` packed -> ``[T, vocab]``, or ``[B, L]`` -> ``[B, L, vocab]``.
+
+        ``cu_seqlens`` (``[0, L0, L0+L1, ...]``, or a :class:`~mizzen_plugins.thd.PackedLayout` to
+        skip the host sync) describes a packed ``[T]`` batch; None means one sequence.  A ``[B, L]``
+        batch is ``B`` sequences of ``L`` tokens (``cu_seqlens`` must then be None).
+        """
         hidden = self.hidden_states(input_ids, cu_seqlens)
         weight = self.embedding.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight)
 
     def hidden_states(
-        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | PackedLayout | None = None
     ) -> torch.Tensor:
-        """The final-normed hidden states (same shapes as :meth:`forward`, width ``hidden``)."""
+        """The final-normed hidden states (shapes as in :meth:`forward`, width ``hidden_size``)."""
         batch_shape = input_ids.shape
-        if input_ids.dim() == 2:
-            if cu_seqlens is not None:
-                raise ValueError(
-                    "pass either [B, L] input_ids or packed [T] input_ids with cu_seqlens, not both"
-                )
-            cu_seqlens = uniform_cu_seqlens(*batch_shape, device=input_ids.device)
-            input_ids = input_ids.reshape(-1)
-        elif input_ids.dim() != 1:
-            raise ValueError(f"input_ids must be [T] or [B, L], got {tuple(batch_shape)}")
-        if cu_seqlens is None:
-            cu_seqlens = uniform_cu_seqlens(1, input_ids.shape[0], device=input_ids.device)
-        packed = packed_sequences(cu_seqlens.to(input_ids.device), input_ids.shape[0])
-        x = self.embedding(input_ids)
+        layout = _layout_of(input_ids, cu_seqlens)
+        x = self.embedding(input_ids.reshape(-1))
         for block in self.layers:
-            x = block(x, packed)
+            x = block(x, layout)
         x = self.final_norm(x)
         return x.reshape(*batch_shape, -1)
+
+
+def _layout_of(
+    input_ids: torch.Tensor, cu_seqlens: torch.Tensor | PackedLayout | None
+) -> PackedLayout:
+    """The packed layout of ``input_ids`` (built once per forward, shared by every layer)."""
+    device = input_ids.device
+    if input_ids.dim() == 2:
+        if cu_seqlens is not None:
+            raise ValueError(
+                "pass either [B, L] input_ids or packed [T] input_ids with cu_seqlens, not both"
+            )
+        batch, seqlen = input_ids.shape
+        return PackedLayout.from_lengths([seqlen] * batch, device)
+    if input_ids.dim() != 1:
+        raise ValueError(f"input_ids must be [T] or [B, L], got {tuple(input_ids.shape)}")
+    if cu_seqlens is None:
+        return PackedLayout.from_lengths([input_ids.shape[0]], device)
+    layout = (
+        cu_seqlens
+        if isinstance(cu_seqlens, PackedLayout)
+        else PackedLayout.from_cu_seqlens(cu_seqlens)
+    )
+    if layout.num_tokens != input_ids.shape[0]:
+        raise ValueError(
+            f"cu_seqlens describes {layout.num_tokens} tokens but input_ids has "
+            f"{input_ids.shape[0]}; pass the cu_seqlens of this packed batch"
+        )
+    return layout.to(device)
 
 
 def build_model(config: NemotronHConfig) -> HybridCausalLM:

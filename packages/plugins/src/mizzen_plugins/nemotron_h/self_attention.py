@@ -6,40 +6,22 @@ then all key heads, then all value heads).
 
 Invariants:
 - A token attends to itself and to earlier tokens of its own sequence only.
-- :func:`thd_causal_attention` is the single place that picks the attention kernel; the layer never
-  calls a kernel directly.  It runs ``scaled_dot_product_attention`` per sequence (exact; one host
-  sync for the sequence bounds).
+- The kernel is the workspace's shared document-causal attention,
+  :func:`mizzen_plugins.attention.causal_thd_attention` (its ``"auto"`` implementation), called with
+  the batch's :class:`~mizzen_plugins.thd.PackedLayout` so its plan is built once per batch and
+  reused by every attention layer.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from mizzen_plugins.attention import causal_thd_attention
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
-from mizzen_plugins.nemotron_h.packing import PackedSequences
+from mizzen_plugins.thd import PackedLayout
 
-__all__ = ["CausalSelfAttention", "thd_causal_attention"]
-
-
-def thd_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences, *, scale: float
-) -> torch.Tensor:
-    """Causal attention of packed ``q [T, Hq, d]``, ``k``/``v [T, Hkv, d]`` -> ``[T, Hq, d]``."""
-    pieces = []
-    for start, end in packed.bounds():
-        # [1, heads, L, d] per sequence; GQA: query head h reads key/value head h // (Hq / Hkv).
-        attended = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1).unsqueeze(0),
-            k[start:end].transpose(0, 1).unsqueeze(0),
-            v[start:end].transpose(0, 1).unsqueeze(0),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=True,
-        )
-        pieces.append(attended[0].transpose(0, 1))
-    return torch.cat(pieces) if pieces else torch.empty_like(q)
+__all__ = ["CausalSelfAttention"]
 
 
 class CausalSelfAttention(nn.Module):
@@ -60,14 +42,14 @@ class CausalSelfAttention(nn.Module):
         for linear in (self.qkv_proj, self.out_proj):
             nn.init.normal_(linear.weight, std=self.config.initializer_range)
 
-    def forward(self, hidden: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, layout: PackedLayout) -> torch.Tensor:
         c = self.config
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        out = thd_causal_attention(
+        out = causal_thd_attention(
             q.unflatten(-1, (c.num_attention_heads, c.attention_head_dim)),
             k.unflatten(-1, (c.num_key_value_heads, c.attention_head_dim)),
             v.unflatten(-1, (c.num_key_value_heads, c.attention_head_dim)),
-            packed,
+            layout,
             scale=c.attention_head_dim**-0.5,
         )
         return self.out_proj(out.flatten(-2))
