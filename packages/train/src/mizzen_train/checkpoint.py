@@ -1,0 +1,386 @@
+"""Slot checkpoints: one slot's adapter, optimizer state and step, sharded by (tp, pp, ep).
+
+Layout of a slot's checkpoint directory::
+
+    <dir>/manifest.json                          the commit record, written last
+    <dir>/step-00000012-<token>/shard-tp00-pp00-ep00.pt
+    <dir>/step-00000012-<token>/shard-tp01-pp00-ep00.pt
+
+Saving (every rank calls it; three collectives):
+
+1. *Election* — one ``all_gather_object`` of every rank's coordinates (and rank 0's version
+   token): the writer of a shard is the lowest global rank holding its coordinates, so
+   data-parallel replicas write nothing.
+2. *Write* — each writer saves its shard under a temporary name, fsyncs it and renames it into a
+   fresh version directory; then one ``all_gather_object`` of every rank's outcome.  If any rank
+   failed, every rank raises :class:`SlotCheckpointError` and nothing is committed.
+3. *Commit* — global rank 0 writes ``manifest.json`` (temp name, fsync, rename) naming the
+   version and its shards, removes older versions, and broadcasts the outcome.
+
+Invariants:
+- ``manifest.json`` only ever names a version whose shards were all written and renamed; a crash
+  or error at any point before the rename of the manifest leaves the previous checkpoint the
+  committed, loadable one.
+- Loading never trusts the directory: format, parallel layout, max rank, the shard for this
+  rank's coordinates, its size, its tensor names and shapes are checked, with the file and field
+  named, before anything is applied.
+- Export trims the max-rank padding along the rank axis *counted from the end* (so a leading
+  expert axis is never cut) and asserts the trimmed padding is zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mizzen_train.errors import SlotCheckpointError
+from mizzen_train.specs import LoraSlotSpec
+
+FORMAT = "mizzen-slot-checkpoint/1"
+MANIFEST = "manifest.json"
+#: Optimizer-state entries saved per factor (fp32).  The bf16/fp32 weight is the master cast
+#: to the model dtype, so it is derived on load rather than stored twice.
+STATE_ENTRIES = ("master", "exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True, order=True)
+class ShardCoordinates:
+    tp: int
+    pp: int
+    ep: int
+
+    @property
+    def tag(self) -> str:
+        return f"tp{self.tp:02d}-pp{self.pp:02d}-ep{self.ep:02d}"
+
+
+def current_coordinates() -> ShardCoordinates:
+    from megatron.core import parallel_state as ps
+
+    return ShardCoordinates(
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_expert_model_parallel_rank(),
+    )
+
+
+def parallel_sizes() -> dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+    }
+
+
+def elect_shard_writers(
+    coordinates: ShardCoordinates, *, proposal: Any = None, group=None
+) -> tuple[dict[ShardCoordinates, int], list[Any]]:
+    """Writer per coordinates (lowest global rank holding them) and every rank's ``proposal``.
+
+    One ``all_gather_object`` over ``group`` (default: the world); proposals come back in
+    group-rank order.
+    """
+    me = (torch.distributed.get_rank(), coordinates, proposal)
+    gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(gathered, me, group=group)
+    writers: dict[ShardCoordinates, int] = {}
+    for rank, coords, _ in gathered:
+        writers[coords] = min(rank, writers.get(coords, rank))
+    return writers, [item[2] for item in gathered]
+
+
+def agree(error: str | None, *, what: str, group=None) -> None:
+    """Raise :class:`SlotCheckpointError` on every rank if any rank reports an error."""
+    gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(
+        gathered, (torch.distributed.get_rank(), error), group=group
+    )
+    failures = [(rank, err) for rank, err in gathered if err is not None]
+    if failures:
+        detail = "; ".join(f"rank {rank}: {err}" for rank, err in failures)
+        raise SlotCheckpointError(f"{what} failed ({detail})")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> int:
+    """Write through ``write(file)`` to a temporary name, fsync, rename; returns the size."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        size = tmp.stat().st_size
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return size
+
+
+def save_slot_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    step: int,
+    spec: LoraSlotSpec,
+    max_rank: int,
+    factors: Mapping[str, Mapping[str, Any]],
+    group=None,
+) -> Path:
+    """Save this rank's part of one slot (collective; see the module docstring).
+
+    ``factors`` maps a factor name to ``{"split_dim", "rank_axis_from_end", "master",
+    "exp_avg", "exp_avg_sq"}`` (tensors of this rank's local shard).  Returns the version dir.
+    """
+    root = Path(directory)
+    coordinates = current_coordinates()
+    writers, proposals = elect_shard_writers(
+        coordinates, proposal=uuid.uuid4().hex[:12], group=group
+    )
+    version = f"step-{step:08d}-{proposals[0]}"
+    shard_name = f"{version}/shard-{coordinates.tag}.pt"
+    rank = torch.distributed.get_rank()
+
+    error, info = None, None
+    if writers[coordinates] == rank:
+        try:
+            (root / version).mkdir(parents=True, exist_ok=True)
+            payload = {
+                "format": FORMAT,
+                "coordinates": coordinates.tag,
+                "step": step,
+                "tensors": {
+                    f"{name}/{entry}": entries[entry].detach().to("cpu", torch.float32).clone()
+                    for name, entries in factors.items()
+                    for entry in STATE_ENTRIES
+                },
+            }
+            size = _atomic_write(root / shard_name, lambda handle: torch.save(payload, handle))
+            info = {
+                "file": shard_name,
+                "bytes": size,
+                "writer": rank,
+                "factors": {
+                    name: {
+                        "shape": list(entries["master"].shape),
+                        "split_dim": entries["split_dim"],
+                        "rank_axis_from_end": entries["rank_axis_from_end"],
+                    }
+                    for name, entries in factors.items()
+                },
+            }
+        except Exception as exc:  # reported to every rank below, then raised everywhere
+            error = f"writing {root / shard_name}: {type(exc).__name__}: {exc}"
+    gathered: list[Any] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(gathered, (rank, coordinates.tag, info, error), group=group)
+    failures = [f"rank {r}: {e}" for r, _, _, e in gathered if e is not None]
+    if failures:
+        raise SlotCheckpointError(
+            f"saving the slot checkpoint in {root} failed ({'; '.join(failures)}); nothing was "
+            f"committed, {root / MANIFEST} still names the previous checkpoint"
+        )
+
+    commit_error = None
+    if rank == 0:
+        try:
+            manifest = {
+                "format": FORMAT,
+                "version": version,
+                "step": step,
+                "slot_spec": asdict(spec),
+                "max_rank": max_rank,
+                "parallel": parallel_sizes(),
+                "shards": {tag: shard for _, tag, shard, _ in gathered if shard is not None},
+            }
+            encoded = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            _atomic_write(root / MANIFEST, lambda handle: handle.write(encoded))
+            for stale in root.glob("step-*"):
+                if stale.is_dir() and stale.name != version:
+                    shutil.rmtree(stale, ignore_errors=True)
+        except Exception as exc:
+            commit_error = f"committing {root / MANIFEST}: {type(exc).__name__}: {exc}"
+    outcome = [commit_error]
+    torch.distributed.broadcast_object_list(outcome, src=0, group=group)
+    if outcome[0] is not None:
+        raise SlotCheckpointError(f"{outcome[0]}; the previous checkpoint stays committed")
+    return root / version
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise SlotCheckpointError(
+            f"{path}: no manifest, so no checkpoint was ever committed here (a save that failed "
+            "before its commit leaves none); point at a directory a save completed in"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SlotCheckpointError(f"{path}: unreadable manifest ({exc})") from exc
+    if manifest.get("format") != FORMAT:
+        raise SlotCheckpointError(
+            f"{path}: format={manifest.get('format')!r}, expected {FORMAT!r}; this reader only "
+            "loads its own format"
+        )
+    return manifest
+
+
+@dataclass(frozen=True)
+class LoadedShard:
+    spec: LoraSlotSpec
+    step: int
+    #: entry ("master"/"exp_avg"/"exp_avg_sq") -> factor name -> fp32 host tensor.
+    state: dict[str, dict[str, torch.Tensor]]
+
+
+def read_slot_shard(
+    directory: str | os.PathLike,
+    *,
+    expected_shapes: Mapping[str, tuple[int, ...]],
+    max_rank: int,
+) -> LoadedShard:
+    """This rank's shard of a committed slot checkpoint, fully validated (no collectives)."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    where = root / MANIFEST
+    sizes = parallel_sizes()
+    for axis, size in sizes.items():
+        saved = manifest["parallel"].get(axis)
+        if saved != size:
+            raise SlotCheckpointError(
+                f"{where}: parallel.{axis}={saved} but this job runs {axis}={size}; slot "
+                "checkpoints are not resharded: restore with the parallel layout that saved it"
+            )
+    if manifest["max_rank"] != max_rank:
+        raise SlotCheckpointError(
+            f"{where}: max_rank={manifest['max_rank']} but the executor's max_rank={max_rank}; "
+            "build the executor with the same max_rank (or export/import the adapter)"
+        )
+    spec = LoraSlotSpec(**manifest["slot_spec"])
+    if not 1 <= spec.rank <= max_rank:
+        raise SlotCheckpointError(f"{where}: slot_spec.rank={spec.rank} not in [1, {max_rank}]")
+    coordinates = current_coordinates()
+    shard = manifest["shards"].get(coordinates.tag)
+    if shard is None:
+        raise SlotCheckpointError(
+            f"{where}: no shard for coordinates {coordinates.tag} (have "
+            f"{sorted(manifest['shards'])}); the checkpoint is incomplete"
+        )
+    path = root / shard["file"]
+    if not path.is_file() or path.stat().st_size != shard["bytes"]:
+        found = path.stat().st_size if path.is_file() else "missing"
+        raise SlotCheckpointError(
+            f"{path}: size {found}, manifest says {shard['bytes']} bytes; the shard was changed "
+            "or lost after its commit"
+        )
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
+        raise SlotCheckpointError(
+            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
+            f"manifest expects {coordinates.tag} step={manifest['step']}"
+        )
+    tensors = payload["tensors"]
+    names = {key.rsplit("/", 1)[0] for key in tensors}
+    if names != set(expected_shapes):
+        missing = sorted(set(expected_shapes) - names)[:3]
+        unknown = sorted(names - set(expected_shapes))[:3]
+        raise SlotCheckpointError(
+            f"{path}: factors do not match this model's slotted layers (missing {missing}, "
+            f"unknown {unknown}); restore into an executor with the same target_modules"
+        )
+    state: dict[str, dict[str, torch.Tensor]] = {entry: {} for entry in STATE_ENTRIES}
+    for name, shape in expected_shapes.items():
+        for entry in STATE_ENTRIES:
+            tensor = tensors[f"{name}/{entry}"]
+            if tuple(tensor.shape) != tuple(shape):
+                raise SlotCheckpointError(
+                    f"{path}: {name}/{entry} has shape {tuple(tensor.shape)}, the model expects "
+                    f"{tuple(shape)}; the checkpoint belongs to a different model or layout"
+                )
+            state[entry][name] = tensor
+    return LoadedShard(spec, int(manifest["step"]), state)
+
+
+def trim_rank_padding(
+    tensor: torch.Tensor, *, rank: int, rank_axis_from_end: int, name: str = "tensor"
+) -> torch.Tensor:
+    """``tensor`` cut to its true ``rank`` along the rank axis counted from the end.
+
+    Leading axes (an expert axis ``[experts, ...]``) are never touched.  The trimmed part is the
+    storage padding of a slot below the max rank and must be exactly zero.
+    """
+    if not 1 <= rank_axis_from_end <= tensor.dim():
+        raise ValueError(f"{name}: rank_axis_from_end={rank_axis_from_end} for a {tensor.dim()}-D")
+    axis = tensor.dim() - rank_axis_from_end
+    stored = tensor.shape[axis]
+    if not 1 <= rank <= stored:
+        raise ValueError(f"{name}: rank={rank} outside the stored rank axis of size {stored}")
+    padding = tensor.narrow(axis, rank, stored - rank)
+    if padding.numel() and bool((padding != 0).any()):
+        raise SlotCheckpointError(
+            f"{name}: the padding beyond rank {rank} on axis {axis} holds non-zero values "
+            f"(max |x| = {padding.abs().max().item():.3g}); the adapter is not rank-{rank}"
+        )
+    return tensor.narrow(axis, 0, rank).contiguous()
+
+
+@dataclass(frozen=True)
+class ExportedAdapter:
+    spec: LoraSlotSpec
+    step: int
+    #: Factor name -> full (all TP shards joined) tensor at the true rank, fp32.
+    tensors: dict[str, torch.Tensor]
+
+
+def export_adapter(directory: str | os.PathLike) -> ExportedAdapter:
+    """Join a committed checkpoint's TP shards and trim each factor to the slot's true rank.
+
+    Reads files only (no process group needed).  Non-expert factors are identical on every
+    expert-parallel coordinate, so they are taken from ``ep00``.
+    """
+    root = Path(directory)
+    manifest = read_manifest(root)
+    spec = LoraSlotSpec(**manifest["slot_spec"])
+    shards_by_stage: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for tag, shard in manifest["shards"].items():
+        tp, pp, ep = (int(part[2:]) for part in tag.split("-"))
+        if ep == 0:
+            shards_by_stage.setdefault(pp, []).append((tp, shard))
+    exported: dict[str, torch.Tensor] = {}
+    for _pp, shards in sorted(shards_by_stage.items()):
+        shards.sort(key=lambda item: item[0])
+        payloads = [
+            torch.load(root / shard["file"], map_location="cpu", weights_only=True)["tensors"]
+            for _, shard in shards
+        ]
+        for name, meta in shards[0][1]["factors"].items():
+            parts = [payload[f"{name}/master"] for payload in payloads]
+            if meta["split_dim"] is None:
+                full = parts[0]
+            else:
+                full = torch.cat(parts, dim=meta["split_dim"])
+            exported[name] = trim_rank_padding(
+                full, rank=spec.rank, rank_axis_from_end=meta["rank_axis_from_end"], name=name
+            )
+    return ExportedAdapter(spec, int(manifest["step"]), exported)

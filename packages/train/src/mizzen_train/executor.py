@@ -1,0 +1,587 @@
+"""The slot executor: one base model, K LoRA slots, four operations, no cross-tenant effects.
+
+:class:`SlotExecutor` wraps a megatron-core GPT (local layer spec) built on every rank of the job.
+It freezes the base, wraps the target linears with :class:`~mizzen_train.lora.SlottedLoRALinear`
+and then serves, on every rank in the same order:
+
+- :meth:`~SlotExecutor.load_slot` — initialise (or import) one slot's adapter, give it its own
+  megatron ``DistributedDataParallel`` (an fp32 ``main_grad`` buffer, zeroed) and its own
+  :class:`~mizzen_train.slot_optimizer.SlotOptimizer` (fp32 masters and Adam moments).
+- :meth:`~SlotExecutor.unload_slot` — detach the slot and free all of its memory.
+- :meth:`~SlotExecutor.forward_backward` — one forward/backward over a batch that may carry
+  several slots' rows; gradients accumulate per slot until that slot steps.  The loss is chosen
+  per request (or per slot): SFT cross-entropy or the clipped policy-gradient loss.  On CUDA the
+  micro-batches run through megatron's ``get_forward_backward_func()`` schedule; on a CPU
+  (tests) through the same forward step and loss in a plain loop, because megatron's schedules
+  allocate on ``"cuda"``.
+- :meth:`~SlotExecutor.optim_step` — :func:`~mizzen_train.slot_optimizer.step_slot_optimizers`
+  over ``{slot: AdamParams}``.
+
+plus :meth:`~SlotExecutor.forward_logprobs` (forward only: target log-probabilities, e.g. the
+``old_logprobs`` of an RL request) and :meth:`~SlotExecutor.save_slot` /
+:meth:`~SlotExecutor.restore_slot` (see :mod:`mizzen_train.checkpoint`).
+
+Loss scaling: slot ``k``'s loss is the mean over its loss-masked tokens of the *whole* request
+(every rank sees the whole batch, so the count needs no collective), each data-parallel rank sums
+its rows' share, and the per-slot DDP sums over ranks (``calculate_per_token_loss=True`` makes
+megatron neither average over micro-batches nor over ranks).  The result is the exact gradient of
+the request's per-slot mean, at any data-parallel size and micro-batch count.
+
+Failure policy.  Request errors (:class:`~mizzen_train.errors.SlotConfigError`) are raised by
+validation before anything changes, identically on every rank, and leave the executor usable.
+Checkpoint errors are agreed on over all ranks before they are raised, so they leave it usable
+too.  *Any other exception marks the executor failed*, and every later call raises
+:class:`~mizzen_train.errors.ExecutorFailedError` until the executor is rebuilt (a fresh model and
+executor, slots restored from their checkpoints).  Why: operations are sequences of collectives.
+A rank that raises part-way stops issuing them while its peers continue, so the next collective
+pairs mismatched calls (wrong data or a hang); and the failing rank may hold a half-applied state
+(gradients partly accumulated, masters stepped but not published).  Neither can be repaired
+locally, and continuing would silently corrupt other tenants' slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+from mizzen_train import checkpoint
+from mizzen_train.batch import SlotBatch
+from mizzen_train.errors import ExecutorFailedError, SlotCheckpointError, SlotConfigError
+from mizzen_train.lora import SlotAdapter, adapter_layout, apply_slotted_lora
+from mizzen_train.losses import TokenLoss, target_logprobs
+from mizzen_train.routing import RoutingState, SlotRouting, build_routing
+from mizzen_train.slot_optimizer import SlotOptimizer, StepReport, step_slot_optimizers
+from mizzen_train.specs import AdamParams, ExecutorConfig, LoraSlotSpec
+from mizzen_train.validation import (
+    check_adam_requests,
+    check_adapter_weights,
+    check_batch,
+    check_executor_config,
+    check_model_config,
+    check_slot_index,
+    check_slot_request,
+    resolve_losses,
+)
+
+
+@dataclass(frozen=True)
+class SlotLossReport:
+    """One slot's share of a forward_backward request (global over data-parallel ranks)."""
+
+    slot: int
+    #: Mean per-token loss over the slot's loss-masked tokens of the request.
+    loss: float
+    num_tokens: int
+    #: Means of the loss's per-token metrics (e.g. ``clip_fraction``), same weighting.
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _LoadedSlot:
+    spec: LoraSlotSpec
+    adapter: SlotAdapter
+    grad_sync: DistributedDataParallel
+    optimizer: SlotOptimizer
+
+
+@dataclass
+class _ModelInputs:
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    target_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    routing: SlotRouting | None
+
+
+@dataclass
+class _MicroBatch:
+    inputs: _ModelInputs
+    #: loss_mask / (slot's token count in the request); 0 for base-only or unmasked tokens.
+    weights: torch.Tensor
+    #: Index of each token's slot in the request's slot list; len(slots) for none.
+    bins: torch.Tensor
+    #: (loss, bool selector [b, s]) per distinct loss of the micro-batch's slots.
+    losses: list[tuple[TokenLoss, torch.Tensor]]
+    fields: dict[str, torch.Tensor]
+    num_tokens: torch.Tensor
+
+
+class SlotExecutor:
+    """K LoRA slots on one frozen megatron-core GPT (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, config: ExecutorConfig) -> None:
+        check_executor_config(config)
+        model_config = model.config
+        check_model_config(model_config)
+        self.model = model
+        self.config = config
+        first_param = next(model.parameters())
+        self.device = first_param.device
+        self.dtype = model_config.params_dtype
+        for param in model.parameters():
+            param.requires_grad_(False)
+        # Per-slot means are formed in the loss; megatron must then sum, not average, over
+        # micro-batches and data-parallel ranks.
+        model_config.calculate_per_token_loss = True
+        model.train()
+        self._routing = RoutingState()
+        self.layers = apply_slotted_lora(
+            model, config.target_modules, max_rank=config.max_rank, routing=self._routing
+        )
+        self.layout = adapter_layout(self.layers)
+        self._slots: dict[int, _LoadedSlot] = {}
+        self._failure: str | None = None
+        self._masks: dict[int, torch.Tensor] = {}
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+
+    # -- failure policy -------------------------------------------------------------------------
+
+    @property
+    def failed(self) -> str | None:
+        """Why the executor refuses work (None while it is usable)."""
+        return self._failure
+
+    def _check_usable(self, operation: str) -> None:
+        if self._failure is not None:
+            raise ExecutorFailedError(
+                f"{operation} refused: the executor failed earlier ({self._failure}). A failure "
+                "part-way through an operation leaves ranks out of step in their collectives and "
+                "slot state possibly half-updated; rebuild the model and executor on every rank "
+                "and restore the slots with restore_slot() from their checkpoints."
+            )
+
+    @contextlib.contextmanager
+    def _mutating(self, operation: str, *, agreed: tuple[type[BaseException], ...] = ()):
+        """Run the state-changing part of an operation; any unagreed exception fails us."""
+        try:
+            yield
+        except agreed:
+            raise
+        except BaseException as exc:
+            self._failure = f"{operation}: {type(exc).__name__}: {exc}"
+            raise
+
+    # -- introspection --------------------------------------------------------------------------
+
+    @property
+    def loaded_slots(self) -> tuple[int, ...]:
+        return tuple(sorted(self._slots))
+
+    def slot_spec(self, slot: int) -> LoraSlotSpec:
+        return self._loaded(slot, "slot").spec
+
+    def adapter_shapes(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """Full true-rank shape of every factor a slot of ``rank`` imports or exports, by name."""
+        return {factor.name: factor.true_rank_shape(rank) for factor in self.layout}
+
+    def trainable_parameters_per_slot(self) -> int:
+        """Parameters one slot trains on this rank (its local shards, padding included)."""
+        return sum(math.prod(factor.local_shape) for factor in self.layout)
+
+    def slot_memory_bytes(self, slot: int) -> dict[str, int]:
+        """Bytes this rank holds for one slot, by owner (weights, fp32 grads, masters, Adam)."""
+        record = self._loaded(slot, "slot")
+        opt = record.optimizer
+        grads = sum(
+            buffer.grad_data.numel() * buffer.grad_data.element_size()
+            for buffer in record.grad_sync.buffers
+        )
+        return {
+            "weights": record.adapter.storage.numel() * record.adapter.storage.element_size(),
+            "grads": grads,
+            "masters": opt.master_storage.numel() * 4,
+            "adam": (opt.exp_avg_storage.numel() + opt.exp_avg_sq_storage.numel()) * 4,
+        }
+
+    def inspect_slot(self, slot: int) -> dict[str, Any]:
+        """Host copies of one slot's local tensors, by factor name: ``weight``, ``master``,
+        ``exp_avg``, ``exp_avg_sq``, ``grad`` (pending fp32 gradient), and ``step``."""
+        record = self._loaded(slot, "slot")
+        opt = record.optimizer
+        names = [factor.name for factor in self.layout]
+        per_param = {
+            "weight": [p.detach() for p in record.adapter.parameters_in_order()],
+            "master": opt.masters,
+            "exp_avg": opt.exp_avg,
+            "exp_avg_sq": opt.exp_avg_sq,
+            "grad": opt.grads(),
+        }
+        state: dict[str, Any] = {
+            entry: {
+                name: t.detach().to("cpu", copy=True) for name, t in zip(names, tensors, strict=True)
+            }
+            for entry, tensors in per_param.items()
+        }
+        state["step"] = opt.step
+        return state
+
+    def _loaded(self, slot: Any, field_name: str) -> _LoadedSlot:
+        check_slot_index(slot, num_slots=self.config.num_slots, field=field_name)
+        if slot not in self._slots:
+            raise SlotConfigError(field_name, slot, "slot is not loaded", f"load_slot({slot}) first")
+        return self._slots[slot]
+
+    # -- load / unload --------------------------------------------------------------------------
+
+    def load_slot(
+        self,
+        slot: int,
+        rank: int,
+        alpha: float,
+        *,
+        init: str = "kaiming_uniform",
+        seed: int = 0,
+        weights: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Give ``slot`` a fresh adapter (or the full true-rank ``weights``), optimizer and zero
+        gradients.  ``weights`` maps ``"<layer key>.lora_A"`` to ``[rank, in]`` and
+        ``"<layer key>.lora_B"`` to ``[out, rank]``."""
+        self._check_usable("load_slot")
+        spec = LoraSlotSpec(rank=rank, alpha=alpha, init=init, seed=seed)
+        check_slot_request(
+            slot,
+            spec,
+            num_slots=self.config.num_slots,
+            max_rank=self.config.max_rank,
+            loaded_slots=self._slots,
+        )
+        if weights is not None:
+            check_adapter_weights(weights, self.adapter_shapes(spec.rank))
+        with self._mutating("load_slot"):
+            adapter = SlotAdapter(self.layout, dtype=self.dtype, device=self.device)
+            if weights is not None:
+                adapter.import_full(spec, weights)
+            else:
+                adapter.initialize(spec)
+            self._slots[slot] = self._build_slot(slot, spec, adapter)
+
+    def _build_slot(self, slot: int, spec: LoraSlotSpec, adapter: SlotAdapter) -> _LoadedSlot:
+        """Grad buffer (megatron DDP) and optimizer for a filled adapter; attach it."""
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=False,
+            average_in_collective=False,
+        )
+        grad_sync = DistributedDataParallel(self.model.config, ddp_config, module=adapter)
+        params = adapter.parameters_in_order()
+        first_replica = self.dp_rank == 0
+        optimizer = SlotOptimizer(
+            slot,
+            params,
+            counts_in_norm=[first_replica and param_is_not_tensor_parallel_duplicate(p) for p in params],
+            grad_sync=grad_sync,
+            weight_storage=adapter.storage,
+        )
+        adapter.attach_to_layers(slot)
+        return _LoadedSlot(spec, adapter, grad_sync, optimizer)
+
+    def unload_slot(self, slot: int) -> None:
+        """Detach ``slot`` and free its weights, gradients, masters and Adam state."""
+        self._check_usable("unload_slot")
+        self._loaded(slot, "slot")
+        with self._mutating("unload_slot"):
+            record = self._slots.pop(slot)
+            record.adapter.detach_from_layers(slot)
+            del record
+            # megatron's DDP hooks close over the DDP object (a reference cycle through the
+            # autograd graph's grad accumulators): collect it now so the memory is back on return.
+            gc.collect()
+
+    # -- forward / backward ---------------------------------------------------------------------
+
+    def forward_backward(
+        self, batch: SlotBatch, loss_fn: TokenLoss | Mapping[int, TokenLoss]
+    ) -> dict[int, SlotLossReport]:
+        """Accumulate every batch slot's gradients; returns each slot's loss report."""
+        self._check_usable("forward_backward")
+        row_slots = check_batch(
+            batch,
+            dp_size=self.dp_size,
+            micro_batch_size=self.config.micro_batch_size,
+            num_slots=self.config.num_slots,
+            loaded_slots=self._slots,
+            vocab_size=self.model.vocab_size,
+            max_sequence_length=self.model.max_sequence_length,
+        )
+        slots = sorted({slot for slot in row_slots if slot >= 0})
+        losses = resolve_losses(loss_fn, slots, batch)
+        with self._mutating("forward_backward"):
+            return self._forward_backward(batch, slots, losses)
+
+    def forward_logprobs(self, batch: SlotBatch) -> torch.Tensor:
+        """Log-probability of every target token under its row's slot (forward only).
+
+        Returns the whole batch's ``[rows, seq]`` fp32 host tensor on every rank (each
+        data-parallel rank computes its rows; one all-gather joins them).  Use it for the
+        ``old_logprobs`` of a policy-gradient request, or to evaluate."""
+        self._check_usable("forward_logprobs")
+        check_batch(
+            batch,
+            dp_size=self.dp_size,
+            micro_batch_size=self.config.micro_batch_size,
+            num_slots=self.config.num_slots,
+            loaded_slots=self._slots,
+            vocab_size=self.model.vocab_size,
+            max_sequence_length=self.model.max_sequence_length,
+        )
+        with self._mutating("forward_logprobs"), torch.no_grad():
+            local = batch.rows_for(self.dp_rank, self.dp_size)
+            size = self.config.micro_batch_size
+            parts = []
+            for start in range(0, local.rows, size):
+                inputs = self._model_inputs(local.select_rows(start, start + size))
+                logits = self._forward(self.model, inputs)
+                parts.append(target_logprobs(logits, inputs.target_ids))
+            mine = torch.cat(parts).contiguous()
+            gathered = [torch.empty_like(mine) for _ in range(self.dp_size)]
+            torch.distributed.all_gather(
+                gathered, mine, group=parallel_state.get_data_parallel_group()
+            )
+            return torch.cat(gathered).cpu()
+
+    def _forward_backward(
+        self, batch: SlotBatch, slots: list[int], losses: Mapping[int, TokenLoss]
+    ) -> dict[int, SlotLossReport]:
+        mask = batch.loss_mask.to(torch.float32)
+        token_counts = {slot: int(mask[batch.slot_ids == slot].sum().item()) for slot in slots}
+        metric_names = ["loss", *sorted({m for loss in losses.values() for m in loss.metrics})]
+        local = batch.rows_for(self.dp_rank, self.dp_size)
+        size = self.config.micro_batch_size
+        micro_batches = [
+            self._prepare(local.select_rows(start, start + size), slots, token_counts, losses)
+            for start in range(0, local.rows, size)
+        ]
+        # A micro-batch of base-only rows (padding) trains nothing: skip its forward entirely.
+        # Safe to differ across data-parallel ranks: a forward/backward only talks within TP,
+        # whose ranks share their rows.
+        micro_batches = [mb for mb in micro_batches if mb.inputs.routing is not None]
+        loss_fn = functools.partial(self._micro_batch_loss, slots=slots, metric_names=metric_names)
+        if not micro_batches:
+            sums = []
+        elif self.device.type == "cuda":
+            sums = self._run_megatron_schedule(micro_batches, loss_fn, local.seq_len)
+        else:
+            sums = self._run_local_schedule(micro_batches, loss_fn)
+        total = torch.stack(sums).sum(0) if sums else None
+        if total is None:
+            total = torch.zeros(len(slots), len(metric_names), device=self.device)
+        torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        values = total.tolist()
+        reports = {}
+        for index, slot in enumerate(slots):
+            row = dict(zip(metric_names, values[index], strict=True))
+            reports[slot] = SlotLossReport(
+                slot=slot,
+                loss=row.pop("loss"),
+                num_tokens=token_counts[slot],
+                metrics={name: row[name] for name in losses[slot].metrics},
+            )
+        return reports
+
+    def _attention_mask(self, seq_len: int) -> torch.Tensor:
+        mask = self._masks.get(seq_len)
+        if mask is None:
+            mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+            mask = mask.view(1, 1, seq_len, seq_len).to(self.device)
+            self._masks[seq_len] = mask
+        return mask
+
+    def _model_inputs(self, rows: SlotBatch) -> _ModelInputs:
+        device = self.device
+        slot_ids = rows.slot_ids.to(torch.int64)
+        present = sorted({int(s) for s in torch.unique(slot_ids).tolist() if s >= 0})
+        routing = build_routing(
+            slot_ids,
+            {slot: self._slots[slot].spec.scale for slot in present},
+            dtype=self.dtype,
+            device=device,
+        )
+        position_ids = rows.position_ids
+        if position_ids is None:
+            position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
+        return _ModelInputs(
+            input_ids=rows.input_ids.to(device=device, dtype=torch.int64),
+            position_ids=position_ids.to(device=device, dtype=torch.int64),
+            target_ids=rows.target_ids.to(device=device, dtype=torch.int64),
+            attention_mask=self._attention_mask(rows.seq_len),
+            routing=routing,
+        )
+
+    def _prepare(
+        self,
+        rows: SlotBatch,
+        slots: list[int],
+        token_counts: Mapping[int, int],
+        losses: Mapping[int, TokenLoss],
+    ) -> _MicroBatch:
+        device = self.device
+        inputs = self._model_inputs(rows)
+        slot_ids = rows.slot_ids.to(torch.int64)
+        bins = torch.full_like(slot_ids, len(slots))
+        denominators = torch.ones(slot_ids.shape, dtype=torch.float32)
+        for index, slot in enumerate(slots):
+            member = slot_ids == slot
+            bins[member] = index
+            denominators[member] = float(max(token_counts[slot], 1))
+        weights = torch.where(slot_ids >= 0, rows.loss_mask.to(torch.float32) / denominators, 0.0)
+        by_loss: dict[TokenLoss, torch.Tensor] = {}
+        for slot in inputs.routing.slots if inputs.routing is not None else ():
+            selector = slot_ids == slot
+            loss = losses[slot]
+            by_loss[loss] = by_loss[loss] | selector if loss in by_loss else selector
+        fields = {
+            name: getattr(rows, name).to(device=device, dtype=torch.float32)
+            for name in ("old_logprobs", "advantages")
+            if getattr(rows, name) is not None
+        }
+        return _MicroBatch(
+            inputs=inputs,
+            weights=weights.to(device),
+            bins=bins.to(device),
+            losses=[(loss, selector.to(device)) for loss, selector in by_loss.items()],
+            fields=fields,
+            num_tokens=torch.tensor(int((weights > 0).sum()), dtype=torch.int, device=device),
+        )
+
+    def _forward(self, model: torch.nn.Module, inputs: _ModelInputs) -> torch.Tensor:
+        with self._routing.use(inputs.routing):
+            return model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
+
+    def _micro_batch_loss(
+        self,
+        micro_batch: _MicroBatch,
+        logits: torch.Tensor,
+        *,
+        slots: list[int],
+        metric_names: list[str],
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """megatron's 3-tuple loss contract: (loss to backprop, token count, reduced metrics)."""
+        logprobs = target_logprobs(logits, micro_batch.inputs.target_ids)
+        per_token = torch.zeros_like(logprobs)
+        metric_values = {name: torch.zeros_like(logprobs) for name in metric_names[1:]}
+        for loss, selector in micro_batch.losses:
+            values, metrics = loss.per_token(logprobs, micro_batch.fields)
+            per_token = torch.where(selector, values, per_token)
+            for name, value in metrics.items():
+                metric_values[name] = torch.where(selector, value, metric_values[name])
+        weights = micro_batch.weights
+        counted = weights > 0
+        weighted = torch.where(counted, per_token * weights, 0.0)
+        columns = [weighted.detach()] + [
+            torch.where(counted, metric_values[name] * weights, 0.0) for name in metric_names[1:]
+        ]
+        stacked = torch.stack([column.reshape(-1) for column in columns], dim=1)
+        sums = torch.zeros(len(slots) + 1, len(metric_names), device=stacked.device)
+        sums.index_add_(0, micro_batch.bins.reshape(-1), stacked)
+        return weighted.sum(), micro_batch.num_tokens, {"slot_sums": sums[: len(slots)]}
+
+    def _run_local_schedule(
+        self, micro_batches: list[_MicroBatch], loss_fn: Callable
+    ) -> list[torch.Tensor]:
+        sums = []
+        for micro_batch in micro_batches:
+            logits = self._forward(self.model, micro_batch.inputs)
+            loss, _, reduced = loss_fn(micro_batch, logits)
+            loss.backward()
+            sums.append(reduced["slot_sums"])
+        return sums
+
+    def _run_megatron_schedule(
+        self, micro_batches: list[_MicroBatch], loss_fn: Callable, seq_len: int
+    ) -> list[torch.Tensor]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator: Iterator[_MicroBatch], model: torch.nn.Module):
+            micro_batch = next(data_iterator)
+            return self._forward(model, micro_batch.inputs), functools.partial(loss_fn, micro_batch)
+
+        store = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=self.model,
+            num_microbatches=len(micro_batches),
+            seq_length=seq_len,
+            micro_batch_size=self.config.micro_batch_size,
+            forward_only=False,
+        )
+        return [item["slot_sums"] for item in store]
+
+    # -- optimizer ------------------------------------------------------------------------------
+
+    def optim_step(self, adam_params: Mapping[int, AdamParams]) -> dict[int, StepReport]:
+        """Step the requested slots (see :func:`step_slot_optimizers`)."""
+        self._check_usable("optim_step")
+        check_adam_requests(
+            adam_params, num_slots=self.config.num_slots, loaded_slots=self._slots
+        )
+        with self._mutating("optim_step"):
+            optimizers = {slot: self._slots[slot].optimizer for slot in adam_params}
+            return step_slot_optimizers(optimizers, dict(adam_params))
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save_slot(self, slot: int, directory: str) -> None:
+        """Save one slot (adapter masters, Adam moments, step) to ``directory`` (collective).
+
+        Pending (not yet stepped) gradients are not part of a checkpoint."""
+        self._check_usable("save_slot")
+        record = self._loaded(slot, "slot")
+        with self._mutating("save_slot", agreed=(SlotCheckpointError,)):
+            state = record.optimizer.state_tensors()
+            factors = {
+                factor.name: {
+                    "split_dim": factor.split_dim,
+                    "rank_axis_from_end": factor.rank_axis_from_end,
+                    **{entry: state[entry][index] for entry in checkpoint.STATE_ENTRIES},
+                }
+                for index, factor in enumerate(self.layout)
+            }
+            checkpoint.save_slot_checkpoint(
+                directory,
+                step=record.optimizer.step,
+                spec=record.spec,
+                max_rank=self.config.max_rank,
+                factors=factors,
+            )
+
+    def restore_slot(self, slot: int, directory: str) -> LoraSlotSpec:
+        """Load a committed slot checkpoint into the free ``slot`` (collective); returns its spec.
+
+        Every rank validates its shard first and all ranks agree before any state changes."""
+        self._check_usable("restore_slot")
+        check_slot_index(slot, num_slots=self.config.num_slots)
+        if slot in self._slots:
+            raise SlotConfigError("slot", slot, "slot is in use", f"unload_slot({slot}) first")
+        with self._mutating("restore_slot", agreed=(SlotCheckpointError,)):
+            shard, error = None, None
+            try:
+                shard = checkpoint.read_slot_shard(
+                    directory,
+                    expected_shapes={f.name: f.local_shape for f in self.layout},
+                    max_rank=self.config.max_rank,
+                )
+            except SlotCheckpointError as exc:
+                error = str(exc)
+            checkpoint.agree(error, what=f"restoring slot {slot} from {directory}")
+            assert shard is not None
+            adapter = SlotAdapter(self.layout, dtype=self.dtype, device=self.device)
+            record = self._build_slot(slot, shard.spec, adapter)
+            names = [factor.name for factor in self.layout]
+            record.optimizer.load_state(
+                {entry: [shard.state[entry][n] for n in names] for entry in shard.state},
+                shard.step,
+            )
+            self._slots[slot] = record
+            return shard.spec
