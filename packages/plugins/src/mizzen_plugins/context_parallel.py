@@ -133,10 +133,13 @@ class CPShard:
         """``[num_local_tokens]`` True for real tokens, False for the pad segment."""
         return self.local_token_index < self.num_real_tokens
 
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a global tensor (padded with zeros if given unpadded)."""
+    def take(self, x: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
+        """This rank's rows of a global tensor (pad rows filled with ``pad_value`` if unpadded).
+
+        Use ``pad_value=-1`` for a recorded top-k (pad tokens select nothing).
+        """
         if x.shape[0] == self.num_real_tokens and self.num_pad_tokens:
-            x = pad_rows(x, self.num_pad_tokens)
+            x = torch.cat([x, x.new_full((self.num_pad_tokens, *x.shape[1:]), pad_value)])
         if x.shape[0] != self.layout.num_tokens:
             raise ValueError(
                 f"x.shape[0] = {x.shape[0]}: expected the global stream of "

@@ -64,6 +64,10 @@ def attention_reference(plan: StreamPlan, q, k_ext, v_ext, ck, cv, selected, sin
     return torch.cat(outs, dim=0).to(q.dtype)
 
 
+def _no_groups(ck) -> bool:
+    return ck is None or ck.shape[0] == 0
+
+
 def _gather_selected(plan: StreamPlan, selected, ck, cv, te: int):
     sel_ext = torch.full((te, selected.shape[1]), -1, dtype=torch.long, device=selected.device)
     sel_ext[plan.q_in_ext] = selected
@@ -88,7 +92,7 @@ def attention_fast(plan: StreamPlan, q, k_ext, v_ext, ck, cv, selected, sink, sc
     logits_w = torch.bmm(qb, kb).view(nb * w, h, 2 * w)[:te] * scale
     logits_w = logits_w.masked_fill(~plan.block_window_mask[:, None, :], float("-inf"))
     parts = [logits_w]
-    if ck is not None:
+    if not _no_groups(ck):
         sel_ext, ck_sel, cv_sel = _gather_selected(plan, selected, ck.to(cdt), cv.to(cdt), te)
         logits_c = torch.einsum("thd,tkd->thk", q_ext, ck_sel) * scale
         parts.append(logits_c.masked_fill((sel_ext < 0)[:, None, :], float("-inf")))
@@ -97,7 +101,7 @@ def attention_fast(plan: StreamPlan, q, k_ext, v_ext, ck, cv, selected, sink, sc
     pw = F.pad(p[..., : 2 * w], (0, 0, 0, 0, 0, pad)).reshape(nb, w * h, 2 * w)
     vb = F.pad(v_ext.to(cdt), (0, 0, w, pad)).unfold(0, 2 * w, w).transpose(1, 2)  # [nb,2W,Dv]
     out = torch.bmm(pw, vb).view(nb * w, h, dv)[:te]
-    if ck is not None:
+    if not _no_groups(ck):
         pc = p[..., 2 * w : 2 * w + sel_ext.shape[1]]
         out = out + torch.einsum("thk,tkd->thd", pc, cv_sel)
     return out.index_select(0, plan.q_in_ext).to(q.dtype)
@@ -153,14 +157,14 @@ def attention_flex(plan: StreamPlan, q, k_ext, v_ext, ck, cv, selected, sink, sc
     out_w = out_w[0].transpose(0, 1).to(cdt)  # [Te, H, Dv]
     lse_w = lse_w[0].transpose(0, 1).to(cdt)  # [Te, H]
     logs = [lse_w[..., None]]
-    if ck is not None:
+    if not _no_groups(ck):
         sel_ext, ck_sel, cv_sel = _gather_selected(plan, selected, ck.to(cdt), cv.to(cdt), te)
         logits_c = torch.einsum("thd,tkd->thk", q_ext.to(cdt), ck_sel) * scale
         logs.append(logits_c.masked_fill((sel_ext < 0)[:, None, :], float("-inf")))
     logs.append(sink.to(cdt).view(1, h, 1).expand(te, h, 1))
     weights = torch.softmax(torch.cat(logs, dim=-1), dim=-1)  # [Te, H, 1 + k + 1]
     out = weights[..., :1] * out_w
-    if ck is not None:
+    if not _no_groups(ck):
         out = out + torch.einsum("thk,tkd->thd", weights[..., 1 : 1 + sel_ext.shape[1]], cv_sel)
     return out.index_select(0, plan.q_in_ext).to(q.dtype)
 
