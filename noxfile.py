@@ -86,6 +86,18 @@ def registry(session: nox.Session) -> None:
     _bare_mizzen_ci(session, "list", *session.posargs)
 
 
+@nox.session(name="lazy-imports")
+def lazy_imports(session: nox.Session) -> None:
+    """The lazy-import policy: statically with bare `python -S` (nothing installed), then at run
+    time in the synced workspace (each package's modules imported with forbidden modules blocked).
+    Posargs go to both, e.g. `-- --package mizzen_rollout`."""
+    _bare_mizzen_ci(session, "lazy-imports", "--static", *session.posargs)
+    _sync_workspace(session)
+    session.run(
+        "python", "-m", "mizzen_ci", "lazy-imports", "--runtime", *session.posargs, env=CPU_TEST_ENV
+    )
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""

@@ -32,7 +32,8 @@ Per file, **facts** parsed from the source alone (independent of where the file 
                computed names are invisible here (the runtime check sees them).
 
 **FactsCache**\\ (path or None): facts keyed by the sha256 of the file's bytes, optionally kept in
-a JSON file (e.g. ``.mizzen-cache/import-facts.json``; keep it out of git).  A stat fast path
+a JSON file (e.g. ``.mizzen-cache/import-facts.json``; a directory the cache creates gets a
+``.gitignore`` of ``*``, so it never shows up in git).  A stat fast path
 (size + mtime_ns, as git's index does, with a 2 s racy-timestamp window re-hashed) means a warm
 build costs one ``stat`` per file plus one JSON load; a touched but unchanged file costs a hash,
 never a parse.  ``cache.save()`` writes atomically and only when something changed; facts of files
@@ -402,7 +403,10 @@ class FactsCache:
             "files": self._seen,
             "facts": facts,
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():
+            # A directory we create holds only caches: keep it out of git from the start.
+            self.path.parent.mkdir(parents=True)
+            (self.path.parent / ".gitignore").write_text("# created by mizzen-ci\n*\n")
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, separators=(",", ":"))
@@ -593,7 +597,7 @@ class ImportGraph:
                         GraphProblem(
                             self.files[node],
                             line,
-                            f"relative import {'.' * level}{module} reaches {where}",
+                            f"relative import {_spelled(imp)} reaches {where}",
                         )
                     )
                     continue
@@ -724,6 +728,13 @@ class ImportGraph:
                 if n != "*" and predicate(f"{h.target}.{n}"):
                     return h._replace(target=f"{h.target}.{n}")
         return None
+
+
+def _spelled(imp: RawImport) -> str:
+    rel = "." * imp.level + imp.module
+    if imp.kind == "from":
+        return f"`from {rel} import {', '.join(imp.names)}`"
+    return f"`import_module({rel!r}, __package__)`"
 
 
 def _rel(path: Path, root: Path) -> str:

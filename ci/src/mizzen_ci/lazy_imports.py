@@ -67,7 +67,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache", type=Path, help="facts cache file for the static check (default: none)"
     )
-    parser.add_argument("--jobs", type=int, help="runtime probes at once (default: CPU count)")
+    parser.add_argument(
+        "--jobs", type=int, help="runtime probes at once (default: all, up to 2 per CPU)"
+    )
     parser.add_argument(
         "--timeout", type=float, default=600, help="seconds per runtime probe (default: 600)"
     )
@@ -105,8 +107,10 @@ def resolve_packages(root: Path, names: list[str], policy_packages) -> tuple[lis
             "Fix: pass --package NAME"
         )
     source_dirs = list(ws_dirs)
-    missing = [n for n in wanted if n not in ws_packages]
-    for name, found in locate_packages(root, missing).items():
+    located = locate_packages(root, wanted)
+    for name in wanted:
+        found = sorted({*located[name], *(d / name for d in ws_dirs if name in ws_packages)})
+        found = [p for p in found if (p / "__init__.py").is_file()]
         if not found:
             raise UsageError(
                 f"package {name} not found under {root} (looked for {name}/, src/{name}/ and "

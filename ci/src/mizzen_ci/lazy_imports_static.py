@@ -118,9 +118,14 @@ def render(report: StaticReport) -> list[str]:
         out.append(f"{v.module} loads {v.forbidden} at import time: {v.rule.explain(v.package)}.")
         out.extend(f"  {line}" for line in v.lines())
         if others:
-            out.append(f"  (the same import line is also reached from: {', '.join(others)})")
+            out.append(f"  (the same import line is also reached from: {_some(others)})")
     if report.violations:
         out.append(f"Fix: {FIX}.")
     for p in report.problems:
         out.append(f"{p}. Fix: make the file importable (the check cannot read it otherwise).")
     return out
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
