@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "check every test file's registration (exit 1 on errors)",
     ),
     "list": ("mizzen_ci.registry_cli", "list registered tests with their derived runner pool"),
+    "plan": ("mizzen_ci.plan_cli", "plan the CI jobs for a change (default: the working tree)"),
     "gpu-lane": ("mizzen_ci.gpu_lane", "run a GPU lane here: every ARCH test, leased and packed"),
     "lazy-imports": ("mizzen_ci.lazy_imports", "check the lazy-import policy (static, runtime)"),
 }

@@ -266,11 +266,12 @@ def job_counts(
     by_budget = math.ceil(work / (gpus * budget))
     spread = min(free_runners, math.ceil(work / (gpus * max(min_job, longest, 1e-9))))
     low = max(0 if anchors else 1, by_budget, spread)
-    counts = set(range(low, min(low + 3, len(items)) + 1))
+    # a few counts above the least, as long as each job keeps ``min_job`` seconds of work
+    counts = {low} | {
+        c for c in range(low + 1, min(low + 3, len(items)) + 1) if work / (gpus * c) >= min_job
+    }
     if low > free_runners:  # several waves: whole waves keep the runners busy to the end
         counts.add(min(len(items), math.ceil(low / free_runners) * free_runners))
-    elif low < free_runners:
-        counts.add(min(free_runners, len(items)))
     return sorted(counts)
 
 

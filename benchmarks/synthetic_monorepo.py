@@ -1,0 +1,226 @@
+"""A generator of synthetic mizzen-shaped monorepos for the planner benchmarks.
+
+``generate(root, modules=5000, tests=10000, seed=0)`` writes a uv workspace with the repository's
+layout: ``packages/<pkg>/src/<pkg>/…`` (packages of layered subpackages), ``tests/<pkg>/<sub>/``
+test files with registrations (CPU and CUDA, several arches, 1/2/4/8 GPUs), ``conftest.py``
+files, a copy of a fleet table, and a root ``pyproject.toml``.
+
+Import fan-out (realistic, deterministic from ``seed``):
+- Modules are layered inside each package (``layer0`` … ``layerK``); a module imports 1–6 others
+  from its own or lower layers, preferring a few popular "core" modules (Zipf-like), plus stdlib
+  modules; one import in four is written inside a function (lazy) and a few are relative.
+- About one module in ten also imports a module of another package (lower package index), so
+  packages depend on each other the way ``train`` depends on ``plugins``.
+- A test file imports 1–4 modules of its package (plus, sometimes, of another), half of them
+  lazily inside test functions, as real tests do.
+
+Invariants: pure function of its arguments; files are small but syntactically rich (functions,
+classes, decorators, docstrings) so that parsing costs what real files cost.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STDLIB = ("os", "sys", "json", "math", "re", "itertools", "functools", "dataclasses", "pathlib")
+ARCH_CHOICES = ((("hopper",), 0.45), (("blackwell",), 0.15), (("hopper", "blackwell"), 0.40))
+GPU_CHOICES = ((1, 0.5), (2, 0.25), (4, 0.15), (8, 0.10))
+LABELS = ("train", "lora", "megatron", "attention", "plugins", "rollout", "distributed")
+
+
+@dataclass
+class Repo:
+    """What was generated: module name -> file, test file -> imported module names."""
+
+    root: Path
+    modules: dict[str, str] = field(default_factory=dict)
+    tests: dict[str, list[str]] = field(default_factory=dict)
+    gpu_tests: set[str] = field(default_factory=set)
+    packages: list[str] = field(default_factory=list)
+
+
+def _weighted(rng: random.Random, choices):
+    values, weights = zip(*choices, strict=True)
+    return rng.choices(values, weights)[0]
+
+
+def _module_source(rng: random.Random, name: str, imports: list[tuple[str, bool]]) -> str:
+    eager = [m for m, lazy in imports if not lazy]
+    lazy = [m for m, lazy in imports if lazy]
+    lines = [f'"""Synthetic module {name}."""', "", "from __future__ import annotations", ""]
+    for s in rng.sample(STDLIB, 2):
+        lines.append(f"import {s}")
+    for m in eager:
+        if rng.random() < 0.5 and "." in m:
+            pkg, _, leaf = m.rpartition(".")
+            lines.append(f"from {pkg} import {leaf}")
+        else:
+            lines.append(f"import {m}")
+    lines.append("")
+    for k in range(rng.randint(2, 4)):
+        lines += [
+            "",
+            f"def function_{k}(x, y=1, *args, **kwargs):",
+            f'    """Do step {k} of {name}."""',
+        ]
+        if lazy and k == 0:
+            lines += [f"    import {m}" for m in lazy]
+        lines += [
+            "    total = 0",
+            "    for i in range(x):",
+            "        if i % 3 == 0:",
+            "            total += i * y",
+            "        else:",
+            "            total -= len(args) + len(kwargs)",
+            f"    return {{'name': {name!r}, 'total': total, 'k': {k}}}",
+        ]
+    lines += [
+        "",
+        "",
+        "class Component:",
+        '    """A component with a few methods."""',
+        "",
+        "    def __init__(self, size: int = 4) -> None:",
+        "        self.size = size",
+        "        self.items = [i * i for i in range(size)]",
+        "",
+        "    @property",
+        "    def total(self) -> int:",
+        "        return sum(self.items)",
+        "",
+        "    def scaled(self, factor: float) -> list[float]:",
+        "        return [x * factor for x in self.items if x >= 0]",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _test_source(rng: random.Random, imports: list[tuple[str, bool]], registration: str) -> str:
+    lines = [
+        '"""Synthetic tests."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import pytest",
+    ]
+    lines += [f"import {m}" for m, lazy in imports if not lazy]
+    lines += ["", "from mizzen_ci import register_cpu_ci, register_cuda_ci", "", registration, ""]
+    lazy = [m for m, lazy in imports if lazy]
+    for k in range(rng.randint(2, 5)):
+        lines += ["", f"@pytest.mark.parametrize('n', [1, 2, {k + 3}])", f"def test_case_{k}(n):"]
+        if lazy and k == 0:
+            lines += [f"    import {m}" for m in lazy]
+        lines += [
+            "    values = [i for i in range(n)]",
+            "    assert len(values) == n",
+            f"    assert sum(values) >= {k} - {k}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _registration(rng: random.Random, gpu: bool) -> str:
+    if not gpu:
+        return f"register_cpu_ci(est_time={rng.randint(2, 120)}, labels=['ci'])"
+    hardware = list(_weighted(rng, ARCH_CHOICES))
+    gpus = _weighted(rng, GPU_CHOICES)
+    est = int(min(9000, max(30, rng.lognormvariate(5.7, 1.1))))
+    label = rng.choice(LABELS)
+    return (
+        f"register_cuda_ci(est_time={est}, hardware={hardware!r}, num_gpus={gpus}, "
+        f"labels=[{label!r}])"
+    )
+
+
+def generate(
+    root: Path | str,
+    *,
+    modules: int = 5000,
+    tests: int = 10000,
+    packages: int = 10,
+    gpu_share: float = 0.3,
+    seed: int = 0,
+    fleet: Path | str | None = None,
+) -> Repo:
+    """Write a synthetic monorepo under ``root`` (emptied first)."""
+    rng = random.Random(seed)
+    root = Path(root)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    repo = Repo(root)
+    per_pkg = modules // packages
+    layers = 6
+    all_modules: list[list[str]] = []
+    for p in range(packages):
+        pkg = f"syn{p}"
+        repo.packages.append(pkg)
+        src = root / "packages" / pkg / "src" / pkg
+        names: list[str] = []
+        # subpackages: pkg.layer{L}.{group}; modules in them
+        for k in range(per_pkg):
+            layer = min(layers - 1, k * layers // per_pkg)
+            group = k % 7
+            names.append(f"{pkg}.layer{layer}.g{group}.m{k}")
+        all_modules.append(names)
+        (root / "packages" / pkg).mkdir(parents=True, exist_ok=True)
+        (root / "packages" / pkg / "pyproject.toml").write_text(
+            f'[project]\nname = "{pkg}"\nversion = "0.1.0"\n'
+        )
+        inits = {pkg} | {n.rsplit(".", 1)[0] for n in names} | {n.rsplit(".", 2)[0] for n in names}
+        for init in sorted(inits):
+            d = src.parent.joinpath(*init.split("."))
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "__init__.py").write_text(f'"""Package {init}."""\n')
+            repo.modules[init] = (d / "__init__.py").relative_to(root).as_posix()
+
+    for p, names in enumerate(all_modules):
+        core = names[: max(5, len(names) // 50)]  # popular low-layer modules
+        for k, name in enumerate(names):
+            candidates = names[:k] or []
+            imports: list[tuple[str, bool]] = []
+            for _ in range(rng.randint(1, 6) if candidates else 0):
+                pool = core if rng.random() < 0.4 and core[0] != name else candidates
+                target = rng.choice([c for c in pool if c != name] or candidates)
+                imports.append((target, rng.random() < 0.25))
+            if p and rng.random() < 0.1:
+                other = all_modules[rng.randrange(p)]
+                imports.append((rng.choice(other[: len(other) // 2]), rng.random() < 0.25))
+            imports = list(dict.fromkeys(imports))
+            path = root / "packages" / f"syn{p}" / "src" / Path(*name.split("."))
+            path = path.with_suffix(".py")
+            path.write_text(_module_source(rng, name, imports))
+            repo.modules[name] = path.relative_to(root).as_posix()
+
+    for t in range(tests):
+        p = t % packages
+        names = all_modules[p]
+        sub = f"area{(t // packages) % 20}"
+        d = root / "tests" / f"syn{p}" / sub
+        if not d.exists():
+            d.mkdir(parents=True)
+            (d / "conftest.py").write_text(
+                "import pytest\n\n\n@pytest.fixture\ndef value():\n    return 1\n"
+            )
+        imports = [(rng.choice(names), rng.random() < 0.5) for _ in range(rng.randint(1, 4))]
+        if p and rng.random() < 0.2:
+            imports.append((rng.choice(all_modules[rng.randrange(p)]), False))
+        imports = list(dict.fromkeys(imports))
+        gpu = rng.random() < gpu_share
+        rel = f"tests/syn{p}/{sub}/test_{t:05d}.py"
+        (root / rel).write_text(_test_source(rng, imports, _registration(rng, gpu)))
+        repo.tests[rel] = [m for m, _ in imports]
+        if gpu:
+            repo.gpu_tests.add(rel)
+
+    members = ", ".join(f'"packages/{p}"' for p in repo.packages)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "synthetic"\nversion = "0.1.0"\n\n'
+        f"[tool.uv.workspace]\nmembers = [{members}]\n"
+    )
+    (root / "ci").mkdir()
+    fleet = Path(fleet) if fleet else Path(__file__).resolve().parents[1] / "ci" / "fleet.toml"
+    shutil.copy(fleet, root / "ci" / "fleet.toml")
+    return repo

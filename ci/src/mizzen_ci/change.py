@@ -1,0 +1,169 @@
+"""The change under test, read from real git: which repository paths a diff touches.
+
+Invariants:
+- Stdlib only; git is run as a subprocess (``git -C ROOT ...``) with ``-z`` output, so any path
+  (spaces, unicode, newlines) round-trips exactly.
+- Default range: the merge-base of ``HEAD`` with the main branch (``main``, else ``origin/main``)
+  against the *working tree*, untracked files included (``git ls-files --others
+  --exclude-standard``): what a pull request made from this checkout would change.
+- A rename or copy counts as a change to both paths; a deletion counts as a change to the path
+  that is gone.  ``Change.paths`` holds every such path once.
+- Nothing fails silently: when the diff cannot be read (no git, not a repository, unknown base,
+  shallow clone without the base commit) the result is ``usable=False`` with the reason, and the
+  planner selects everything (fail open).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+MAIN_BRANCHES = ("main", "origin/main")
+ZERO_SHA = "0" * 40
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of ``git diff --name-status``: ``status`` is A, M, D, R, C or T; ``old_path`` is
+    set for renames and copies."""
+
+    status: str
+    path: str
+    old_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Change:
+    """The paths a range changes.  ``usable=False`` means "assume everything changed"."""
+
+    base: str | None
+    head: str | None
+    entries: tuple[Entry, ...] = ()
+    usable: bool = True
+    reason: str | None = None
+    paths: frozenset[str] = field(default=frozenset())
+    worktree: bool = False  # the range ends at the working tree (uncommitted changes included)
+
+    @classmethod
+    def from_entries(cls, base: str | None, head: str | None, entries) -> Change:
+        entries = tuple(entries)
+        paths = set()
+        for e in entries:
+            paths.add(e.path)
+            if e.old_path and e.status == "R":  # a copy leaves its source as it was
+                paths.add(e.old_path)
+        return cls(base, head, entries, True, None, frozenset(paths))
+
+    @classmethod
+    def unusable(cls, reason: str, base: str | None = None, head: str | None = None) -> Change:
+        return cls(base, head, (), False, reason, frozenset())
+
+    @property
+    def deleted(self) -> frozenset[str]:
+        """Paths that no longer exist at the head (deleted, or the old side of a rename)."""
+        return frozenset(
+            e.path if e.status == "D" else e.old_path
+            for e in self.entries
+            if e.status == "D" or (e.status == "R" and e.old_path)
+        )
+
+
+class GitError(RuntimeError):
+    pass
+
+
+def _git(root: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_OPTIONAL_LOCKS"] = "0"  # planning must never take the index lock from a running git
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), *args],
+            capture_output=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise GitError("git is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise GitError(f"`git {' '.join(args)}` timed out") from None
+    if out.returncode != 0:
+        msg = out.stderr.decode(errors="replace").strip().splitlines()
+        raise GitError(f"`git {' '.join(args)}` failed: {msg[-1] if msg else out.returncode}")
+    return out.stdout.decode("utf-8", errors="surrogateescape")
+
+
+def resolve(root: Path, rev: str) -> str:
+    """The commit sha of ``rev``; :class:`GitError` when there is none."""
+    return _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+
+
+def default_base(root: Path, main_branches=MAIN_BRANCHES) -> str:
+    """The merge-base of HEAD with the first main branch that exists."""
+    tried = []
+    for branch in main_branches:
+        try:
+            resolve(root, branch)
+        except GitError:
+            tried.append(branch)
+            continue
+        return _git(root, "merge-base", "HEAD", branch).strip()
+    raise GitError(
+        f"no main branch to compare with (tried {', '.join(tried)}); fetch it "
+        "(`git fetch origin main`) or pass --base"
+    )
+
+
+def parse_name_status(z_output: str) -> list[Entry]:
+    """Entries of ``git diff --name-status -z`` output."""
+    fields = z_output.split("\0")
+    if fields and fields[-1] == "":
+        fields.pop()
+    entries: list[Entry] = []
+    i = 0
+    while i < len(fields):
+        status = fields[i]
+        kind = status[:1]
+        if kind in ("R", "C"):
+            if i + 2 >= len(fields):
+                raise GitError(f"truncated rename record in git output: {fields[i:]!r}")
+            entries.append(Entry(kind, fields[i + 2], fields[i + 1]))
+            i += 3
+        else:
+            if i + 1 >= len(fields) or not kind:
+                raise GitError(f"truncated record in git output: {fields[i:]!r}")
+            entries.append(Entry("M" if kind in ("T", "U", "X") else kind, fields[i + 1]))
+            i += 2
+    return entries
+
+
+def git_change(
+    root: Path | str,
+    base: str | None = None,
+    head: str | None = None,
+    *,
+    main_branches=MAIN_BRANCHES,
+) -> Change:
+    """The change from ``base`` (default: merge-base with main) to ``head`` (default: the working
+    tree, untracked files included).  Never raises: an unreadable diff is ``usable=False``."""
+    root = Path(root)
+    try:
+        if base is not None and set(base) == {"0"}:
+            return Change.unusable(f"base {base} is the null commit (a new branch)", base, head)
+        base_sha = resolve(root, base) if base else default_base(root, main_branches)
+        if head is None:
+            head_sha = resolve(root, "HEAD")
+            diff = _git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", base_sha)
+            entries = parse_name_status(diff)
+            known = {e.path for e in entries}
+            untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z")
+            entries += [Entry("A", p) for p in untracked.split("\0") if p and p not in known]
+            return replace(Change.from_entries(base_sha, head_sha, entries), worktree=True)
+        head_sha = resolve(root, head)
+        diff = _git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", base_sha, head_sha)
+        return Change.from_entries(base_sha, head_sha, parse_name_status(diff))
+    except GitError as e:
+        what = f"base {base!r}" if base else "the default base"
+        return Change.unusable(f"cannot read the diff from {what}: {e}", base, head)

@@ -1,0 +1,149 @@
+"""Selection: which (test file, arch) pairs a plan schedules, and why every other one is not.
+
+Inputs: the registry, the fleet, the :class:`~mizzen_ci.plan_request.Request` (what the event
+asks for) and the :class:`~mizzen_ci.impact.Impact` of the change.
+
+Invariants:
+- Every registered test file comes out either scheduled (with the reason it was selected) or
+  in ``not_scheduled`` with one reason per (file, arch): disabled (with its reason), nightly-only,
+  not impacted / not asked for, author not trusted, not the auto arch, arch not in fleet, or a
+  registry error.  Nothing disappears silently.
+- Arches and pools come from :func:`mizzen_ci.dispatch.dispatch` (the fleet table); this module
+  never names a pool.
+- A GPU test on a pull request runs when the change impacts it or a label/comment asks for one of
+  its labels (or for all); CPU tests run when impacted, or always outside pull requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dispatch import DispatchPolicy, Mode, dispatch, home_arch
+from .fleet import CpuPool, Fleet, Pool
+from .impact import Impact
+from .plan_request import RUN_CI_ALL, RUN_CI_PREFIX, RUN_ON_PREFIX, Request
+from .registry import Registration, RegistryError
+
+# Reason codes of not-scheduled entries (the text says the rest).
+DISABLED = "disabled"
+NIGHTLY_ONLY = "nightly-only"
+NOT_IMPACTED = "not-impacted"
+UNTRUSTED = "untrusted"
+NOT_AUTO_ARCH = "not-auto-arch"
+NOT_HOSTABLE = "arch-not-in-fleet"
+REGISTRY_ERROR = "registry-error"
+
+
+@dataclass(frozen=True)
+class Selected:
+    reg: Registration
+    arch: str | None  # None: the CPU lane
+    pool: Pool | CpuPool
+    why: str
+
+
+@dataclass(frozen=True)
+class NotScheduled:
+    file: str
+    arch: str | None
+    code: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "arch": self.arch, "code": self.code, "reason": self.reason}
+
+
+def select(
+    registrations: list[Registration],
+    errors: list[RegistryError],
+    fleet: Fleet,
+    request: Request,
+    impact: Impact,
+) -> tuple[list[Selected], list[NotScheduled]]:
+    selected: list[Selected] = []
+    skipped: list[NotScheduled] = []
+    policy = DispatchPolicy(mode=request.arch_mode, arches=request.arches)
+
+    for reg in registrations:
+        home = home_arch(reg, fleet) if reg.backend == "cuda" else None
+        if not reg.enabled:
+            skipped.append(NotScheduled(reg.path, home, DISABLED, f"disabled: {reg.disabled}"))
+            continue
+        if reg.nightly and not request.include_nightly:
+            skipped.append(
+                NotScheduled(
+                    reg.path, home, NIGHTLY_ONLY, "nightly-only: runs on the nightly schedule"
+                )
+            )
+            continue
+        impacted = impact.why(reg.path)
+        if reg.backend == "cpu":
+            if request.cpu_all:
+                selected.append(Selected(reg, None, fleet.cpu_pool, f"{request.event}: all CPU"))
+            elif impacted:
+                selected.append(Selected(reg, None, fleet.cpu_pool, impacted))
+            else:
+                skipped.append(
+                    NotScheduled(reg.path, None, NOT_IMPACTED, "not impacted by the change")
+                )
+            continue
+
+        why = _gpu_wanted(reg, request, impacted)
+        if why is None:
+            asks = ", ".join(f"{RUN_CI_PREFIX}{label}" for label in reg.labels)
+            skipped.append(
+                NotScheduled(
+                    reg.path,
+                    home,
+                    NOT_IMPACTED,
+                    f"not impacted by the change and not asked for ({asks} or {RUN_CI_ALL})",
+                )
+            )
+            continue
+        if request.gpu_blocked:
+            skipped.append(NotScheduled(reg.path, home, UNTRUSTED, request.gpu_blocked))
+            continue
+        placements, unplaced = dispatch(reg, fleet, policy)
+        for p in placements:
+            selected.append(Selected(reg, p.arch, p.pool, why))
+        accounted = {p.arch for p in placements}
+        for arch, reason in unplaced:
+            if arch in reg.hardware and arch not in accounted:
+                accounted.add(arch)
+                skipped.append(NotScheduled(reg.path, arch, NOT_HOSTABLE, reason))
+        for arch in reg.hardware:
+            if arch not in accounted:
+                skipped.append(
+                    NotScheduled(
+                        reg.path,
+                        arch,
+                        NOT_AUTO_ARCH,
+                        f"runs on its auto arch {home}; {RUN_ON_PREFIX}{arch} (or the weekly "
+                        "schedule) runs it here",
+                    )
+                )
+        if policy.mode is Mode.EXPLICIT and not placements and not unplaced:
+            skipped.append(NotScheduled(reg.path, home, NOT_HOSTABLE, "no arch could host it"))
+
+    for path in sorted({e.path for e in errors}):
+        first = next(e for e in errors if e.path == path)
+        skipped.append(
+            NotScheduled(
+                path, None, REGISTRY_ERROR, f"registry error: [{first.rule}] {first.message}"
+            )
+        )
+    return selected, skipped
+
+
+def _gpu_wanted(reg: Registration, request: Request, impacted: str | None) -> str | None:
+    """Why a GPU test is wanted by this request (``None``: it is not)."""
+    if request.gpu_all:
+        return f"{request.cadence or request.event}: every GPU test"
+    if request.gpu_impacted and impacted:
+        return impacted
+    if request.gpu_every_label:
+        return f"asked for by {RUN_CI_ALL}"
+    asked = sorted(set(reg.labels) & request.gpu_labels)
+    if asked:
+        return f"asked for by {', '.join(RUN_CI_PREFIX + label for label in asked)}"
+    return None
