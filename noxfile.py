@@ -86,6 +86,14 @@ def registry(session: nox.Session) -> None:
     _bare_mizzen_ci(session, "list", *session.posargs)
 
 
+@nox.session(venv_backend="none")
+def plan(session: nox.Session) -> None:
+    """The CI plan for the working tree's change against its merge-base with main: the jobs, their
+    runners and tests, and why every other test is not run.  Posargs go to `mizzen-ci plan`
+    (e.g. `-- --verbose`, `--label run-ci-lora`, `--event schedule --cadence weekly`)."""
+    _bare_mizzen_ci(session, "plan", *session.posargs)
+
+
 @nox.session(name="lazy-imports")
 def lazy_imports(session: nox.Session) -> None:
     """The lazy-import policy: statically with bare `python -S` (nothing installed), then at run
@@ -120,9 +128,33 @@ def cpu(session: nox.Session) -> None:
         "loadfile",
         "--timeout",
         CPU_TEST_TIMEOUT_S,
-        *(session.posargs or ["tests"]),
+        *_planned_job_args(session),
         env=CPU_TEST_ENV,
     )
+
+
+def _planned_job_args(session: nox.Session) -> list[str]:
+    """Posargs, with ``--job ID --plan plan.json`` replaced by the files of that planned job."""
+    args = list(session.posargs)
+    if "--job" not in args and "--plan" not in args:
+        return args or ["tests"]
+    sys.path.insert(0, str(CI_SRC))
+    from mizzen_ci.planner import PlanError, job, job_files, load_plan
+
+    values = {}
+    for flag in ("--job", "--plan"):
+        at = args.index(flag) if flag in args else -1
+        if at < 0 or at + 1 >= len(args):
+            session.error("--job and --plan go together: `nox -s cpu -- --job ID --plan plan.json`")
+        values[flag] = args[at + 1]
+        del args[at : at + 2]
+    try:
+        plan = load_plan(values["--plan"])
+        if job(plan, values["--job"])["lane"] != "cpu":
+            session.error(f"job {values['--job']} is not a cpu job; run it with its own session")
+        return job_files(plan, values["--job"]) + args
+    except PlanError as e:
+        session.error(str(e))
 
 
 @nox.session
