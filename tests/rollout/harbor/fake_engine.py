@@ -3,8 +3,9 @@
 It stands in for the inference engine (which needs a GPU) and nothing else: agents talk to it over
 real HTTP exactly as they would to the engine. Every request (headers and JSON body) is recorded.
 
-Modes: `replies` (a list of assistant texts served in order, the last one repeated) or
-`stall_s` (hold each request that long before answering: a hung engine).
+Modes: `replies` (a list of assistant texts served in order, the last one repeated),
+`stall_s` (hold each request that long before answering: a hung engine), `finish_reason`
+(`length` = every reply was cut at max_tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RecordedRequest:
 class FakeEngine:
     replies: list[str] = field(default_factory=lambda: ["{}"])
     stall_s: float = 0.0
+    finish_reason: str = "stop"
     model: str = "mizzen-test-model"
     requests: list[RecordedRequest] = field(default_factory=list)
 
@@ -70,7 +72,7 @@ class FakeEngine:
                             {
                                 "index": 0,
                                 "message": {"role": "assistant", "content": text},
-                                "finish_reason": "stop",
+                                "finish_reason": engine.finish_reason,
                             }
                         ],
                         "usage": {

@@ -160,8 +160,46 @@ def test_max_iterations_zero_means_zero_turns(
         engine.base_url, None, {"temperature": 1.0}, {"instance_id": TASK}, settings=mini
     )
     assert engine.requests == []
-    assert outcome["substituted_for"] == "mini-swe-agent" and outcome["harness"] == "nop"
+    assert outcome["harness"] == "mini-swe-agent" and outcome["agent_run"] == "nop"
     assert outcome["turns"] == 0 and outcome["reward"] == 0.0
+
+
+def test_truncated_reply_aborts_the_trial(
+    tasks_dir: Path, tmp_path: Path, fake_engine, terminus_reply
+) -> None:
+    engine = fake_engine(
+        replies=[terminus_reply(SOLVE, task_complete=False)[:40]], finish_reason="length"
+    )
+    settings = local_settings(tmp_path, tasks_dir)  # response_too_long=abort (the default)
+    outcome = run_sync(
+        engine.base_url, None, {"max_new_tokens": 16}, {"instance_id": TASK}, settings=settings
+    )
+    assert len(engine.requests) == 1  # no re-asking, no retries
+    assert outcome["exit_status"] == "sequence_length_exceeded" and outcome["reward"] == 0.0
+    assert outcome["error"]["type"] == "ResponseLengthExceededError"
+    assert outcome["failure_cause"] == "agent_exhausted_budget"
+    assert outcome["tool_time_s"] is None  # the failed call's time is not reported
+    no_sandbox_left(tmp_path)
+
+
+def test_terminus_against_the_rollout_embedded_engine(tasks_dir: Path, tmp_path: Path) -> None:
+    """The real `mizzen-rollout serve` (echo backend: replies are the prompt's last tokens, cut
+    at max_new_tokens) over real HTTP: the request/response shapes work with terminus-2."""
+    from mizzen_rollout.engines.base import SamplingParams
+    from mizzen_rollout.engines.launcher import embedded_server
+
+    settings = local_settings(tmp_path, tasks_dir, model_name="echo", max_iterations=3)
+    with embedded_server(backend="echo", deadline_s=60) as server:
+        outcome = run_sync(
+            f"{server.url}/v1",
+            None,
+            SamplingParams(max_new_tokens=32, temperature=0.7),
+            {"instance_id": TASK},
+            settings=settings,
+        )
+    assert outcome["exit_status"] == "sequence_length_exceeded", outcome["error"]
+    assert outcome["reward"] == 0.0 and outcome["turns"] == 1
+    no_sandbox_left(tmp_path)
 
 
 def test_agent_time_limit_gives_reward_zero(tasks_dir: Path, tmp_path: Path, fake_engine) -> None:

@@ -5,6 +5,7 @@ A rename in Harbor must fail here instead of silently dropping data or misconfig
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import importlib.util
 import inspect
@@ -29,6 +30,7 @@ from mizzen_rollout.harbor.outcome import (
     TRIAL_RESULT_FIELDS_READ,
 )
 from mizzen_rollout.harbor.settings import HarborSettings
+from mizzen_rollout.harbor.terminus_abort import RESPONSE_LENGTH_ERROR
 from mizzen_rollout.harbor.trial_config import build_trial_config
 
 register_cpu_ci(est_time=18, labels=["rollout", "harbor"])
@@ -164,7 +166,7 @@ def test_built_config_is_a_valid_trial_config_and_the_agent_accepts_it(
         verifier_timeout_s=30,
         response_too_long=POLICY_FOR.get(name, "abort"),
     ).validate()
-    config, _setup = build_trial_config(
+    config, setup = build_trial_config(
         settings,
         instance_id="write-greeting",
         base_url="http://127.0.0.1:30000/v1",
@@ -173,7 +175,8 @@ def test_built_config_is_a_valid_trial_config_and_the_agent_accepts_it(
     assert isinstance(config, TrialConfig)
     # it survives Harbor's own JSON round trip (what Harbor writes as config.json)
     again = TrialConfig.model_validate(json.loads(config.model_dump_json()))
-    assert again.agent.name == name and again.task.path == tasks_dir / "write-greeting"
+    assert again.task.path == tasks_dir / "write-greeting"
+    assert (again.agent.name, again.agent.import_path) == (setup.name, setup.import_path)
     assert config.agent.override_timeout_sec == 60
     assert config.verifier.override_timeout_sec == 30
     assert config.environment.import_path == LOCAL_ENVIRONMENT_IMPORT_PATH
@@ -188,6 +191,42 @@ def test_built_config_is_a_valid_trial_config_and_the_agent_accepts_it(
         config.agent, logs_dir=tmp_path / "agent", **extra
     )
     assert agent.name() == name
+
+
+def test_aborting_terminus_is_terminus_and_aborts_truncated_replies(tmp_path: Path) -> None:
+    from harbor.agents.factory import AgentFactory
+    from harbor.agents.terminus_2 import Terminus2
+    from harbor.llms.base import ContextLengthExceededError, OutputLengthExceededError
+    from harbor.models.trial.config import AgentConfig
+
+    from mizzen_rollout.harbor import terminus_abort
+
+    config = AgentConfig(
+        import_path=terminus_abort.ABORTING_TERMINUS_IMPORT_PATH,
+        model_name="openai/x",
+        base_url="http://127.0.0.1:9/v1",
+        kwargs={"enable_summarize": False, "record_terminal_session": False},
+    )
+    agent = AgentFactory.create_agent_from_config(config, logs_dir=tmp_path)
+    assert isinstance(agent, Terminus2) and agent.name() == "terminus-2"
+    error = terminus_abort.ResponseLengthExceededError
+    assert issubclass(error, ContextLengthExceededError)
+    assert error.__name__ == terminus_abort.RESPONSE_LENGTH_ERROR
+
+    llm_class = type(agent._llm)
+
+    async def truncated(self, *args, **kwargs):
+        raise OutputLengthExceededError("hit max_tokens", truncated_response="{")
+
+    # the wrapper sits on top of the LLM's own call: make the inner call truncate
+    base_class = llm_class.__mro__[1]
+    original = base_class.call
+    base_class.call = truncated
+    try:
+        with pytest.raises(error, match="response_too_long=abort"):
+            asyncio.run(agent._llm.call(prompt="hi", message_history=[]))
+    finally:
+        base_class.call = original
 
 
 def test_agent_construction_rejects_unknown_kwargs(tmp_path: Path) -> None:
@@ -230,9 +269,10 @@ def test_exception_names_we_map_are_harbors() -> None:
     import harbor.trial.errors as trial_errors
     from harbor.models.trial.error_policy import ERROR_POLICIES, FailureCause
 
-    for name in SEQUENCE_LENGTH_ERRORS | TIME_LIMIT_ERRORS:
+    harbors = (SEQUENCE_LENGTH_ERRORS | TIME_LIMIT_ERRORS) - {RESPONSE_LENGTH_ERROR}
+    for name in harbors:
         assert name in ERROR_POLICIES, name
-    for name in SEQUENCE_LENGTH_ERRORS:
+    for name in SEQUENCE_LENGTH_ERRORS - {RESPONSE_LENGTH_ERROR}:
         assert ERROR_POLICIES[name].cause is FailureCause.AGENT_EXHAUSTED_BUDGET
     assert hasattr(trial_errors, "AgentTimeoutError")
     assert hasattr(trial_errors, "VerifierTimeoutError")
@@ -268,6 +308,7 @@ def test_importing_the_package_imports_no_heavy_library() -> None:
         "mizzen_rollout.harbor.launcher",
         "mizzen_rollout.harbor.local_environment",
         "mizzen_rollout.harbor.namespace_sandbox",
+        "mizzen_rollout.harbor.terminus_abort",
         "mizzen_rollout.harbor.__main__",
     ]
     code = (

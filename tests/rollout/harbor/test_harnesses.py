@@ -13,6 +13,7 @@ from mizzen_rollout.harbor.harnesses import (
     merge_agent_kwargs,
     normalize_sampling_params,
 )
+from mizzen_rollout.harbor.terminus_abort import ABORTING_TERMINUS_IMPORT_PATH
 
 register_cpu_ci(est_time=2, labels=["rollout", "harbor"])
 
@@ -37,6 +38,38 @@ def test_normalisation() -> None:
         normalize_sampling_params({"max_new_tokens": 10, "max_tokens": 20})
 
 
+def test_rollout_sampling_params_dataclass_is_accepted() -> None:
+    from mizzen_rollout.engines.base import SamplingParams
+
+    defaults = normalize_sampling_params(SamplingParams())
+    assert defaults == {"max_tokens": 128, "temperature": 1.0, "top_p": 1.0}  # "off" values dropped
+    custom = normalize_sampling_params(
+        SamplingParams(
+            max_new_tokens=64,
+            temperature=0.6,
+            top_k=20,
+            min_p=0.05,
+            stop=["</s>"],
+            seed=3,
+            extra={"repetition_penalty": 1.1},
+        )
+    )
+    assert custom == {
+        "max_tokens": 64,
+        "temperature": 0.6,
+        "top_p": 1.0,
+        "top_k": 20,
+        "min_p": 0.05,
+        "stop": ("</s>",),
+        "seed": 3,
+        "repetition_penalty": 1.1,
+    }
+    setup = setup_for("terminus-2", SamplingParams(temperature=0.6, ignore_eos=True))
+    assert setup.kwargs["llm_call_kwargs"]["extra_body"] == {"ignore_eos": True}
+    with pytest.raises(HarborConfigError, match="both directly and in 'extra'"):
+        normalize_sampling_params({"top_k": 2, "extra": {"top_k": 3}})
+
+
 def test_terminus_forwards_everything() -> None:
     setup = setup_for(
         "terminus-2",
@@ -59,20 +92,23 @@ def test_terminus_forwards_everything() -> None:
         "max_tokens": 99,
         "seed": 3,
         "stop": ["x"],
-        "extra_body": {"top_k": 40, "min_p": 0.0, "repetition_penalty": 1.1},
+        "extra_body": {"top_k": 40, "repetition_penalty": 1.1},  # min_p=0 is "off"
     }
     assert setup.kwargs["max_turns"] == 7
     assert setup.kwargs["enable_summarize"] is False  # abort
     assert setup.kwargs["proactive_summarization_threshold"] == 0
+    assert setup.name is None and setup.import_path == ABORTING_TERMINUS_IMPORT_PATH
 
 
 def test_terminus_recover_policy() -> None:
-    assert setup_for("terminus-2", policy="recover").kwargs["enable_summarize"] is True
+    setup = setup_for("terminus-2", policy="recover")
+    assert setup.kwargs["enable_summarize"] is True
+    assert setup.name == "terminus-2" and setup.import_path is None
 
 
 def test_zero_iterations() -> None:
     native = setup_for("terminus-2", max_iterations=0)
-    assert native.name == "terminus-2" and native.kwargs["max_turns"] == 0
+    assert native.harness == "terminus-2" and native.kwargs["max_turns"] == 0
     for name in ("mini-swe-agent", "claude-code", "opencode"):
         policy = "abort" if "abort" in HARNESSES[name].too_long_policies else "recover"
         swapped = setup_for(name, {"temperature": 0.5}, max_iterations=0, policy=policy)

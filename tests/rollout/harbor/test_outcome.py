@@ -164,8 +164,8 @@ def test_substituted_nop_is_recorded(tasks_dir: Path) -> None:
     out = trial_outcome(
         make_result(tasks_dir, rewards={"reward": 0.0}),
         reward_key="reward",
-        harness="nop",
+        harness="mini-swe-agent",
         substituted_for="mini-swe-agent",
     )
-    assert out["harness"] == "nop" and out["substituted_for"] == "mini-swe-agent"
+    assert out["harness"] == "mini-swe-agent" and out["agent_run"] == "nop"
     assert out["turns"] == 0

@@ -3,8 +3,9 @@
     outcome = await run(base_url, prompt, sampling_params, metadata)   # or run_sync(...)
 
 `base_url` is the engine's OpenAI-compatible endpoint (e.g. `mizzen-rollout serve`'s
-`http://127.0.0.1:PORT/v1`); `metadata["instance_id"]` names the task directory under
-`MIZZEN_HARBOR_TASKS_DIR`. The run settings come from the worker environment written by
+`http://127.0.0.1:PORT/v1`); `sampling_params` a mapping or the rollout's `SamplingParams`
+(see `harnesses.normalize_sampling_params`); `metadata["instance_id"]` names the task
+directory under `MIZZEN_HARBOR_TASKS_DIR`. The run settings come from the worker environment written by
 `launcher.harbor_env_vars`. The returned dict is the sample metadata described in `outcome`
 (`reward`, `exit_status`, tokens, cost, turns, phase timings, `tool_time_s`, ...).
 
@@ -45,7 +46,7 @@ CANCEL_GRACE_S = 60.0
 async def run(
     base_url: str,
     prompt: Any,
-    sampling_params: Mapping[str, Any] | None,
+    sampling_params: Mapping[str, Any] | Any | None,
     metadata: Mapping[str, Any] | None,
     *,
     settings: HarborSettings | None = None,
@@ -62,7 +63,7 @@ async def run(
         settings,
         instance_id=instance_id,
         base_url=base_url,
-        sampling_params=dict(sampling_params or {}),
+        sampling_params=sampling_params,
     )
     from harbor.trial.trial import Trial
 
@@ -89,7 +90,7 @@ async def run(
         reward_key=settings.reward_key,
         timed_out=timed_out,
         trial_dir=trial_dir,
-        harness=setup.name,
+        harness=setup.harness,
         substituted_for=setup.substituted_for,
     )
 
@@ -97,7 +98,7 @@ async def run(
 def run_sync(
     base_url: str,
     prompt: Any,
-    sampling_params: Mapping[str, Any] | None,
+    sampling_params: Mapping[str, Any] | Any | None,
     metadata: Mapping[str, Any] | None,
     *,
     settings: HarborSettings | None = None,

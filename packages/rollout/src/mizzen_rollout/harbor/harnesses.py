@@ -8,8 +8,10 @@ which response-too-long policies it can honour. `agent_setup` reads it to produc
 Invariants:
 - Sampling parameters are normalised to one vocabulary (`SAMPLING_KEYS`; `max_new_tokens` is
   accepted for `max_tokens`). A parameter the harness cannot forward is a configuration error,
-  never silently dropped (the policy would sample from a distribution nobody asked for); `None`
-  values and the engine-side output knobs in `ENGINE_SIDE_KEYS` are ignored.
+  never silently dropped (the policy would sample from a distribution nobody asked for). `None`,
+  neutral values that mean "off" (top_k=-1, min_p=0, empty stop lists, ...) and the engine-side
+  output knobs in `ENGINE_SIDE_KEYS` are ignored. A `SamplingParams` dataclass of
+  `mizzen_rollout.engines.base` is accepted as is (its `extra` is merged in).
 - `max_iterations=0` means zero model turns for every harness. Where the harness's own limit
   reads 0 as "unlimited" or leaves it undefined (mini-swe-agent's step_limit, claude-code's
   --max-turns, opencode's steps), the trial runs Harbor's `nop` agent instead: zero model calls,
@@ -25,17 +27,22 @@ Response too long (`response_too_long`):
 - `recover`: let the harness summarise and continue (fine for evaluation, where only the final
   reward matters). claude-code and opencode compact their context on their own and cannot be
   made to abort, so they require `recover` explicitly; mini-swe-agent cannot recover.
-- terminus-2 always re-asks the model after a single reply hits `max_tokens` (its parser
-  salvages the reply); the policy covers the context window, which is what ends long rollouts.
+- Two ways to be too long: the conversation outgrows the context window, or one reply hits
+  `max_tokens` (finish_reason `length`). Stock terminus-2 answers the second by re-asking the
+  model, recursively and without bound (an engine that truncates every reply loops until the
+  agent timeout); under `abort` the table loads `terminus_abort.AbortingTerminus2`, which ends the
+  trial instead. Under `recover` stock terminus-2 runs, summarisation on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.terminus_abort import ABORTING_TERMINUS_IMPORT_PATH
 
 #: the normalised sampling vocabulary
 SAMPLING_KEYS = (
@@ -48,9 +55,23 @@ SAMPLING_KEYS = (
     "frequency_penalty",
     "repetition_penalty",
     "stop",
+    "stop_token_ids",
+    "ignore_eos",
     "seed",
 )
 _ALIASES = {"max_new_tokens": "max_tokens"}
+#: values that mean "off" (the engine default), dropped so that harnesses are not asked to
+#: forward them: SamplingParams() of `mizzen_rollout.engines.base` carries several
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_k": (-1,),
+    "min_p": (0.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "stop": ((), []),
+    "stop_token_ids": ((), []),
+    "ignore_eos": (False,),
+}
 #: output-formatting knobs of the engine's native API; agents receive text over the OpenAI API
 ENGINE_SIDE_KEYS = frozenset(
     {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
@@ -68,12 +89,14 @@ ANTHROPIC_MESSAGES = "anthropic_messages"
 class AgentSetup:
     """What a harness contributes to Harbor's `AgentConfig`."""
 
-    name: str
+    name: str | None
+    import_path: str | None = None  # a Harbor agent class loaded instead of the named one
     model_name: str | None = None
     model_api_format: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     substituted_for: str | None = None  # set when max_iterations=0 swapped in the nop agent
+    harness: str = ""  # the harness asked for (the row of HARNESSES)
 
 
 SamplingBuilder = Callable[[dict[str, Any], AgentSetup], None]
@@ -125,6 +148,7 @@ def _terminus_iterations(limit: int, setup: AgentSetup) -> None:
 
 def _terminus_policy(policy: str, setup: AgentSetup) -> None:
     if policy == "abort":
+        setup.name, setup.import_path = None, ABORTING_TERMINUS_IMPORT_PATH
         setup.kwargs["enable_summarize"] = False
         setup.kwargs["proactive_summarization_threshold"] = 0
     else:
@@ -264,11 +288,40 @@ def harness(name: str) -> Harness:
         ) from None
 
 
-def normalize_sampling_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Map `params` onto `SAMPLING_KEYS`; raise on unknown keys or a conflicting alias."""
+def _is_neutral(key: str, value: Any) -> bool:
+    for off in _NEUTRAL.get(key, ()):
+        if isinstance(off, bool) or isinstance(value, bool):
+            if isinstance(off, bool) and isinstance(value, bool) and value == off:
+                return True
+        elif isinstance(off, tuple | list):
+            if isinstance(value, tuple | list) and not value:
+                return True
+        elif isinstance(value, int | float) and value == off:
+            return True
+    return False
+
+
+def normalize_sampling_params(params: Mapping[str, Any] | Any | None) -> dict[str, Any]:
+    """Map `params` onto `SAMPLING_KEYS`; raise on unknown keys or a conflicting alias.
+
+    Accepts a mapping or a dataclass such as `mizzen_rollout.engines.base.SamplingParams` (its
+    `extra` mapping is merged in). `None` and neutral ("off") values are dropped.
+    """
+    if params is not None and dataclasses.is_dataclass(params) and not isinstance(params, type):
+        params = dataclasses.asdict(params)
+    items = dict(params or {})
+    extra = items.pop("extra", None) or {}
+    if not isinstance(extra, Mapping):
+        raise HarborConfigError("sampling_params: 'extra' must be a mapping")
+    clash = sorted(set(extra) & set(items))
+    if clash:
+        raise HarborConfigError(f"sampling_params: {clash} given both directly and in 'extra'")
+    items.update(extra)
     normalized: dict[str, Any] = {}
-    for raw_key, value in (params or {}).items():
+    for raw_key, value in items.items():
         if value is None or raw_key in ENGINE_SIDE_KEYS:
+            continue
+        if _is_neutral(_ALIASES.get(raw_key, raw_key), value):
             continue
         key = _ALIASES.get(raw_key, raw_key)
         if key not in SAMPLING_KEYS:
@@ -301,9 +354,9 @@ def agent_setup(
             f"{spec.name}; fix: {spec.too_long_note}"
         )
     if not spec.uses_model:
-        return AgentSetup(name=spec.name)
+        return AgentSetup(name=spec.name, harness=spec.name)
     if max_iterations == 0 and not spec.zero_iterations_native:
-        return AgentSetup(name="nop", substituted_for=spec.name)
+        return AgentSetup(name="nop", substituted_for=spec.name, harness=spec.name)
 
     sampling = normalize_sampling_params(sampling_params)
     refused = sorted(set(sampling) - spec.forwards)
@@ -315,6 +368,7 @@ def agent_setup(
         )
     setup = AgentSetup(
         name=spec.name,
+        harness=spec.name,
         model_name=f"{spec.model_prefix}{model_name}",
         model_api_format=spec.api_format,
     )

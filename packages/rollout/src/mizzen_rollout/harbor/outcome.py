@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mizzen_rollout.harbor.redaction import redact
+from mizzen_rollout.harbor.terminus_abort import RESPONSE_LENGTH_ERROR
 
 if TYPE_CHECKING:
     from harbor.models.trial.result import TimingInfo, TrialResult
@@ -37,12 +38,14 @@ class ExitStatus(enum.StrEnum):
     AGENT_ERROR = "agent_error"
 
 
+#: Harbor's names, plus ours for a truncated reply aborted under response_too_long=abort
 SEQUENCE_LENGTH_ERRORS = frozenset(
     {
         "ContextLengthExceededError",
         "ContextWindowExceededError",
         "OutputLengthExceededError",
         "OutputTokenExceededError",
+        RESPONSE_LENGTH_ERROR,
     }
 )
 TIME_LIMIT_ERRORS = frozenset({"AgentTimeoutError", "VerifierTimeoutError"})
@@ -111,9 +114,13 @@ def _turns(agent_metadata: dict[str, Any], trial_dir: Path | None) -> int | None
 
 
 def _tool_time(agent_metadata: dict[str, Any], agent_execution_s: float | None) -> float | None:
-    """Time the agent spent outside model calls, when the harness reports its model-call times."""
+    """Time the agent spent outside model calls, when the harness reports every model-call time
+    (terminus-2: one per turn; a turn whose call failed has none, and then this is unknown)."""
     times = agent_metadata.get("api_request_times_msec")
+    turns = agent_metadata.get("n_episodes")
     if agent_execution_s is None or not isinstance(times, list):
+        return None
+    if isinstance(turns, int) and len(times) < turns:
         return None
     model_s = sum(t for t in times if isinstance(t, int | float)) / 1000.0
     return max(agent_execution_s - model_s, 0.0)
@@ -165,6 +172,8 @@ def trial_outcome(
             agent_metadata = result.agent_result.metadata
         cause = result.failure_cause
         failure_cause = cause.value if cause is not None else None
+        if exception_type == RESPONSE_LENGTH_ERROR:  # ours; Harbor files it as unclassified
+            failure_cause = "agent_exhausted_budget"
 
     outcome: dict[str, Any] = {
         "reward": float(reward),
@@ -185,7 +194,7 @@ def trial_outcome(
         "trial_dir": str(trial_dir) if trial_dir is not None else None,
     }
     if substituted_for is not None:
-        outcome["harness"] = "nop"
-        outcome["substituted_for"] = substituted_for
+        # max_iterations=0 on a harness that cannot express it: Harbor's nop agent ran instead
+        outcome["agent_run"] = "nop"
         outcome["turns"] = 0
     return outcome

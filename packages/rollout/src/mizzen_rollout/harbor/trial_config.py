@@ -32,7 +32,7 @@ def build_trial_config(
     *,
     instance_id: str,
     base_url: str,
-    sampling_params: dict[str, Any] | None,
+    sampling_params: Any,
 ) -> tuple[TrialConfig, AgentSetup]:
     """The `TrialConfig` for one sample, and the agent setup it was derived from."""
     from harbor.models.trial.config import (
@@ -55,7 +55,11 @@ def build_trial_config(
     if setup.substituted_for is None:
         merge_agent_kwargs(setup, settings.agent_kwargs)
 
-    agent_fields: dict[str, Any] = {"name": setup.name, "kwargs": setup.kwargs}
+    agent_fields: dict[str, Any] = {
+        "name": setup.name,
+        "import_path": setup.import_path,
+        "kwargs": setup.kwargs,
+    }
     env = dict(setup.env)
     if setup.model_name is not None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
