@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,9 @@ from mizzen_ci.history import (
     worst,
 )
 
-register_cpu_ci(est_time=6, labels=["ci"])
+register_cpu_ci(est_time=8, labels=["ci"])
+
+CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 
 
 def run_pytest_junit(tmp_path: Path) -> Path:
@@ -153,3 +156,36 @@ def test_compact_keeps_the_newest_per_key():
     kept = compact([*rs, Record("tests/test_a.py", None, 9.0, "failed", "999", "cpu")], keep=3)
     assert [r.seconds for r in kept if r.outcome == "passed"] == [7.0, 8.0, 9.0]
     assert sum(r.outcome == "failed" for r in kept) == 1
+
+
+def test_command_line_records_and_merges_under_python_S(tmp_path):
+    xml = run_pytest_junit(tmp_path)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)}
+
+    def history_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-S", "-m", "mizzen_ci.history", *args],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    a, b, merged = tmp_path / "in" / "a.jsonl", tmp_path / "in" / "b.jsonl", tmp_path / "m.jsonl"
+    out = history_cli(
+        "record", "--junit", str(xml), "--lane", "cpu", "--job", "cpu-1", "--out", str(a)
+    )
+    assert out.returncode == 0, out.stderr
+    history_cli(
+        "record", "--junit", str(xml), "--lane", "gpu-hopper", "--arch", "hopper", "--out", str(b)
+    )
+    out = history_cli("merge", "--out", str(merged), "--keep", "1", str(tmp_path / "in"))
+    assert out.returncode == 0, out.stderr
+    records = load(merged)
+    assert {(r.file, r.arch, r.lane, r.job) for r in records} == {
+        ("tests/pkg/test_ok.py", None, "cpu", "cpu-1"),
+        ("tests/pkg/test_mixed.py", None, "cpu", "cpu-1"),
+        ("tests/pkg/test_ok.py", "hopper", "gpu-hopper", None),
+        ("tests/pkg/test_mixed.py", "hopper", "gpu-hopper", None),
+    }
+    bad = history_cli(
+        "record", "--junit", str(tmp_path / "nope.xml"), "--lane", "cpu", "--out", str(a)
+    )
+    assert bad.returncode == 1 and "cannot read junit XML" in bad.stderr

@@ -16,6 +16,13 @@ one test *file* on one lane::
 
 Unknown keys are kept out of :class:`Record` but tolerated on read, so the format can grow.
 
+Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m mizzen_ci.history``):
+
+- ``record --junit FILE --lane cpu|gpu-ARCH [--arch ARCH] [--job ID] --out STORE``: append the
+  per-file records of a junit report;
+- ``merge --out STORE [--keep N] INPUT…``: the records of every input (files or directories),
+  compacted to the newest ``N`` per (file, arch, passed or not), written atomically to ``STORE``.
+
 Invariants:
 - Stdlib only (``python3 -S``): ``xml.etree`` for junit, ``json`` for the store.
 - :func:`append` writes all its records with one ``write`` on a file opened for appending, so a
@@ -28,9 +35,11 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -313,3 +322,56 @@ class Estimator:
 
     def seconds(self, file: str, arch: str | None, est_time: float) -> float:
         return self.estimate(file, arch, est_time).seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def write(path: Path | str, records: Iterable[Record]) -> int:
+    """Replace the store at ``path`` with ``records`` (atomically: temporary file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    records = list(records)
+    try:
+        tmp.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return len(records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mizzen_ci.history", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="append the per-file records of a junit XML report")
+    rec.add_argument("--junit", type=Path, required=True)
+    rec.add_argument("--lane", required=True, help="cpu or gpu-ARCH")
+    rec.add_argument("--arch", help="the GPU generation (none for the CPU lane)")
+    rec.add_argument("--job", help="the planned job id")
+    rec.add_argument("--out", type=Path, required=True, help="the JSON-lines store to append to")
+    merge = sub.add_parser("merge", help="merge stores into one, newest records kept")
+    merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument("--keep", type=int, default=50)
+    merge.add_argument("inputs", nargs="+", type=Path, help="stores: files or directories")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "record":
+            records = records_from_junit(args.junit, arch=args.arch, lane=args.lane, job=args.job)
+            n = append(args.out, records)
+            print(f"history: {n} record(s) from {args.junit} appended to {args.out}")
+        else:
+            records = compact(load(args.inputs, missing_ok=True), keep=args.keep)
+            n = write(args.out, records)
+            print(f"history: {n} record(s) from {len(args.inputs)} input(s) written to {args.out}")
+    except HistoryError as e:
+        print(f"history: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
