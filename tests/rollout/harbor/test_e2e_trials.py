@@ -20,7 +20,7 @@ from mizzen_rollout.harbor import HarborConfigError, harbor_env_vars, run_sync
 from mizzen_rollout.harbor.local_environment import LOCAL_ENVIRONMENT_IMPORT_PATH
 from mizzen_rollout.harbor.settings import ENV_VARS, HarborSettings
 
-register_cpu_ci(est_time=35, labels=["rollout", "harbor", "e2e"])
+register_cpu_ci(est_time=40, labels=["rollout", "harbor", "e2e"])
 
 TASK = "write-greeting"
 SOLVE = "printf 'hello from mizzen\\n' > /app/greeting.txt\n"

@@ -33,7 +33,7 @@ from mizzen_rollout.harbor.settings import HarborSettings
 from mizzen_rollout.harbor.terminus_abort import RESPONSE_LENGTH_ERROR
 from mizzen_rollout.harbor.trial_config import build_trial_config
 
-register_cpu_ci(est_time=18, labels=["rollout", "harbor"])
+register_cpu_ci(est_time=20, labels=["rollout", "harbor"])
 
 FULL_SAMPLING = {
     "temperature": 0.8,

@@ -77,6 +77,9 @@ def test_commands_get_a_clean_environment(layers: Path, monkeypatch) -> None:
             result = await sandbox.run(
                 "env; cat /proc/1/environ | tr '\\0' '\\n'", env={"GIVEN": "yes"}
             )
+            as_nobody = await sandbox.run("id -u", user="nobody")
+            as_uid = await sandbox.run("id -u", user=65534)
+            assert as_nobody.stdout.strip() == as_uid.stdout.strip() == "65534"
             return result.stdout
         finally:
             await sandbox.stop(delete=True)

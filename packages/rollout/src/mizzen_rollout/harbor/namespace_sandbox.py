@@ -13,7 +13,8 @@ Invariants:
   overlaid: other host mounts appear as their (empty) mount-point directories.
 - Every command enters the namespaces with `nsenter`, chrooted into the overlay, with a clean
   environment (PATH, HOME, LANG, TERM plus what the caller passes); the worker's own environment,
-  which may hold provider keys, never reaches a sandboxed command.
+  which may hold provider keys, never reaches a sandboxed command. Commands run as root unless a
+  user is given (`runuser -u NAME`, or `setpriv` for a numeric uid).
 - File transfers run `tar`/`cat` inside the sandbox root, so a symlink made in the sandbox resolves
   inside the sandbox and cannot make a transfer read or write the host's real files.
 - `stop()` SIGKILLs the namespace's init; the kernel then kills every process left in the PID
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -208,10 +210,13 @@ class NamespaceSandbox:
         except TimeoutError:
             line = b""
         if line.decode(errors="replace").strip() != _READY:
+            holder = self._holder
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(holder.pid, signal.SIGKILL)
             stderr = b""
-            if self._holder.returncode is not None or self._holder.stderr is not None:
+            if holder.stderr is not None:
                 with contextlib.suppress(TimeoutError):
-                    stderr = await asyncio.wait_for(self._holder.stderr.read(), 5)
+                    stderr = await asyncio.wait_for(holder.stderr.read(), 5)
             await self._kill_holder()
             raise SandboxError(
                 f"the sandbox init in {self.layers_dir} did not come up: "
@@ -271,10 +276,17 @@ class NamespaceSandbox:
         return {**base, **(env or {})}
 
     def _user_argv(self, user: str | int | None) -> tuple[list[str], str]:
+        """The command prefix that drops to `user`, and that user's HOME."""
         if user is None or str(user) in ("root", "0"):
             return [], "/root"
         spec = str(user)
-        return ["setpriv", f"--reuid={spec}", f"--regid={spec}", "--clear-groups"], "/tmp"
+        if spec.isdigit():
+            return ["setpriv", f"--reuid={spec}", f"--regid={spec}", "--clear-groups"], "/tmp"
+        try:
+            home = pwd.getpwnam(spec).pw_dir  # the sandbox's passwd is the host's (lower layer)
+        except KeyError:
+            home = "/tmp"
+        return ["runuser", "-u", spec, "--"], home
 
     async def run(
         self,
