@@ -220,7 +220,7 @@ HARNESSES: dict[str, Harness] = {
             zero_iterations_native=False,  # step_limit=0 means unlimited in mini-swe-agent
             too_long_policies=frozenset({"abort"}),
             put_policy=None,
-            too_long_note="mini-swe-agent ends the run when the context overflows; use abort",
+            too_long_note="mini-swe-agent has no context recovery (no summarisation); use abort",
         ),
         Harness(
             name="claude-code",
