@@ -85,25 +85,24 @@ def attention_fast(plan: StreamPlan, q, k_ext, v_ext, ck, cv, selected, sink, sc
     dv = v_ext.shape[-1]
     w = plan.window
     nb = max(1, math.ceil(te / w))
-    pad = nb * w - te
-    q_ext = _queries_in_ext(plan, q.to(cdt), te)
-    qb = F.pad(q_ext, (0, 0, 0, 0, 0, pad)).reshape(nb, w * h, d)
-    kb = F.pad(k_ext.to(cdt), (0, 0, w, pad)).unfold(0, 2 * w, w)  # [nb, D, 2W]
-    logits_w = torch.bmm(qb, kb).view(nb * w, h, 2 * w)[:te] * scale
-    logits_w = logits_w.masked_fill(~plan.block_window_mask[:, None, :], float("-inf"))
+    rows = nb * w  # ext rows padded to whole blocks; pad rows see nothing but the sink
+    q_pad = q.new_zeros(rows, h, d, dtype=cdt).index_copy(0, plan.q_in_ext, q.to(cdt) * scale)
+    kb = F.pad(k_ext.to(cdt), (0, 0, w, rows - te)).unfold(0, 2 * w, w)  # [nb, D, 2W] view
+    logits_w = torch.bmm(q_pad.view(nb, w * h, d), kb).view(rows, h, 2 * w)
+    logits_w = logits_w.masked_fill_(~plan.block_window_mask[:, None, :], float("-inf"))
     parts = [logits_w]
-    if not _no_groups(ck):
-        sel_ext, ck_sel, cv_sel = _gather_selected(plan, selected, ck.to(cdt), cv.to(cdt), te)
-        logits_c = torch.einsum("thd,tkd->thk", q_ext, ck_sel) * scale
-        parts.append(logits_c.masked_fill((sel_ext < 0)[:, None, :], float("-inf")))
-    parts.append(sink.to(cdt).view(1, h, 1).expand(te, h, 1))
-    p = torch.softmax(torch.cat(parts, dim=-1), dim=-1)
-    pw = F.pad(p[..., : 2 * w], (0, 0, 0, 0, 0, pad)).reshape(nb, w * h, 2 * w)
-    vb = F.pad(v_ext.to(cdt), (0, 0, w, pad)).unfold(0, 2 * w, w).transpose(1, 2)  # [nb,2W,Dv]
-    out = torch.bmm(pw, vb).view(nb * w, h, dv)[:te]
-    if not _no_groups(ck):
-        pc = p[..., 2 * w : 2 * w + sel_ext.shape[1]]
-        out = out + torch.einsum("thk,tkd->thd", pc, cv_sel)
+    grouped = not _no_groups(ck)
+    if grouped:
+        sel_ext, ck_sel, cv_sel = _gather_selected(plan, selected, ck.to(cdt), cv.to(cdt), rows)
+        logits_c = torch.einsum("thd,tkd->thk", q_pad, ck_sel)
+        parts.append(logits_c.masked_fill_((sel_ext < 0)[:, None, :], float("-inf")))
+    parts.append(sink.to(cdt).view(1, h, 1).expand(rows, h, 1))
+    p = torch.softmax(torch.cat(parts, dim=-1), dim=-1)  # [rows, H, 2W (+ k) + 1]
+    vb = F.pad(v_ext.to(cdt), (0, 0, w, rows - te)).unfold(0, 2 * w, w).transpose(1, 2)
+    # p[..., :2W] as [nb, W*H, 2W] is a strided view (row stride = p.shape[-1]): no copy
+    out = torch.bmm(p[..., : 2 * w].view(nb, w * h, 2 * w), vb).view(rows, h, dv)
+    if grouped:
+        out = out + torch.einsum("thk,tkd->thd", p[..., 2 * w : -1], cv_sel)
     return out.index_select(0, plan.q_in_ext).to(q.dtype)
 
 

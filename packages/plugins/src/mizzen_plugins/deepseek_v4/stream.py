@@ -56,14 +56,21 @@ class StreamPlan:
 
     @functools.cached_property
     def block_window_mask(self) -> torch.Tensor:
-        """``[Te, 2W]``: ext row ``t`` may see ext row ``(t // W - 1) * W + j``."""
+        """``[ceil(Te / W) * W, 2W]``: ext row ``t`` may see ext row ``(t // W - 1) * W + j``.
+
+        Rows past ``Te`` (block padding) see nothing.
+        """
         w, te = self.window, self.num_ext
-        t = torch.arange(te, device=self.ext_gidx.device)
+        rows = max(1, -(-te // w)) * w
+        t = torch.arange(rows, device=self.ext_gidx.device)
         r = (t // w - 1)[:, None] * w + torch.arange(2 * w, device=t.device)[None, :]
-        inside = (r >= 0) & (r < te)
-        rc = r.clamp(0, max(te - 1, 0))
-        dist = self.ext_gidx[:, None] - self.ext_gidx[rc]
-        same = self.ext_seg[:, None] == self.ext_seg[rc]
+        inside = (r >= 0) & (r < te) & (t < te)[:, None]
+        last = max(te - 1, 0)
+        tc, rc = t.clamp(max=last), r.clamp(0, last)
+        if te == 0:
+            return inside
+        dist = self.ext_gidx[tc][:, None] - self.ext_gidx[rc]
+        same = self.ext_seg[tc][:, None] == self.ext_seg[rc]
         return inside & same & (dist >= 0) & (dist < w)
 
     @functools.cached_property
