@@ -517,3 +517,18 @@ def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
     entry = next(e for e in matrix["include"] if e["id"] == gpu_job["id"])
     assert json.loads(entry["runs_on"]) == gpu_job["runs_on"]
     assert entry["session"] == "gpu-hopper"
+
+
+def test_cli_reads_a_comment_from_a_file_whatever_its_text(repo, tmp_path):
+    write(repo, "docs/guide.md", "docs\n")
+    commit(repo)
+    body = tmp_path / "comment.txt"
+    body.write_text("--help me; $(rm -rf /)\n/run-ci lora\n")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base=main",
+         "--head", "HEAD", "--comment-file", "MEMBER", str(body), "--json"],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
+        capture_output=True, text=True, timeout=60, cwd=repo,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert scheduled(json.loads(proc.stdout)) == {("tests/beta/test_model_gpu.py", "hopper")}

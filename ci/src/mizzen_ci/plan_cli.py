@@ -53,6 +53,15 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         metavar=("ASSOCIATION", "BODY"),
         help="a PR comment and its author's association (OWNER, MEMBER, COLLABORATOR, NONE, …)",
     )
+    g.add_argument(
+        "--comment-file",
+        nargs=2,
+        action="append",
+        default=[],
+        type=str,
+        metavar=("ASSOCIATION", "PATH"),
+        help="like --comment, the body read from a file (safe for any text in CI)",
+    )
     g.add_argument("--author-association", help="the PR author's association")
     g.add_argument("--fork", action="store_true", help="the PR comes from a fork")
     g.add_argument("--action", help="the pull_request activity (opened, synchronize, labeled, …)")
@@ -108,11 +117,18 @@ def run(command: str, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    comments = [Comment(a, b) for a, b in args.comment]
+    for association, path in args.comment_file:
+        try:
+            comments.append(Comment(association, Path(path).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"mizzen-ci plan: --comment-file {path}: {e}", file=sys.stderr)
+            return 2
     inputs = Inputs(
         event=args.event,
         cadence=args.cadence,
         labels=_labels(args.label),
-        comments=tuple(Comment(a, b) for a, b in args.comment),
+        comments=tuple(comments),
         author_association=args.author_association,
         fork=args.fork,
         action=args.action,
