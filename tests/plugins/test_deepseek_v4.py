@@ -361,3 +361,36 @@ def test_config_errors_name_the_field():
         module(stream(4), PackedLayout([5]))
     with pytest.raises(ValueError, match="choose one of"):
         module(stream(5), PackedLayout([5]), impl="triton")
+
+
+def test_plugin_builds_a_stack_from_an_hf_style_config():
+    # the entry point itself is declared in packages/plugins/pyproject.toml by its owner; this
+    # checks the object that entry point names
+    from mizzen_plugins import ModelPlugin
+    from mizzen_plugins.deepseek_v4.plugin import PLUGIN
+
+    assert isinstance(PLUGIN, ModelPlugin) and PLUGIN.name == "deepseek_v4"
+    hf = {
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "q_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "sliding_window": 6,
+        "index_n_heads": 1,
+        "index_head_dim": 8,
+        "index_topk": 2,
+        "compress_ratios": [0, 2, 4],
+        "vocab_size": 1000,  # ignored
+    }
+    config = PLUGIN.config_from_hf(hf)
+    assert config.compress_ratios == (0, 2, 4) and config.attention.window == 6
+    stack = PLUGIN.build(config)
+    layout = PackedLayout([9, 4])
+    out, records = stack(torch.randn(13, 32), layout)
+    assert out.shape == (13, 32) and records[0] is None and records[2].shape == (13, 2)
+    with pytest.raises(ValueError, match="num_hidden_layers = 2 but compress_ratios has 3"):
+        PLUGIN.config_from_hf({**hf, "num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="compress_ratios"):
+        PLUGIN.config_from_hf({"hidden_size": 32})
+    assert PLUGIN.config_from_hf({"num_hidden_layers": 3}).compress_ratios == (4, 4, 4)

@@ -9,12 +9,13 @@ from mizzen_plugins.deepseek_v4.attention import (
     DeepSeekV4AttentionStack,
     apply_rope,
 )
-from mizzen_plugins.deepseek_v4.config import DeepSeekV4AttentionConfig
+from mizzen_plugins.deepseek_v4.config import DeepSeekV4AttentionConfig, DeepSeekV4StackConfig
 
 __all__ = [
     "AttentionOutput",
     "DeepSeekV4Attention",
     "DeepSeekV4AttentionConfig",
     "DeepSeekV4AttentionStack",
+    "DeepSeekV4StackConfig",
     "apply_rope",
 ]

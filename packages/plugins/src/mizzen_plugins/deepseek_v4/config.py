@@ -7,7 +7,11 @@ dimensions of queries and of the shared key/value head are ``nope_head_dim + rop
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+MODEL_TYPE = "mizzen_deepseek_v4_attention"
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,55 @@ class DeepSeekV4AttentionConfig:
 
     def with_ratio(self, ratio: int) -> DeepSeekV4AttentionConfig:
         return replace(self, compress_ratio=ratio)
+
+
+# Hugging Face-style config keys -> DeepSeekV4AttentionConfig fields (DeepSeek-V3.2 names where
+# they exist; sliding_window / compress_ratios are ours).
+_HF_KEYS = {
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_heads",
+    "q_lora_rank": "q_lora_rank",
+    "qk_nope_head_dim": "nope_head_dim",
+    "qk_rope_head_dim": "rope_head_dim",
+    "sliding_window": "window",
+    "index_n_heads": "index_heads",
+    "index_head_dim": "index_head_dim",
+    "index_topk": "index_topk",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "rms_norm_eps",
+}
+
+
+@dataclass(frozen=True)
+class DeepSeekV4StackConfig:
+    """A stack of attention layers sharing one attention config, one ratio per layer."""
+
+    attention: DeepSeekV4AttentionConfig = field(default_factory=DeepSeekV4AttentionConfig)
+    compress_ratios: tuple[int, ...] = (0, 4)
+
+    def __post_init__(self) -> None:
+        if not self.compress_ratios or any(int(r) != r or r < 0 for r in self.compress_ratios):
+            raise ValueError(
+                f"DeepSeekV4StackConfig.compress_ratios = {self.compress_ratios!r}: need one "
+                "integer >= 0 per layer (0 = window-only layer)"
+            )
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any]) -> DeepSeekV4StackConfig:
+        """From a ``config.json``-style dict; unknown keys are ignored, bad values named."""
+        kwargs = {field_: hf[key] for key, field_ in _HF_KEYS.items() if key in hf}
+        ratios = hf.get("compress_ratios")
+        if ratios is None:
+            n = hf.get("num_hidden_layers")
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(
+                    "config needs 'compress_ratios' (one per layer, 0 = window only) or an "
+                    f"integer 'num_hidden_layers' >= 1 (got {n!r})"
+                )
+            ratios = [hf.get("compress_ratio", DeepSeekV4AttentionConfig.compress_ratio)] * n
+        elif "num_hidden_layers" in hf and hf["num_hidden_layers"] != len(ratios):
+            raise ValueError(
+                f"config: num_hidden_layers = {hf['num_hidden_layers']} but compress_ratios has "
+                f"{len(ratios)} entries; give one ratio per layer"
+            )
+        return cls(DeepSeekV4AttentionConfig(**kwargs), tuple(ratios))
