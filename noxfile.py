@@ -201,3 +201,27 @@ def packages(session: nox.Session) -> None:
         )  # fmt: skip
         import_name = name.replace("-", "_")
         session.run(python, "-P", str(walker), import_name, external=True, env=CPU_TEST_ENV)
+
+
+# GPU lanes, generated: one session per generation of ci/fleet.toml (gpu-hopper, gpu-blackwell, …).
+# They run in the machine's own Python (the GPU image has torch and pytest but reaches no package
+# registry): nothing is installed, the workspace's src dirs go on PYTHONPATH.
+def _gpu_lane_session(arch: str) -> None:
+    def gpu_lane(session: nox.Session) -> None:
+        src = [str(d / "src") for d in _workspace_members().values()]
+        outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        session.run(
+            sys.executable, "-m", "mizzen_ci", "gpu-lane", arch, *session.posargs,
+            env={"PYTHONPATH": os.pathsep.join(dict.fromkeys([*src, *outer]))}, external=True,
+        )  # fmt: skip
+
+    gpu_lane.__doc__ = (
+        f"Every enabled {arch} test on this machine's {arch} GPUs, leased and packed (refuses "
+        "other GPUs).  Posargs: --job ID --plan plan.json | tests/..."
+    )
+    nox.session(name=f"gpu-{arch}", venv_backend="none")(gpu_lane)
+
+
+with (ROOT / "ci" / "fleet.toml").open("rb") as _fleet:
+    for _arch in tomllib.load(_fleet)["arch"]:
+        _gpu_lane_session(_arch["name"])

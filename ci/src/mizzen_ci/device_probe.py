@@ -90,7 +90,7 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
         if len(fields) < 4:
             raise ProbeError(f"nvidia-smi printed an unexpected line: {line!r}")
         index, uuid, cc = fields[0], fields[1], fields[-1]
-        name = ",".join(fields[2:-1]).strip()
+        name = ", ".join(fields[2:-1])
         if not index.isdigit() or not _is_capability(cc):
             raise ProbeError(f"nvidia-smi printed an unexpected line: {line!r}")
         gpus.append(Gpu(int(index), cc, name, uuid if uuid.startswith("GPU-") else None))

@@ -23,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -59,8 +60,19 @@ class LaneRefusal(Exception):
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser)
+    # Options and paths may come in any order after ARCH (``nox -s gpu-hopper -- --retries 0
+    # tests/x.py``); argparse cannot mix them with a subcommand, so they are parsed in :func:`run`.
+    lane = lane_parser()
     parser.add_argument("arch", help="the GPU generation of the lane, e.g. hopper")
+    parser.add_argument("lane_args", nargs=argparse.REMAINDER, help="see below")
+    parser.epilog = lane.format_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def lane_parser() -> argparse.ArgumentParser:
+    """The options and paths of ``mizzen-ci gpu-lane ARCH ...``."""
+    parser = argparse.ArgumentParser(prog="mizzen-ci gpu-lane ARCH")
+    add_common_arguments(parser)
     parser.add_argument(
         "paths", nargs="*", help="test files or directories to run (default: every ARCH test)"
     )
@@ -133,6 +145,7 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument for every pytest process (repeatable)",
     )
+    return parser
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,8 +418,12 @@ def _history_records(results: list[FileResult], arch: str, job: str | None) -> l
 
 
 def run(command: str, args: argparse.Namespace) -> int:
+    parser = lane_parser()
+    parser.prog = f"mizzen-ci gpu-lane {args.arch}"
+    options = parser.parse_intermixed_args(args.lane_args)  # exits 2 with usage on bad input
+    options.arch = args.arch
     try:
-        return _run(args)
+        return _run(options)
     except LaneRefusal as e:
         print(f"mizzen-ci gpu-lane {args.arch}: {e}", file=sys.stderr)
         return 2
@@ -424,6 +441,12 @@ def _run(args: argparse.Namespace) -> int:
     arch = args.arch
     gpus, hardware_note = lane_gpus(fleet, arch, args.fake_gpus)
     sel = select(root, fleet, arch, len(gpus), args.paths, args.plan, args.job)
+    if sel.runnable and importlib.util.find_spec("pytest") is None:
+        raise LaneRefusal(
+            f"pytest is not importable in {sys.executable}: the lane runs every test file with "
+            "this interpreter's pytest. Install pytest there, or run the lane with a Python that "
+            "has it (`python3 -m nox -s gpu-…` uses the Python that runs nox)"
+        )
     in_ci = os.environ.get("CI", "").lower() == "true"
 
     report_dir = (args.report_dir or root / ARTIFACTS / f"gpu-{arch}").resolve()

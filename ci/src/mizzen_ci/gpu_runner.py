@@ -248,9 +248,11 @@ class GpuLaneRunner:
             elif counts.skipped and not (counts.failures or counts.errors):
                 detail = f"{counts.skipped} test(s) skipped on hardware they declared"
             else:
-                detail = f"{counts.failures} failed, {counts.errors} error(s) of {counts.tests}"
+                bad = [f"{counts.failures} failed"] if counts.failures else []
+                bad += [f"{counts.errors} errors"] if counts.errors else []
+                detail = f"{', '.join(bad) or f'pytest exit {code}'} of {counts.tests}"
                 with contextlib.suppress(JunitError):
-                    first = first_problem(r.junit)
+                    first = first_problem(r.junit, limit=170)
                     if first:
                         detail += f"; first: {first}"
         classification = None

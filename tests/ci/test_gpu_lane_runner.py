@@ -1,0 +1,377 @@
+"""The GPU lane end to end on CPU: real pytest processes packed onto pretend GPUs.
+
+``--fake-gpus N`` replaces only the probe: packing, leases (real flock files), per-file processes,
+CUDA_VISIBLE_DEVICES, timeouts that kill process groups, classified retries, the truth rules of the
+plugin, the junit merge, the summary, the history and the flake record are the real ones.  Each
+tiny test file records when it ran and which GPUs it saw, so overlaps are checked from inside.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from mizzen_ci import register_cpu_ci
+from mizzen_ci.gpu_leases import LeaseDir
+
+register_cpu_ci(est_time=45, labels=["ci", "gpu-lane"])
+
+REPO = Path(__file__).resolve().parents[2]
+CI_SRC = REPO / "ci" / "src"
+
+HEAD = "import json, os, pathlib, time, subprocess, sys, pytest\n"
+HEAD += "from mizzen_ci import register_cpu_ci, register_cuda_ci\n"
+# Every worker records (file, GPUs it sees, capability, start, end) into $LANE_TRACE.
+WORK = """
+def record(start):
+    out = pathlib.Path(os.environ["LANE_TRACE"]) / f"{pathlib.Path(__file__).stem}.{os.getpid()}"
+    out.write_text(json.dumps({"file": pathlib.Path(__file__).name, "start": start,
+        "end": time.time(), "gpus": os.environ["CUDA_VISIBLE_DEVICES"].split(","),
+        "cc": os.environ["MIZZEN_COMPUTE_CAPABILITY"], "lane": os.environ["MIZZEN_LANE"]}))
+
+def test_work():
+    start = time.time()
+    time.sleep(0.4)
+    record(start)
+"""
+
+
+def cuda(est: float, num_gpus: int = 1, extra: str = "", hardware: str = "['hopper']") -> str:
+    return (
+        f"register_cuda_ci(est_time={est}, hardware={hardware}, num_gpus={num_gpus}, "
+        f"labels=['gpu-lane']{extra})\n"
+    )
+
+
+FLAKY = """
+def test_flaky():
+    marker = pathlib.Path(os.environ["LANE_TRACE"]) / "flaky-attempted"
+    if not marker.exists():
+        marker.write_text("1")
+        print("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+              "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+        raise RuntimeError("NCCL communicator was aborted")
+"""
+ASSERTS = "\ndef test_wrong():\n    assert 1 + 1 == 3\n"
+SKIPS = "\ndef test_skips():\n    pytest.skip('needs FP8 kernels')\n"
+HANG = """
+def test_hang():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    (pathlib.Path(os.environ["LANE_TRACE"]) / "grandchild.pid").write_text(str(child.pid))
+    (pathlib.Path(os.environ["LANE_TRACE"]) / "hang.json").write_text(json.dumps(
+        {"start": time.time(), "gpus": os.environ["CUDA_VISIBLE_DEVICES"].split(",")}))
+    time.sleep(300)
+"""
+
+FILES = {
+    "tests/gpu/test_wide.py": HEAD + cuda(8, 2) + WORK,
+    "tests/gpu/test_w1.py": HEAD + cuda(6) + WORK,
+    "tests/gpu/test_w2.py": HEAD + cuda(5) + WORK,
+    "tests/gpu/test_w3.py": HEAD + cuda(4) + WORK,
+    "tests/gpu/test_flaky.py": HEAD + cuda(4) + FLAKY,
+    "tests/gpu/test_asserts.py": HEAD + cuda(4) + ASSERTS,
+    "tests/gpu/test_skips.py": HEAD + cuda(4) + SKIPS,
+    "tests/gpu/test_hang.py": HEAD + cuda(5.5) + HANG,  # timeout 5.5 × 2 = 11 s
+    "tests/gpu/test_three.py": HEAD + cuda(4, 3) + WORK,
+    "tests/gpu/test_disabled.py": HEAD + cuda(4, extra=", disabled='driver bug 7'") + WORK,
+    "tests/gpu/test_blackwell_only.py": HEAD + cuda(4, hardware="['blackwell']") + WORK,
+    "tests/test_cpu.py": HEAD + "register_cpu_ci(est_time=1)\n" + WORK,
+}
+
+
+def make_repo(root: Path, files: dict[str, str]) -> Path:
+    (root / "ci").mkdir(parents=True)
+    (root / "ci" / "fleet.toml").write_text((REPO / "ci" / "fleet.toml").read_text())
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    for rel, src in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(src)
+    (root / "trace").mkdir()
+    return root
+
+
+def lane(root: Path, *args: str, env: dict[str, str] | None = None, fake_gpus: int = 2):
+    return subprocess.run(
+        [sys.executable, "-m", "mizzen_ci", "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
+         "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args],
+        cwd=root,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(CI_SRC),
+            "LANE_TRACE": str(root / "trace"),
+            "CI": "",
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+
+
+def traces(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (root / "trace").glob("test_*.*")]
+
+
+def assert_no_gpu_shared(runs: list[dict]) -> None:
+    for a, b in itertools.combinations(runs, 2):
+        if set(a["gpus"]) & set(b["gpus"]):
+            assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One lane run over every kind of file, as the H200 image runs it (plugin loaded by -p)."""
+    root = make_repo(tmp_path_factory.mktemp("lane"), FILES)
+    out = lane(root, "--timeout-factor", "2", "--min-timeout", "0",
+               env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
+    return root, out
+
+
+def test_full_run_outcomes_summary_and_exit_code(full_run):
+    root, out = full_run
+    assert out.returncode == 1, out.stdout + out.stderr
+    summary = json.loads((root / ".ci-artifacts" / "gpu-hopper" / "summary.json").read_text())
+    outcomes = {Path(f["file"]).name: f["outcome"] for f in summary["files"]}
+    assert outcomes == {
+        "test_wide.py": "passed",
+        "test_w1.py": "passed",
+        "test_w2.py": "passed",
+        "test_w3.py": "passed",
+        "test_flaky.py": "passed",
+        "test_asserts.py": "failed",
+        "test_skips.py": "failed",
+        "test_hang.py": "timeout",
+    }
+    assert summary["not_runnable"] == [
+        {"file": "tests/gpu/test_three.py", "why": "needs 3 GPUs, this host has 2 hopper GPU(s)"}
+    ]
+    assert summary["disabled"] == [{"file": "tests/gpu/test_disabled.py", "why": "driver bug 7"}]
+    text = out.stdout
+    assert "FAKE: 2 pretend hopper GPU(s) (--fake-gpus), no CUDA" in text
+    for line in [
+        "passed on retry (nccl-timeout)",
+        "FAILED [assertion]: 1 failed of 1; first: test_wrong: assert (1 + 1) == 3",
+        "FAILED [test-failure]: 1 failed of 1; first: test_skips: skipped on "
+        "hardware it declared (lane hopper, compute capability 9.0): needs FP8 kernels",
+        "TIMEOUT [test-timeout]: timed out after 11 s (estimate 5.5 s × 2, at least 0 s)",
+        "not runnable here: needs 3 GPUs, this host has 2 hopper GPU(s)",
+        "disabled: driver bug 7",
+        "1 not runnable on this host (reported only; under CI=true this fails the lane)",
+        "gpu-hopper: 5 passed, 3 not passing of 10 file(s)",
+    ]:
+        assert line in text, line
+    assert "test_blackwell_only" not in text and "test_cpu.py" not in text
+
+
+def test_full_run_packs_files_without_ever_sharing_a_gpu(full_run):
+    root, _ = full_run
+    runs = traces(root)
+    assert sorted(r["file"] for r in runs) == [
+        "test_w1.py",
+        "test_w2.py",
+        "test_w3.py",
+        "test_wide.py",
+    ]
+    for r in runs:
+        assert len(r["gpus"]) == (2 if r["file"] == "test_wide.py" else 1)
+        assert set(r["gpus"]) <= {"FAKE-0", "FAKE-1"}
+        assert (r["cc"], r["lane"]) == ("9.0", "hopper")
+    assert_no_gpu_shared(runs)
+    # side by side: while the hang held one GPU (11 s), 1-GPU files ran on the other
+    singles = [r for r in runs if r["file"] != "test_wide.py"]
+    hang = json.loads((root / "trace" / "hang.json").read_text())
+    beside = [r for r in singles if r["start"] > hang["start"] and r["end"] < hang["start"] + 11]
+    assert beside and all(r["gpus"] != hang["gpus"] for r in beside)
+    # longest first: the 2-GPU file (estimate 8 s) started before every other file
+    wide = next(r for r in runs if r["file"] == "test_wide.py")
+    assert all(wide["end"] <= r["start"] for r in singles)
+
+
+def test_full_run_retries_only_infrastructure_and_kills_the_hung_group(full_run):
+    root, _ = full_run
+    summary = json.loads((root / ".ci-artifacts" / "gpu-hopper" / "summary.json").read_text())
+    attempts = {Path(f["file"]).name: f["attempts"] for f in summary["files"]}
+    assert [a["class"] for a in attempts["test_flaky.py"]] == ["nccl-timeout", None]
+    assert [a["class"] for a in attempts["test_asserts.py"]] == ["assertion"]
+    assert [a["class"] for a in attempts["test_hang.py"]] == ["test-timeout"]
+    assert 10 < attempts["test_hang.py"][0]["seconds"] < 60
+    grandchild = int((root / "trace" / "grandchild.pid").read_text())
+    assert not pid_alive(grandchild), "the timed-out file's whole process group must be killed"
+    # the flake record: one line per retried attempt, keyed by (file, arch), shown in the summary
+    flakes = (root / ".ci-artifacts" / "flakes.jsonl").read_text().splitlines()
+    assert len(flakes) == 1
+    flake = json.loads(flakes[0])
+    assert (flake["file"], flake["arch"], flake["class"], flake["final"]) == (
+        "tests/gpu/test_flaky.py",
+        "hopper",
+        "nccl-timeout",
+        "passed",
+    )
+    assert "Retried infrastructure failures" in summary_text(root)
+    # every attempt left its own log
+    logs = sorted(p.name for p in (root / ".ci-artifacts/gpu-hopper/files").glob("*flaky*.log"))
+    assert logs == [
+        "tests__gpu__test_flaky.py.attempt1.log",
+        "tests__gpu__test_flaky.py.attempt2.log",
+    ]
+
+
+def summary_text(root: Path) -> str:
+    return (root / ".ci-artifacts" / "gpu-hopper" / "summary.txt").read_text()
+
+
+def test_full_run_writes_the_merged_junit_and_the_duration_history(full_run):
+    root, _ = full_run
+    tree = ET.parse(root / ".ci-artifacts" / "gpu-hopper" / "junit.xml").getroot()
+    suites = {s.get("name"): s for s in tree.findall("testsuite")}
+    assert len(suites) == 8
+    assert suites["tests/gpu/test_hang.py"].get("errors") == "1"
+    props = {
+        p.get("name"): p.get("value") for p in suites["tests/gpu/test_flaky.py"].iter("property")
+    }
+    assert props["attempts"] == "2" and props["retried_for"] == "nccl-timeout"
+    assert tree.get("failures") == "2"  # assertion + skip; the retried flake is not counted
+    records = [
+        json.loads(line)
+        for line in (root / ".ci-artifacts/history/gpu-hopper.jsonl").read_text().splitlines()
+    ]
+    by_file = {r["file"]: r for r in records}
+    assert len(records) == 8
+    assert by_file["tests/gpu/test_w1.py"]["outcome"] == "passed"
+    assert by_file["tests/gpu/test_w1.py"]["seconds"] >= 0.4
+    assert by_file["tests/gpu/test_hang.py"]["outcome"] == "error"
+    assert {r["lane"] for r in records} == {"gpu-hopper"}
+
+
+def test_named_files_are_checked_against_their_registrations_before_anything_runs(tmp_path):
+    root = make_repo(tmp_path, FILES)
+    out = lane(root, "tests/gpu/test_blackwell_only.py", "tests/test_cpu.py", "tests/nope.py")
+    assert out.returncode == 2
+    assert "refusing to run files that gpu-hopper does not run:" in out.stderr
+    assert (
+        "tests/gpu/test_blackwell_only.py:3: declares hardware=['blackwell'], not hopper. Fix: run "
+        "it with `nox -s gpu-blackwell`" in out.stderr
+    )
+    assert "tests/test_cpu.py:3: registered for the cpu lane, not for gpu-hopper" in out.stderr
+    assert "tests/nope.py: no such file" in out.stderr
+    assert not (root / ".ci-artifacts").exists()
+
+
+def test_under_ci_a_file_too_wide_for_the_host_fails_the_lane(tmp_path):
+    root = make_repo(tmp_path, FILES)
+    out = lane(root, "tests/gpu/test_three.py", "tests/gpu/test_w3.py", env={"CI": "true"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[1/1] PASS tests/gpu/test_w3.py" in out.stdout
+    assert "not runnable here: needs 3 GPUs" in out.stdout
+    assert "under CI=true" not in out.stdout
+    tree = ET.parse(root / ".ci-artifacts" / "gpu-hopper" / "junit.xml").getroot()
+    assert tree.get("errors") == "1"
+
+
+def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_path):
+    root = make_repo(tmp_path, FILES)
+    job = {
+        "id": "gpu-hopper-h200-2gpu-1",
+        "lane": "gpu-hopper",
+        "arch": "hopper",
+        "pool": "h200-2gpu",
+        "runs_on": ["self-hosted", "h200", "gpu-2"],
+        "tests": [
+            {"file": "tests/gpu/test_w3.py", "num_gpus": 1, "est_seconds": 3.0},
+            {"file": "tests/gpu/test_wide.py", "num_gpus": 2, "est_seconds": 9.0},
+        ],
+        "est_seconds": 12.0,
+    }
+    foreign = {
+        **job,
+        "id": "gpu-blackwell-b200-8gpu-1",
+        "lane": "gpu-blackwell",
+        "arch": "blackwell",
+    }
+    stale = {**job, "id": "stale", "tests": [{"file": "tests/gpu/test_w3.py", "num_gpus": 2}]}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "jobs": [job, foreign, stale]}))
+
+    out = lane(root, "--job", "gpu-hopper-h200-2gpu-1", "--plan", str(plan))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 file(s) to run (job gpu-hopper-h200-2gpu-1)" in out.stdout
+    history = (root / ".ci-artifacts/history/gpu-hopper.jsonl").read_text().splitlines()
+    assert {json.loads(r)["job"] for r in history} == {"gpu-hopper-h200-2gpu-1"}
+
+    out = lane(root, "--job", "gpu-blackwell-b200-8gpu-1", "--plan", str(plan))
+    assert out.returncode == 2
+    assert "is for 'gpu-blackwell', not gpu-hopper. Fix: run `nox -s gpu-blackwell -- --job" in (
+        out.stderr
+    )
+    out = lane(root, "--job", "stale", "--plan", str(plan))
+    assert out.returncode == 2
+    assert "the plan says num_gpus=2, the registration 1. Fix: re-plan" in out.stderr
+
+
+def test_gpus_leased_by_another_lane_are_not_used_and_waiting_too_long_is_a_lease_timeout(
+    tmp_path,
+):
+    root = make_repo(
+        tmp_path,
+        {
+            "tests/gpu/test_w1.py": FILES["tests/gpu/test_w1.py"],
+            "tests/gpu/test_w2.py": FILES["tests/gpu/test_w2.py"],
+            "tests/gpu/test_wide.py": HEAD + cuda(1, 2) + WORK,
+        },
+    )
+    other_lane = LeaseDir(root / "leases").try_acquire(["FAKE-0"], 1, holder="another lane")
+    assert other_lane is not None
+    try:
+        # plugin from its entry point this time (how the CPU image's lanes load it)
+        out = lane(root, "--lease-timeout", "1.5")
+    finally:
+        other_lane.release()
+    assert out.returncode == 1, out.stdout + out.stderr
+    runs = traces(root)
+    assert sorted(r["file"] for r in runs) == ["test_w1.py", "test_w2.py"]
+    assert {g for r in runs for g in r["gpus"]} == {"FAKE-1"}
+    summary = json.loads((root / ".ci-artifacts" / "gpu-hopper" / "summary.json").read_text())
+    wide = next(f for f in summary["files"] if f["file"] == "tests/gpu/test_wide.py")
+    assert [a["class"] for a in wide["attempts"]] == ["lease-timeout", "lease-timeout"]
+    assert "mizzen: GPU lease timeout: waited" in wide["summary"]
+    assert "another lane" in wide["summary"]
+
+
+PLANTED = REPO / "tests" / "ci" / "fixtures" / "gpu_lane" / "planted"
+
+
+def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tmp_path):
+    """What the H200 run of the planted tree shows (see its README), here with a pretend GPU."""
+    common = ["--root", str(PLANTED), "--report-dir", str(tmp_path / "r"), "--no-history",
+              "--flake-record", str(tmp_path / "flakes.jsonl")]  # fmt: skip
+    out = lane(tmp_path, *common, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, fake_gpus=1)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[1/2] PASS tests/test_planted_pass.py" in out.stdout or (
+        "[2/2] PASS tests/test_planted_pass.py" in out.stdout
+    )
+    assert (
+        "FAILED [test-failure]: 1 failed of 2; first: test_skips_on_the_hardware_it_declared: "
+        "skipped on hardware it declared (lane hopper, compute capability 9.0): planted"
+        in out.stdout
+    )
+    assert "test_planted_blackwell_only" not in out.stdout
+    out = lane(tmp_path, *common, str(PLANTED / "tests" / "test_planted_blackwell_only.py"))
+    assert out.returncode == 2
+    assert "test_planted_blackwell_only.py:5: declares hardware=['blackwell'], not hopper" in (
+        out.stderr
+    )

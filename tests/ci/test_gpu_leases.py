@@ -1,0 +1,112 @@
+"""GPU leases between real processes: one holder per GPU, and SIGKILL frees a GPU at once."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mizzen_ci import register_cpu_ci
+from mizzen_ci.gpu_leases import LeaseDir, LeaseTimeout
+
+register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
+
+CI_SRC = str(Path(__file__).resolve().parents[2] / "ci" / "src")
+
+# A contender: lease N of the given GPUs (waiting up to TIMEOUT s), say which, then hold them.
+HOLDER = """
+import sys, time
+from mizzen_ci.gpu_leases import LeaseDir, LeaseTimeout
+lease_dir, n, timeout, *keys = sys.argv[1:]
+try:
+    lease = LeaseDir(lease_dir).acquire(keys, int(n), timeout=float(timeout), holder="test")
+except LeaseTimeout as e:
+    print("TIMEOUT", e, flush=True)
+    sys.exit(3)
+print("HELD", ",".join(lease.keys), flush=True)
+time.sleep(600)
+"""
+
+
+def start_holder(lease_dir: Path, n: int, keys: list[str], timeout: float = 30):
+    return subprocess.Popen(
+        [sys.executable, "-S", "-c", HOLDER, str(lease_dir), str(n), str(timeout), *keys],
+        env={"PYTHONPATH": CI_SRC, "PATH": os.environ.get("PATH", "")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_line(proc: subprocess.Popen, timeout: float = 20) -> str:
+    """The one line a holder prints (then it sleeps or exits)."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"the holder said nothing in {timeout} s"
+    return proc.stdout.readline().strip()
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_two_contenders_never_share_a_gpu_and_sigkill_frees_at_once(tmp_path: Path, procs):
+    first = start_holder(tmp_path, 2, ["gpu-a", "gpu-b", "gpu-c"])
+    procs.append(first)
+    assert read_line(first) == "HELD gpu-a,gpu-b"
+
+    # A second lane wants 2 of the same 3 GPUs: only one is free, so it must wait.
+    second = start_holder(tmp_path, 2, ["gpu-a", "gpu-b", "gpu-c"])
+    procs.append(second)
+    time.sleep(0.5)
+    assert second.poll() is None
+    # This process sees the same: one GPU is free, two are not.
+    leases = LeaseDir(tmp_path)
+    assert leases.try_acquire(["gpu-a", "gpu-b", "gpu-c"], 2) is None
+    assert "pid" in leases.describe_holders(["gpu-a"])
+
+    killed_at = time.monotonic()
+    os.kill(first.pid, signal.SIGKILL)
+    assert read_line(second) in ("HELD gpu-a,gpu-b", "HELD gpu-a,gpu-c", "HELD gpu-b,gpu-c")
+    assert time.monotonic() - killed_at < 1.0, "a SIGKILLed holder must free its GPUs at once"
+
+
+def test_acquisition_is_all_or_nothing_and_times_out(tmp_path: Path, procs):
+    holder = start_holder(tmp_path, 1, ["gpu-b"])
+    procs.append(holder)
+    assert read_line(holder) == "HELD gpu-b"
+    leases = LeaseDir(tmp_path)
+    assert leases.try_acquire(["gpu-a", "gpu-b"], 2) is None
+    # gpu-a was not kept by the failed attempt: another process can take it alone
+    other = start_holder(tmp_path, 1, ["gpu-a"], timeout=5)
+    procs.append(other)
+    assert read_line(other) == "HELD gpu-a"
+    started = time.monotonic()
+    with pytest.raises(LeaseTimeout, match="GPU lease timeout: 1 of gpu-a, gpu-b not free"):
+        leases.acquire(["gpu-a", "gpu-b"], 1, timeout=0.3)
+    assert time.monotonic() - started < 2
+
+
+def test_a_lease_passed_to_a_child_outlives_the_parents_copy(tmp_path: Path, procs):
+    leases = LeaseDir(tmp_path)
+    lease = leases.try_acquire(["gpu-a"], 1)
+    assert lease is not None
+    child = subprocess.Popen(["sleep", "600"], pass_fds=lease.fds)
+    procs.append(child)
+    lease.release()  # the runner's copy; the test process still holds the lock
+    assert leases.try_acquire(["gpu-a"], 1) is None
+    child.kill()
+    child.wait()
+    again = leases.try_acquire(["gpu-a"], 1)
+    assert again is not None and again.keys == ("gpu-a",)
+    again.release()

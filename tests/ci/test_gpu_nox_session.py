@@ -1,0 +1,71 @@
+"""`nox -s gpu-<arch>`: one session per generation of ci/fleet.toml, refusing a CPU machine.
+
+Real nox subprocesses on the repository's noxfile.  CUDA_VISIBLE_DEVICES is empty (as in the CPU
+lane), so the refusal holds even on a developer machine that has GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nox(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("nox")
+    cmd = [exe] if exe else [sys.executable, "-m", "nox"]
+    assert exe or subprocess.run([*cmd, "--version"], capture_output=True).returncode == 0, (
+        "nox is neither on PATH nor importable: the CPU lane's runner installs it (see .ci/run)"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "NO_COLOR": "1"}
+    env.pop("CI", None)
+    return subprocess.run(
+        [*cmd, "-f", str(REPO / "noxfile.py"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_one_gpu_session_per_generation_of_the_fleet_table():
+    with (REPO / "ci" / "fleet.toml").open("rb") as f:
+        arches = [a["name"] for a in tomllib.load(f)["arch"]]
+    out = nox("--list")
+    assert out.returncode == 0, out.stderr
+    listed = [
+        line.split()[1] for line in out.stdout.splitlines() if line.startswith(("* gpu-", "- gpu-"))
+    ]
+    assert listed == [f"gpu-{a}" for a in arches]
+
+
+def test_nox_gpu_hopper_refuses_to_run_on_this_cpu_machine():
+    out = nox("-s", "gpu-hopper")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "mizzen-ci gpu-lane hopper: refusing to run: no NVIDIA GPU found (" in text
+    assert "The hopper lane runs tests declaring hopper on hopper GPUs (compute capability 9.0" in (
+        text
+    )
+    assert "on a CPU machine run `nox -s cpu`" in text
+    assert "Session gpu-hopper failed" in text
+    assert "START " not in text  # nothing ran
+
+
+def test_posargs_reach_the_lane_and_named_files_are_checked_against_the_registry():
+    out = nox("-s", "gpu-hopper", "--", "--fake-gpus", "1", "tests/ci/test_gpu_packing.py")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "tests/ci/test_gpu_packing.py:" in text
+    assert "registered for the cpu lane, not for gpu-hopper" in text
+    assert "START " not in text
