@@ -9,12 +9,13 @@ no OpenMP pool exists to be inherited) and never touches CUDA.  Inside each work
 
 Workers report a picklable result (by value) or their traceback over a pipe; a worker that fails makes
 the parent kill the other ranks (they may be blocked in a collective) and fail the test with
-every rank's traceback.  GPU test files in this directory use only :func:`tiny_batch` and the
-kits, never the fork launcher.
+every rank's traceback.  The builders live in ``slot_kit.py`` (shared with the 2-GPU worker
+script); GPU test files use them through ``kit`` but never the fork launcher.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import pickle
@@ -22,23 +23,28 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-import torch
+import megatron.core.distributed
 
 # Imported here, before any fork, so workers inherit them instead of importing them again.
 import megatron.core.models.gpt  # noqa: F401
-import megatron.core.distributed  # noqa: F401
+import pytest
+import torch
 from megatron.core import parallel_state
 
-from mizzen_train.batch import SlotBatch
-from mizzen_train.executor import SlotExecutor
-from mizzen_train.gpt import GPTSpec, build_gpt
-from mizzen_train.specs import ExecutorConfig
 
-TINY_GPT = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128)
+def _load_slot_kit():
+    path = Path(__file__).with_name("slot_kit.py")
+    spec = importlib.util.spec_from_file_location("mizzen_tests_train_slot_kit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+slot_kit = _load_slot_kit()
 
 
 def _rank_main(
@@ -138,100 +144,15 @@ def run_ranks(
     return [results[rank][1] for rank in range(world_size)]
 
 
-def tiny_batch(
-    row_slots: Sequence[int],
-    *,
-    seq_len: int = 16,
-    vocab_size: int = TINY_GPT.vocab_size,
-    seed: int = 0,
-    with_policy_fields: bool = False,
-) -> SlotBatch:
-    """A host batch with one row per entry of ``row_slots`` (a slot id, -1 = base only).
-
-    Targets follow a fixed per-slot permutation of the inputs, so each slot has something
-    learnable that differs from the others'."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = len(row_slots)
-    input_ids = torch.randint(0, vocab_size, (rows, seq_len), generator=generator)
-    target_ids = torch.empty_like(input_ids)
-    for row, slot in enumerate(row_slots):
-        shift = 1 + 7 * (slot + 1)
-        target_ids[row] = (input_ids[row] * 3 + shift) % vocab_size
-    slot_ids = torch.tensor(row_slots, dtype=torch.int64).unsqueeze(1).expand(rows, seq_len)
-    loss_mask = torch.ones(rows, seq_len, dtype=torch.bool)
-    loss_mask[:, :2] = False
-    fields: dict[str, torch.Tensor] = {}
-    if with_policy_fields:
-        fields["old_logprobs"] = -torch.rand(rows, seq_len, generator=generator) - 4.0
-        fields["advantages"] = torch.randn(rows, seq_len, generator=generator)
-    return SlotBatch(
-        input_ids=input_ids,
-        target_ids=target_ids,
-        loss_mask=loss_mask,
-        slot_ids=slot_ids.clone(),
-        **fields,
-    )
-
-
-def tiny_executor(
-    *,
-    num_slots: int = 2,
-    max_rank: int = 8,
-    micro_batch_size: int = 2,
-    gpt: GPTSpec = TINY_GPT,
-    device: str = "cpu",
-    target_modules: Sequence[str] | None = None,
-) -> SlotExecutor:
-    """A tiny GPT (hidden 64, 2 layers) under a slot executor, on the current parallel state."""
-    model = build_gpt(gpt, device=device)
-    extra = {} if target_modules is None else {"target_modules": tuple(target_modules)}
-    config = ExecutorConfig(
-        num_slots=num_slots, max_rank=max_rank, micro_batch_size=micro_batch_size, **extra
-    )
-    return SlotExecutor(model, config)
-
-
-def random_adapter(
-    executor: SlotExecutor, rank: int, *, seed: int, magnitude: float = 0.2
-) -> dict[str, torch.Tensor]:
-    """Full true-rank factors with every entry non-zero (a fresh slot's B is zero)."""
-    generator = torch.Generator().manual_seed(seed)
-    return {
-        name: (torch.rand(shape, generator=generator) - 0.5) * 2 * magnitude
-        for name, shape in executor.adapter_shapes(rank).items()
-    }
-
-
-def split_dims(executor: SlotExecutor) -> dict[str, int | None]:
-    """Factor name -> the dimension its TP shards split (None: replicated)."""
-    return {factor.name: factor.split_dim for factor in executor.layout}
-
-
-def join_tp_shards(
-    per_rank: Sequence[dict[str, torch.Tensor]], dims: dict[str, int | None]
-) -> dict[str, torch.Tensor]:
-    """Full factors from every TP rank's local shards (replicated ones must agree exactly)."""
-    joined = {}
-    for name, dim in dims.items():
-        parts = [shards[name] for shards in per_rank]
-        if dim is None:
-            for part in parts[1:]:
-                assert torch.equal(part, parts[0]), f"{name}: replicated factor differs across TP"
-            joined[name] = parts[0]
-        else:
-            joined[name] = torch.cat(parts, dim=dim)
-    return joined
-
-
 @pytest.fixture
 def kit() -> SimpleNamespace:
     """The launcher and builders, for scenarios that run inside worker ranks."""
     return SimpleNamespace(
         run_ranks=run_ranks,
-        tiny_batch=tiny_batch,
-        tiny_executor=tiny_executor,
-        random_adapter=random_adapter,
-        split_dims=split_dims,
-        join_tp_shards=join_tp_shards,
-        TINY_GPT=TINY_GPT,
+        tiny_batch=slot_kit.tiny_batch,
+        tiny_executor=slot_kit.tiny_executor,
+        random_adapter=slot_kit.random_adapter,
+        split_dims=slot_kit.split_dims,
+        join_tp_shards=slot_kit.join_tp_shards,
+        TINY_GPT=slot_kit.TINY_GPT,
     )

@@ -27,7 +27,9 @@ def _train(kit, executor, slot: int, steps: int, seed: int = 0) -> None:
 def _election_scenario(kit, directory: str) -> dict:
     from mizzen_train.checkpoint import current_coordinates, elect_shard_writers
 
-    writers, proposals = elect_shard_writers(current_coordinates(), proposal=torch.distributed.get_rank())
+    writers, proposals = elect_shard_writers(
+        current_coordinates(), proposal=torch.distributed.get_rank()
+    )
     executor = kit.tiny_executor(num_slots=1, max_rank=4)
     executor.load_slot(0, 4, 4.0)
     _train(kit, executor, 0, steps=1)
@@ -89,7 +91,9 @@ def _round_trip_scenario(kit, directory: str) -> dict:
 
 
 def test_round_trip_restores_adapter_moments_and_step(kit, tmp_path):
-    for result in kit.run_ranks(_round_trip_scenario, world_size=2, tp=2, args=(kit, str(tmp_path))):
+    for result in kit.run_ranks(
+        _round_trip_scenario, world_size=2, tp=2, args=(kit, str(tmp_path))
+    ):
         assert result["spec"] == (6, 12.0)
         assert result["losses"][0] == result["losses"][1]
 
@@ -118,8 +122,10 @@ def _failure_scenario(kit, directory: str) -> dict:
             raise OSError(5, "I/O error (injected)")
         return real_write(path, write)
 
-    for name, patch in (("shard", ("torch.save", failing_save, 1)),
-                        ("commit", ("_atomic_write", failing_manifest, 0))):
+    for name, patch in (
+        ("shard", ("torch.save", failing_save, 1)),
+        ("commit", ("_atomic_write", failing_manifest, 0)),
+    ):
         attribute, replacement, failing_rank = patch
         if rank == failing_rank:
             if attribute == "torch.save":
@@ -138,7 +144,11 @@ def _failure_scenario(kit, directory: str) -> dict:
     restored = _state(executor, 1)
     _assert_same_state(committed, restored, "previous checkpoint after failed saves")
     executor.save_slot(0, directory)  # a later save succeeds and prunes the failed versions
-    return {"outcomes": outcomes, "usable": usable, "versions": len(list(Path(directory).glob("step-*")))}
+    return {
+        "outcomes": outcomes,
+        "usable": usable,
+        "versions": len(list(Path(directory).glob("step-*"))),
+    }
 
 
 def test_failure_mid_save_keeps_previous_checkpoint_loadable(kit, tmp_path):

@@ -37,7 +37,9 @@ def _run(kit, poison_slot1: bool) -> dict:
         before = executor.inspect_slot(1)
         executor.forward_backward(batch, ClippedPolicyGradientLoss())
         reports = executor.optim_step(adam)
-        history.append({slot: (r.stepped, r.skipped_nonfinite, r.step) for slot, r in reports.items()})
+        history.append(
+            {slot: (r.stepped, r.skipped_nonfinite, r.step) for slot, r in reports.items()}
+        )
     return {
         "history": history,
         "slot0": executor.inspect_slot(0),
@@ -71,7 +73,7 @@ def test_nan_in_one_slot_leaves_the_other_bitwise_unchanged(kit):
             assert torch.count_nonzero(grad) == 0, f"slot 1 grad {name} not zeroed"
 
 
-def _skip_decision_scenario(kit, poison_rank: int) -> dict:
+def _skip_decision_scenario(kit, poison_rank: int, replicated: bool) -> dict:
     from mizzen_train.losses import CrossEntropyLoss
     from mizzen_train.specs import AdamParams
 
@@ -81,18 +83,21 @@ def _skip_decision_scenario(kit, poison_rank: int) -> dict:
     executor.forward_backward(kit.tiny_batch([0, 0, 1, 1]), CrossEntropyLoss())
     rank = torch.distributed.get_rank()
     if rank == poison_rank:
-        # Fault injection on ONE rank: a TP-split factor (column-parallel B) of slot 1 only, so
-        # the other rank's local gradients are all finite.
+        # Fault injection on ONE rank, into slot 1 only, so the other rank's local gradients are
+        # all finite: either a TP-split factor, or a TP-replicated one (whose copy on TP rank 1
+        # the global norm does not count, yet must not step on a non-finite value).
         optimizer = executor._slots[1].optimizer
-        split = [p for p in optimizer.params if getattr(p, "tensor_model_parallel", False)]
-        split[0].main_grad.view(-1)[0] = float("inf")
+        chosen = [p for p in optimizer.params if p.tensor_model_parallel != replicated]
+        chosen[0].main_grad.view(-1)[0] = float("inf")
     reports = executor.optim_step({0: AdamParams(lr=1e-3), 1: AdamParams(lr=1e-3)})
     return {slot: (r.stepped, r.skipped_nonfinite, r.grad_norm) for slot, r in reports.items()}
 
 
 def test_same_skip_decision_on_both_ranks(kit):
-    for poison_rank in (0, 1):
-        results = kit.run_ranks(_skip_decision_scenario, world_size=2, tp=2, args=(kit, poison_rank))
+    for poison_rank, replicated in ((0, False), (1, False), (1, True)):
+        results = kit.run_ranks(
+            _skip_decision_scenario, world_size=2, tp=2, args=(kit, poison_rank, replicated)
+        )
         for result in results:
             stepped, skipped, norm = result[1]
             assert (stepped, skipped) == (False, True) and not math.isfinite(norm)

@@ -39,7 +39,11 @@ def _slot(slot: int):
     )
     params = list(module.factors)
     optimizer = SlotOptimizer(
-        slot, params, counts_in_norm=[True] * len(params), grad_sync=grad_sync, weight_storage=storage
+        slot,
+        params,
+        counts_in_norm=[True] * len(params),
+        grad_sync=grad_sync,
+        weight_storage=storage,
     )
     return params, optimizer
 

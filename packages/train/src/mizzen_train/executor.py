@@ -219,7 +219,8 @@ class SlotExecutor:
         }
         state: dict[str, Any] = {
             entry: {
-                name: t.detach().to("cpu", copy=True) for name, t in zip(names, tensors, strict=True)
+                name: t.detach().to("cpu", copy=True)
+                for name, t in zip(names, tensors, strict=True)
             }
             for entry, tensors in per_param.items()
         }
@@ -229,7 +230,9 @@ class SlotExecutor:
     def _loaded(self, slot: Any, field_name: str) -> _LoadedSlot:
         check_slot_index(slot, num_slots=self.config.num_slots, field=field_name)
         if slot not in self._slots:
-            raise SlotConfigError(field_name, slot, "slot is not loaded", f"load_slot({slot}) first")
+            raise SlotConfigError(
+                field_name, slot, "slot is not loaded", f"load_slot({slot}) first"
+            )
         return self._slots[slot]
 
     # -- load / unload --------------------------------------------------------------------------
@@ -280,7 +283,9 @@ class SlotExecutor:
         optimizer = SlotOptimizer(
             slot,
             params,
-            counts_in_norm=[first_replica and param_is_not_tensor_parallel_duplicate(p) for p in params],
+            counts_in_norm=[
+                first_replica and param_is_not_tensor_parallel_duplicate(p) for p in params
+            ],
             grad_sync=grad_sync,
             weight_storage=adapter.storage,
         )
@@ -523,9 +528,7 @@ class SlotExecutor:
     def optim_step(self, adam_params: Mapping[int, AdamParams]) -> dict[int, StepReport]:
         """Step the requested slots (see :func:`step_slot_optimizers`)."""
         self._check_usable("optim_step")
-        check_adam_requests(
-            adam_params, num_slots=self.config.num_slots, loaded_slots=self._slots
-        )
+        check_adam_requests(adam_params, num_slots=self.config.num_slots, loaded_slots=self._slots)
         with self._mutating("optim_step"):
             optimizers = {slot: self._slots[slot].optimizer for slot in adam_params}
             return step_slot_optimizers(optimizers, dict(adam_params))

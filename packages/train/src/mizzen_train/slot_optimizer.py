@@ -8,10 +8,12 @@ buffers of the slot's megatron ``DistributedDataParallel`` (its ``grad_sync``). 
 :func:`step_slot_optimizers` steps several slots on every rank in one sorted order:
 
 1. *prepare* — reduce each slot's gradients over data parallelism (one collective per slot, same
-   order everywhere), then one all-reduce of the vector of squared gradient norms over every rank
-   holding the slots' parameters.  Each parameter element is counted once world-wide (only the
-   first data-parallel replica counts, and TP-replicated factors only on TP rank 0), so every rank
-   holds the same global norm *before* it checks finiteness and all ranks take the same decision.
+   order everywhere), then one all-reduce of the squared gradient norms of all requested slots
+   over every rank holding their parameters.  Each parameter element is counted once world-wide
+   for the norm (only the first data-parallel replica counts, and TP-replicated factors only on
+   TP rank 0); the copies the norm does not count are summed alongside, so a non-finite value in
+   any copy on any rank is seen too.  Every rank holds the same totals *before* it checks
+   finiteness, so all ranks take the same decision.
 2. *clip and step* — a slot with a non-finite norm is skipped (``skipped_nonfinite``); the others
    are clipped to ``max_grad_norm`` and take one AdamW step on their masters.
 3. *zero* — every requested slot's gradients are zeroed (a skipped slot's are discarded).
@@ -87,6 +89,7 @@ class SlotOptimizer:
         self.master_storage = weight_storage.detach().to(torch.float32, copy=True)
         self.exp_avg_storage = torch.zeros(total, dtype=torch.float32, device=device)
         self.exp_avg_sq_storage = torch.zeros(total, dtype=torch.float32, device=device)
+        self._counted_mask = torch.tensor(self.counts_in_norm, dtype=torch.bool, device=device)
         self.masters = self._views(self.master_storage)
         self.exp_avg = self._views(self.exp_avg_storage)
         self.exp_avg_sq = self._views(self.exp_avg_sq_storage)
@@ -110,13 +113,18 @@ class SlotOptimizer:
     def zero_grads(self) -> None:
         self._grad_sync.zero_grad_buffer()
 
-    def local_grad_sq_norm(self) -> torch.Tensor:
-        """fp64 sum of squares of the gradient elements this rank counts (0-d tensor)."""
-        counted = [g for g, c in zip(self.grads(), self.counts_in_norm, strict=True) if c]
-        if not counted:
-            return torch.zeros((), dtype=torch.float64, device=self.master_storage.device)
-        norms = torch.stack(torch._foreach_norm(counted)).to(torch.float64)
-        return norms.square().sum()
+    def local_grad_sq_norms(self) -> torch.Tensor:
+        """fp64 ``[counted, uncounted]`` sums of squares of this rank's gradient elements.
+
+        *counted* elements make the global norm (each element once world-wide); *uncounted* ones
+        are this rank's copies of elements another rank counts.  They are all-reduced too, so a
+        non-finite value in any copy on any rank is seen by every rank."""
+        norms = torch.stack(torch._foreach_norm(self.grads())).to(torch.float64).square()
+        zero = torch.zeros((), dtype=torch.float64, device=norms.device)
+        counted = self._counted_mask
+        return torch.stack(
+            [torch.where(counted, norms, zero).sum(), torch.where(counted, zero, norms).sum()]
+        )
 
     # -- update ---------------------------------------------------------------------------------
 
@@ -176,16 +184,18 @@ def step_slot_optimizers(
         return {}
     for slot in order:
         optimizers[slot].sync_grads()
-    squared = torch.stack([optimizers[slot].local_grad_sq_norm() for slot in order])
+    squared = torch.stack([optimizers[slot].local_grad_sq_norms() for slot in order])
     torch.distributed.all_reduce(squared, group=group)
-    norms = squared.sqrt().tolist()
+    totals = squared.tolist()
 
     reports: dict[int, StepReport] = {}
-    for slot, norm in zip(order, norms, strict=True):
+    for slot, (counted, uncounted) in zip(order, totals, strict=True):
         optimizer, hyper = optimizers[slot], requests[slot]
-        if not math.isfinite(norm):
-            reports[slot] = StepReport(slot, norm, False, True, optimizer.step, 1.0)
+        if not (math.isfinite(counted) and math.isfinite(uncounted)):
+            nonfinite = counted + uncounted  # nan or inf: what the report shows
+            reports[slot] = StepReport(slot, nonfinite, False, True, optimizer.step, 1.0)
             continue
+        norm = math.sqrt(counted)
         clip_coef = 1.0
         if hyper.max_grad_norm is not None:
             clip_coef = min(1.0, hyper.max_grad_norm / (norm + 1e-6))

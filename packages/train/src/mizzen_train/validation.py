@@ -227,7 +227,12 @@ def check_adam_requests(
             )
         _positive_finite(f"{field}.eps", params.eps, "give eps > 0, e.g. 1e-8")
         wd = params.weight_decay
-        if isinstance(wd, bool) or not isinstance(wd, int | float) or not math.isfinite(wd) or wd < 0:
+        if (
+            isinstance(wd, bool)
+            or not isinstance(wd, int | float)
+            or not math.isfinite(wd)
+            or wd < 0
+        ):
             raise SlotConfigError(
                 f"{field}.weight_decay", wd, "must be a finite number >= 0", "e.g. 0.0 or 0.01"
             )

@@ -1,0 +1,156 @@
+"""GPU: two slots train in bf16 through megatron's real forward-backward schedule, with each
+slot's gradients in its own megatron DistributedDataParallel; one slot's NaN leaves the other
+bitwise unchanged; unloading gives every byte back."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+from mizzen_ci import register_cuda_ci
+
+register_cuda_ci(est_time=90, hardware=["hopper"], num_gpus=1, labels=["lora", "train", "megatron"])
+
+GPU_GPT = dict(num_layers=2, hidden_size=128, num_attention_heads=4, vocab_size=256, dtype="bf16")
+
+
+@pytest.fixture(scope="module")
+def nccl_rank():
+    """World of one NCCL rank on GPU 0 with megatron's parallel state."""
+    from megatron.core import parallel_state
+
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    torch.cuda.set_device(0)
+    with tempfile.TemporaryDirectory(prefix="mizzen-nccl-") as tmp:
+        torch.distributed.init_process_group(
+            "nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
+        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            torch.distributed.destroy_process_group()
+
+
+def _executor(kit):
+    from mizzen_train.gpt import GPTSpec
+
+    spec = GPTSpec(max_sequence_length=64, **GPU_GPT)
+    return kit.tiny_executor(num_slots=2, max_rank=8, micro_batch_size=2, gpt=spec, device="cuda")
+
+
+def _batch(kit, row_slots, seed, **kwargs):
+    return kit.tiny_batch(
+        row_slots, seq_len=32, vocab_size=GPU_GPT["vocab_size"], seed=seed, **kwargs
+    )
+
+
+def test_two_slots_learn_through_megatron_schedule_and_ddp(kit, nccl_rank, monkeypatch):
+    import megatron.core.pipeline_parallel as pipeline_parallel
+    from megatron.core.distributed import DistributedDataParallel
+
+    from mizzen_train.losses import CrossEntropyLoss
+    from mizzen_train.specs import AdamParams
+
+    schedule_calls = []
+    real_get = pipeline_parallel.get_forward_backward_func
+
+    def counting_get(*args, **kwargs):
+        schedule_calls.append(1)
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_parallel, "get_forward_backward_func", counting_get)
+
+    executor = _executor(kit)
+    executor.load_slot(0, 8, 16.0, seed=1)
+    executor.load_slot(1, 4, 8.0, seed=2)
+    record = executor._slots[0]
+    assert isinstance(record.grad_sync, DistributedDataParallel)
+    param = record.adapter.parameters_in_order()[0]
+    assert (
+        param.is_cuda and param.dtype is torch.bfloat16 and param.main_grad.dtype is torch.float32
+    )
+    del record, param  # hold no reference to slot memory across unload
+
+    batch = _batch(kit, [0, 0, 0, 0, 1, 1, 1, 1], seed=0)  # 4 micro-batches of 2 rows
+    adam = {0: AdamParams(lr=1e-2), 1: AdamParams(lr=1e-2, weight_decay=0.01)}
+    history = {0: [], 1: []}
+    for _ in range(30):
+        reports = executor.forward_backward(batch, CrossEntropyLoss())
+        steps = executor.optim_step(adam)
+        for slot in (0, 1):
+            history[slot].append(reports[slot].loss)
+            assert steps[slot].stepped, steps[slot]
+    assert len(schedule_calls) == 30, "forward_backward did not use megatron's schedule"
+    for slot, losses in history.items():
+        assert all(torch.isfinite(torch.tensor(losses))), losses
+        # the frozen random output layer bounds the reachable loss near 4 (from ln 256 = 5.5)
+        assert losses[-1] < 0.85 * losses[0], f"slot {slot} did not learn: {losses}"
+
+    # unload gives every byte back (caches such as the attention mask exist from the first round)
+    executor.unload_slot(0)
+    executor.unload_slot(1)
+    baseline = torch.cuda.memory_allocated()
+    executor.load_slot(0, 8, 16.0)
+    executor.load_slot(1, 8, 16.0)
+    loaded = torch.cuda.memory_allocated()
+    executor.forward_backward(batch, CrossEntropyLoss())
+    executor.optim_step(adam)
+    per_param = (loaded - baseline) / (2 * executor.trainable_parameters_per_slot())
+    assert 17.9 < per_param <= 18.1, f"{per_param:.3f} bytes per trainable parameter per slot"
+    executor.unload_slot(0)
+    executor.unload_slot(1)
+    assert torch.cuda.memory_allocated() == baseline
+
+
+def _poison_run(kit, poison: bool) -> dict:
+    from mizzen_train.losses import ClippedPolicyGradientLoss
+    from mizzen_train.specs import AdamParams
+
+    executor = _executor(kit)
+    for slot in (0, 1):
+        executor.load_slot(slot, 8, 16.0, weights=kit.random_adapter(executor, 8, seed=slot))
+    adam = {0: AdamParams(lr=1e-2), 1: AdamParams(lr=1e-2)}
+    reports = None
+    for step in range(3):
+        # rows [0, 0, 1, 1] + a micro-batch mixing slot 0 and slot 1
+        batch = _batch(kit, [0, 0, 0, 1, 1, 1], seed=step, with_policy_fields=True)
+        if poison and step == 2:
+            advantages = batch.advantages.clone()
+            advantages[3, 7] = float("nan")  # slot 1's row in the mixed micro-batch
+            batch = type(batch)(**{**batch.token_fields(), "advantages": advantages})
+        before = executor.inspect_slot(1)
+        executor.forward_backward(batch, ClippedPolicyGradientLoss())
+        reports = executor.optim_step(adam)
+    result = {
+        "reports": {s: (r.stepped, r.skipped_nonfinite) for s, r in reports.items()},
+        "slot0": executor.inspect_slot(0),
+        "slot1": executor.inspect_slot(1),
+        "slot1_before": before,
+        "failed": executor.failed,
+    }
+    for slot in (0, 1):
+        executor.unload_slot(slot)
+    return result
+
+
+def test_nan_in_one_slot_leaves_the_other_untouched(kit, nccl_rank):
+    clean = _poison_run(kit, poison=False)
+    poisoned = _poison_run(kit, poison=True)
+    assert clean["reports"] == {0: (True, False), 1: (True, False)}
+    assert poisoned["reports"] == {0: (True, False), 1: (False, True)}
+    assert poisoned["failed"] is None
+    for entry in ("weight", "master", "exp_avg", "exp_avg_sq"):
+        for name, tensor in clean["slot0"][entry].items():
+            other = poisoned["slot0"][entry][name]
+            assert torch.equal(tensor, other), (
+                f"slot 0 {entry} {name} differs: max |diff| {(tensor - other).abs().max()}"
+            )
+        for name, tensor in poisoned["slot1_before"][entry].items():
+            assert torch.equal(tensor, poisoned["slot1"][entry][name]), f"slot 1 {entry} {name}"
+    for name, grad in poisoned["slot1"]["grad"].items():
+        assert torch.count_nonzero(grad) == 0, f"slot 1 grad {name} not discarded"
