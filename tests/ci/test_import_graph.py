@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import textwrap
@@ -360,3 +361,56 @@ def test_cache_from_another_format_is_ignored(tmp_path):
     assert [e.target for e in g.edges("a")] == ["x"] and c.parsed == 1
     path.write_text("not json")
     assert FactsCache(path).facts_for(tmp_path / "src" / "a.py", "src/a.py").imports
+
+
+def test_chains_to_agrees_with_chain_on_random_graphs_with_cycles(tmp_path):
+    import random
+
+    for seed in range(4):
+        rng = random.Random(seed)
+        root = tmp_path / f"g{seed}"
+        files = {"src/g/__init__.py": ""}
+        names = [f"m{i}" for i in range(40)]
+        for name in names:
+            lines = [f"from g import {rng.choice(names)}" for _ in range(rng.randint(0, 3))]
+            if rng.random() < 0.1:
+                lines.append("import forbidden.thing")
+            if rng.random() < 0.2:
+                lines.append(f"def f():\n    from g import {rng.choice(names)}")
+            files[f"src/g/{name}.py"] = "\n".join(lines) + "\n"
+        write_tree(root, files)
+        g = ImportGraph.build(root, [root / "src"])
+
+        def bad(n):
+            return n.startswith("forbidden")
+
+        for scope in ("module", "all"):
+            every = g.chains_to(bad, scope)
+            for node in g.modules:
+                one = g.chain(node, bad, scope)
+                got = every.get(node)
+                assert (one is None) == (got is None), (seed, scope, node)
+                if got is None:
+                    continue
+                assert len(got) == len(one)
+                assert got[0].source == node and bad(got[-1].target)
+                assert all(a.target == b.source for a, b in itertools.pairwise(got))
+
+
+def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
+    import mizzen_ci.import_graph as ig
+
+    files = {"src/p/__init__.py": "from . import m0\n"}
+    for i in range(12):
+        files[f"src/p/m{i}.py"] = (
+            f"import os\nfrom p import m{(i + 1) % 12}\n\ndef f():\n    import x{i}\n"
+        )
+    write_tree(tmp_path, files)
+    serial = ImportGraph.build(tmp_path, [tmp_path / "src"], workers=1)
+    monkeypatch.setattr(ig, "PARALLEL_MIN", 2)
+    cache = FactsCache(None)
+    parallel = ImportGraph.build(tmp_path, [tmp_path / "src"], cache=cache, workers=2)
+    assert cache.parsed == 13
+    assert {n: parallel.edges(n) for n in parallel.files} == {
+        n: serial.edges(n) for n in serial.files
+    }

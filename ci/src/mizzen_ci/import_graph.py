@@ -39,7 +39,7 @@ build costs one ``stat`` per file plus one JSON load; a touched but unchanged fi
 never a parse.  ``cache.save()`` writes atomically and only when something changed; facts of files
 no longer seen are dropped.  A cache from another format version or Python minor is ignored.
 
-**ImportGraph.build(root, source_dirs, extra_files=(), cache=None)**
+**ImportGraph.build(root, source_dirs, extra_files=(), cache=None, workers=None)**
 
 - ``source_dirs``: directories that are ``sys.path`` entries (``packages/train/src``).  Every
   package (a directory with ``__init__.py``; namespace packages are not walked, as ``pkgutil``
@@ -48,6 +48,8 @@ no longer seen are dropped.  A cache from another format version or Python minor
 - ``extra_files``: files that are not importable modules (test files); each is a node named by its
   root-relative POSIX path (it contains ``/``, so it never collides with a module name).
 - Paths are root-relative POSIX strings (absolute when outside ``root``).
+- Files whose content the cache does not know are parsed once each, in ``workers`` processes
+  (default: CPU count) when there are at least ``PARALLEL_MIN`` (400) of them, else in-process.
 
 Attributes and queries (``scope``: "module" follows only module-scope edges, i.e. what importing
 runs; "all" follows lazy edges too, i.e. what calling anything might run):
@@ -66,6 +68,9 @@ runs; "all" follows lazy edges too, i.e. what calling anything might run):
 - ``graph.closure(starts, scope)``: every name reached (graph modules and external targets).
 - ``graph.importers(targets, scope)``: every node that reaches one of ``targets`` (reverse
   closure, one pass; what a planner asks for changed modules).
+- ``graph.chains_to(predicate, scope)``: ``{node: shortest list[Hop]}`` for every node that
+  reaches a name satisfying ``predicate``, in one reverse pass (what a check over all modules
+  wants).
 - ``graph.chain(starts, predicate, scope)``: the shortest ``list[Hop]`` from ``starts`` to a
   name for which ``predicate(name)`` holds, or None.  The predicate sees every name reached
   (not the starts); for ``from X import n`` with ``X`` outside the graph it sees ``X`` and
@@ -82,8 +87,10 @@ import ast
 import hashlib
 import json
 import os
+import re
 import sys
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -147,24 +154,48 @@ def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
         return ModuleFacts((), f"line {line}: {msg}", line)
     out: list[RawImport] = []
     dynamic = b"import_module" in source or b"__import__" in source
-    _Walker(out, dynamic).block(tree.body, "module", False, True)
+    _Walker(out, dynamic, None if dynamic else _keyword_lines(source)).block(
+        tree.body, "module", False, True
+    )
     return ModuleFacts(tuple(out))
+
+
+_IMPORT_WORD = re.compile(rb"\bimport\b")
+
+
+def _keyword_lines(source: bytes) -> list[int]:
+    """Sorted line numbers holding the word ``import`` (every import statement spells it, on a
+    line inside the statement's span); the walk skips compound statements without one."""
+    lines, line, pos = [], 1, 0
+    for m in _IMPORT_WORD.finditer(source):
+        line += source.count(b"\n", pos, m.start())
+        pos = m.start()
+        if not lines or lines[-1] != line:
+            lines.append(line)
+    return lines
 
 
 class _Walker:
     """Statement walk (expressions are only searched for importlib calls, and only when the file
-    mentions ``import_module`` or ``__import__``, which keeps the walk cheap)."""
+    mentions ``import_module`` or ``__import__``; otherwise compound statements whose lines never
+    spell ``import`` are skipped, which keeps the walk cheap)."""
 
-    __slots__ = ("dynamic", "out")
+    __slots__ = ("dynamic", "marks", "out")
 
-    def __init__(self, out: list[RawImport], dynamic: bool):
+    def __init__(self, out: list[RawImport], dynamic: bool, marks: list[int] | None):
         self.out = out
         self.dynamic = dynamic
+        self.marks = marks  # lines with the word "import"; None: walk everything
 
     def block(self, body: list[ast.stmt], scope: str, guarded: bool, top: bool) -> None:
         out = self.out
+        marks = self.marks
         for node in body:
             t = type(node)
+            if marks is not None and t is not ast.Import and t is not ast.ImportFrom:
+                i = bisect_left(marks, node.lineno)
+                if i == len(marks) or marks[i] > node.end_lineno:
+                    continue  # no import statement inside this statement
             if t is ast.Import:
                 for a in node.names:
                     out.append(RawImport(a.name, 0, (), node.lineno, scope, guarded, "import"))
@@ -310,6 +341,30 @@ _CACHE_FORMAT = 1
 _RACY_WINDOW_NS = 2_000_000_000
 
 
+PARALLEL_MIN = 400  # files to parse before a process pool pays for its start-up
+
+
+def _parse_one(item: tuple[bytes, str]) -> ModuleFacts:
+    return parse_facts(*item)
+
+
+def _parse_many(items: list[tuple[bytes, str]], workers: int | None) -> list[ModuleFacts]:
+    workers = workers or os.cpu_count() or 1
+    if workers < 2 or len(items) < PARALLEL_MIN:
+        return [parse_facts(src, name) for src, name in items]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+    chunk = max(16, len(items) // (workers * 4))
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            return list(pool.map(_parse_one, items, chunksize=chunk))
+    except (OSError, RuntimeError):  # no processes to be had (sandbox, limits): parse here
+        return [parse_facts(src, name) for src, name in items]
+
+
 class FactsCache:
     """ModuleFacts keyed by sha256 of the file's bytes, optionally persisted as JSON.
 
@@ -346,6 +401,40 @@ class FactsCache:
         self._written_ns = data.get("written_ns", 0)
 
     def facts_for(self, path: Path | str, key: str) -> ModuleFacts:
+        return self.facts_for_many([(path, key)])[0]
+
+    def facts_for_many(
+        self, items: Sequence[tuple[Path | str, str]], workers: int | None = None
+    ) -> list[ModuleFacts]:
+        """Facts of many files: a stat (and, when the stat index cannot vouch, a read + hash) per
+        file, then one parse per unknown content, spread over ``workers`` processes (default: the
+        CPU count) when at least PARALLEL_MIN files need parsing."""
+        out: list[ModuleFacts | None] = []
+        todo: dict[str, tuple[bytes, str]] = {}  # sha -> (source, filename) to parse
+        waiting: list[tuple[int, str]] = []
+        for path, key in items:
+            got = self._lookup(path, key)
+            if isinstance(got, ModuleFacts):
+                out.append(got)
+            else:
+                sha, source = got
+                todo.setdefault(sha, (source, str(path)))
+                waiting.append((len(out), sha))
+                out.append(None)
+        if todo:
+            shas = list(todo)
+            parsed = _parse_many([todo[sha] for sha in shas], workers)
+            for sha, facts in zip(shas, parsed, strict=True):
+                self._facts[sha] = facts
+            self.parsed += len(shas)
+            self.hits += len(waiting) - len(shas)
+            self._dirty = True
+            for i, sha in waiting:
+                out[i] = self._facts[sha]
+        return out
+
+    def _lookup(self, path: Path | str, key: str) -> ModuleFacts | tuple[str, bytes]:
+        """Known facts, or (sha, source) of content never parsed."""
         try:
             st = os.stat(path)
         except OSError as e:
@@ -373,15 +462,10 @@ class FactsCache:
         self._seen[key] = entry
         facts = self._facts.get(sha)
         if facts is None:
-            facts = parse_facts(source, str(path))
-            self._facts[sha] = facts
-            self._dirty = True
-            self.parsed += 1
-        else:
-            self.hits += 1
-            if type(facts) is list:
-                facts = ModuleFacts.from_json(facts)
-                self._facts[sha] = facts
+            return sha, source
+        self.hits += 1
+        if type(facts) is list:
+            facts = self._facts[sha] = ModuleFacts.from_json(facts)
         return facts
 
     def save(self) -> None:
@@ -474,8 +558,13 @@ class GraphProblem:
         return f"{self.file}:{self.line}: {self.message}"
 
 
-def iter_source_modules(source_dir: Path) -> Iterator[tuple[str, Path]]:
+def iter_source_modules(source_dir: Path | str) -> Iterator[tuple[str, Path]]:
     """(module name, file) of every package and module below one ``sys.path`` entry, sorted."""
+    for name, path in _source_files(os.fspath(source_dir)):
+        yield name, Path(path)
+
+
+def _source_files(source_dir: str) -> Iterator[tuple[str, str]]:
     try:
         entries = sorted(os.scandir(source_dir), key=lambda e: e.name)
     except OSError:
@@ -486,13 +575,13 @@ def iter_source_modules(source_dir: Path) -> Iterator[tuple[str, Path]]:
         if e.is_dir():
             init = os.path.join(e.path, "__init__.py")
             if e.name.isidentifier() and os.path.isfile(init):
-                yield from _iter_package(e.name, e.path)
+                yield from _package_files(e.name, e.path)
         elif e.name.endswith(".py") and e.name[:-3].isidentifier():
-            yield e.name[:-3], Path(e.path)
+            yield e.name[:-3], e.path
 
 
-def _iter_package(name: str, path: str) -> Iterator[tuple[str, Path]]:
-    yield name, Path(path, "__init__.py")
+def _package_files(name: str, path: str) -> Iterator[tuple[str, str]]:
+    yield name, os.path.join(path, "__init__.py")
     try:
         entries = sorted(os.scandir(path), key=lambda e: e.name)
     except OSError:
@@ -504,11 +593,11 @@ def _iter_package(name: str, path: str) -> Iterator[tuple[str, Path]]:
         if n.endswith(".py"):
             stem = n[:-3]
             if stem != "__init__" and stem.isidentifier() and e.is_file():
-                yield f"{name}.{stem}", Path(e.path)
+                yield f"{name}.{stem}", e.path
         elif (
             n.isidentifier() and e.is_dir() and os.path.isfile(os.path.join(e.path, "__init__.py"))
         ):
-            yield from _iter_package(f"{name}.{n}", e.path)
+            yield from _package_files(f"{name}.{n}", e.path)
 
 
 class ImportGraph:
@@ -527,11 +616,22 @@ class ImportGraph:
         self.files = files
         self.facts = facts
         self.problems = problems
-        self._edges: dict[str, tuple[ImportEdge, ...]] = {}
+        self._edges: dict[tuple[str, bool], tuple[ImportEdge, ...]] = {}
         self._succ: dict[tuple[str, str], tuple[Hop, ...]] = {}
-        self._pred: dict[str, dict[str, list[str]]] = {}
-        for node in files:
-            self._edges[node] = self._resolve(node)
+        self._pred: dict[str, dict[str, list[Hop]]] = {}
+        self._parents: dict[str, tuple[str, ...]] = {}
+        for node, f in facts.items():  # relative imports that reach outside their package
+            for imp in f.imports:
+                if imp.level and self._relative_base(node, imp.level) is None:
+                    package = self._package_of(node)
+                    where = f"beyond package {package}" if package else "outside any package"
+                    problems.append(
+                        GraphProblem(
+                            files[node],
+                            imp.line,
+                            f"relative import {_spelled(imp)} reaches {where}",
+                        )
+                    )
 
     # ---- building
 
@@ -542,6 +642,7 @@ class ImportGraph:
         source_dirs: Iterable[Path | str],
         extra_files: Iterable[Path | str] = (),
         cache: FactsCache | None = None,
+        workers: int | None = None,
     ) -> ImportGraph:
         root = Path(root).resolve()
         cache = cache if cache is not None else FactsCache(None)
@@ -549,11 +650,15 @@ class ImportGraph:
         files: dict[str, str] = {}
         facts: dict[str, ModuleFacts] = {}
         problems: list[GraphProblem] = []
+        wanted: list[tuple[str, str | Path, str]] = []  # (node, path, root-relative path)
+        prefix = str(root) + os.sep
         for sd in source_dirs:
             sd = Path(sd)
-            sd = sd if sd.is_absolute() else root / sd
-            for name, path in iter_source_modules(sd):
-                rel = _rel(path, root)
+            sd = (sd if sd.is_absolute() else root / sd).resolve()
+            for name, path in _source_files(str(sd)):
+                rel = path[len(prefix) :] if path.startswith(prefix) else path
+                if os.sep != "/":
+                    rel = rel.replace(os.sep, "/")
                 if name in modules:
                     problems.append(
                         GraphProblem(
@@ -565,43 +670,48 @@ class ImportGraph:
                     continue
                 modules[name] = rel
                 files[name] = rel
-                facts[name] = cache.facts_for(path, rel)
+                wanted.append((name, path, rel))
         for p in extra_files:
             p = Path(p)
             p = p if p.is_absolute() else root / p
             rel = _rel(p, root)
             files[rel] = rel
-            facts[rel] = cache.facts_for(p, rel)
+            wanted.append((rel, p, rel))
+        found = cache.facts_for_many([(path, rel) for _, path, rel in wanted], workers)
+        for (node, _, _), f in zip(wanted, found, strict=True):
+            facts[node] = f
         for node, f in facts.items():
             if f.error is not None:
                 problems.append(GraphProblem(files[node], f.error_line, f"cannot parse: {f.error}"))
         return cls(root, modules, files, facts, problems)
 
-    def _resolve(self, node: str) -> tuple[ImportEdge, ...]:
+    def _package_of(self, node: str) -> str:
+        """The package a module's relative imports start from ("" for extra files)."""
+        rel = self.modules.get(node)
+        if rel is None:
+            return ""
+        return node if rel.endswith("__init__.py") else node.rpartition(".")[0]
+
+    def _relative_base(self, node: str, level: int) -> str | None:
+        package = self._package_of(node)
+        if not package:
+            return None
+        parts = package.split(".")
+        if level > len(parts):
+            return None
+        return ".".join(parts[: len(parts) - level + 1])
+
+    def _resolve(self, node: str, module_scope_only: bool) -> tuple[ImportEdge, ...]:
         modules = self.modules
-        is_module = node in modules
-        if is_module:
-            is_pkg = modules[node].endswith("__init__.py")
-            package = node if is_pkg else node.rpartition(".")[0]
-        else:
-            package = ""
         out: list[ImportEdge] = []
-        for imp in self.facts[node].imports:
-            module, level, names, line, scope, guarded, kind = imp
+        for module, level, names, line, scope, guarded, kind in self.facts[node].imports:
             lazy = scope != "module"
+            if lazy and module_scope_only:
+                continue
             if level:
-                parts = package.split(".") if package else []
-                if level > len(parts):
-                    where = "outside any package" if not parts else f"beyond package {package}"
-                    self.problems.append(
-                        GraphProblem(
-                            self.files[node],
-                            line,
-                            f"relative import {_spelled(imp)} reaches {where}",
-                        )
-                    )
-                    continue
-                base = ".".join(parts[: len(parts) - level + 1])
+                base = self._relative_base(node, level)
+                if base is None:
+                    continue  # recorded in problems when the graph was built
                 target = f"{base}.{module}" if module else base
             else:
                 target = module
@@ -624,13 +734,31 @@ class ImportGraph:
         return self.root / self.files[node]
 
     def edges(self, node: str) -> tuple[ImportEdge, ...]:
-        return self._edges.get(node, ())
+        return self._scoped_edges(node, "all")
+
+    def _scoped_edges(self, node: str, scope: str) -> tuple[ImportEdge, ...]:
+        key = (node, scope == "module")
+        found = self._edges.get(key)
+        if found is None:
+            if node not in self.facts:
+                return ()
+            found = self._edges[key] = self._resolve(node, key[1])
+        return found
 
     def with_parents(self, module: str) -> list[str]:
         """``module`` preceded by its parent packages that are in the graph (what importing runs)."""
         parts = module.split(".")
         out = [".".join(parts[:i]) for i in range(1, len(parts))]
         return [p for p in out if p in self.modules] + [module]
+
+    def _parents_of(self, name: str) -> tuple[str, ...]:
+        """The parent packages of ``name`` that are modules of the graph, outermost first."""
+        found = self._parents.get(name)
+        if found is None:
+            parts = name.split(".")
+            cands = (".".join(parts[:i]) for i in range(1, len(parts)))
+            found = self._parents[name] = tuple(p for p in cands if p in self.modules)
+        return found
 
     def successors(self, node: str, scope: str = "module") -> tuple[Hop, ...]:
         key = (node, scope)
@@ -639,19 +767,14 @@ class ImportGraph:
             return hops
         if scope not in ("module", "all"):
             raise ValueError(f"scope must be 'module' or 'all', not {scope!r}")
-        modules = self.modules
         file = self.files.get(node, node)
+        parents_of = self._parents_of
         out: list[Hop] = []
-        for e in self._edges.get(node, ()):
-            if scope == "module" and e.lazy:
-                continue
+        for e in self._scoped_edges(node, scope):
             t = e.target
             if "." in t:
-                parts = t.split(".")
-                for i in range(1, len(parts)):
-                    p = ".".join(parts[:i])
-                    if p in modules:
-                        out.append(Hop(node, file, e.line, p, e, t))
+                for p in parents_of(t):
+                    out.append(Hop(node, file, e.line, p, e, t))
             out.append(Hop(node, file, e.line, t, e))
         hops = tuple(out)
         self._succ[key] = hops
@@ -670,24 +793,84 @@ class ImportGraph:
                         todo.append(h.target)
         return seen
 
-    def importers(self, targets: str | Iterable[str], scope: str = "module") -> set[str]:
-        """Every node whose closure holds one of ``targets`` (one reverse breadth-first pass)."""
+    def _predecessors(self, scope: str) -> dict[str, list[Hop]]:
+        """{target: hops leading to it} over every node (built once per scope)."""
         pred = self._pred.get(scope)
         if pred is None:
             pred = {}
             for n in self.files:
                 for h in self.successors(n, scope):
-                    pred.setdefault(h.target, []).append(n)
+                    pred.setdefault(h.target, []).append(h)
             self._pred[scope] = pred
+        return pred
+
+    def importers(self, targets: str | Iterable[str], scope: str = "module") -> set[str]:
+        """Every node whose closure holds one of ``targets`` (one reverse breadth-first pass)."""
+        pred = self._predecessors(scope)
         todo = [targets] if isinstance(targets, str) else list(targets)
         seen: set[str] = set()
         while todo:
             t = todo.pop()
-            for n in pred.get(t, ()):
-                if n not in seen:
-                    seen.add(n)
-                    todo.append(n)
+            for h in pred.get(t, ()):
+                if h.source not in seen:
+                    seen.add(h.source)
+                    todo.append(h.source)
         return seen
+
+    def chains_to(
+        self, predicate: Callable[[str], bool], scope: str = "module"
+    ) -> dict[str, list[Hop]]:
+        """{node: its shortest chain to a name satisfying ``predicate``} for every node that has
+        one, in one multi-source reverse breadth-first pass (O(edges), not O(nodes x edges)).
+        Each chain is as short as :meth:`chain` finds; among equally short ones the choice may
+        differ."""
+        pred = self._predecessors(scope)
+        modules = self.modules
+        memo: dict[str, bool] = {}
+
+        def predicate_(name: str, _p=predicate) -> bool:
+            v = memo.get(name)
+            if v is None:
+                v = memo[name] = bool(_p(name))
+            return v
+
+        # Phase 1, per distinct target (not per hop): each node's first matching hop in source
+        # order, as chain() would take it.
+        first: dict[str, tuple[tuple, Hop]] = {}
+        for target, hops in pred.items():
+            if predicate(target):
+                for h in hops:
+                    _keep_first(first, h, h)
+            elif target not in modules:
+                for h in hops:
+                    e = h.edge
+                    if e.kind == "from" and h.parent_of is None:
+                        for n in e.names:
+                            if n != "*" and predicate_(f"{target}.{n}"):
+                                _keep_first(first, h, h._replace(target=f"{target}.{n}"))
+                                break
+        nxt: dict[str, Hop] = {n: hit for n, (_, hit) in first.items()}
+        terminal = set(nxt)
+        frontier = sorted(nxt)
+        while frontier:
+            following: list[str] = []
+            for t in frontier:
+                for h in pred.get(t, ()):
+                    if h.source not in nxt:
+                        nxt[h.source] = h
+                        following.append(h.source)
+            frontier = following
+        out: dict[str, list[Hop]] = {}
+        for n in nxt:
+            chain, cur = [], n
+            while True:
+                h = nxt[cur]
+                chain.append(h)
+                if cur in terminal:
+                    break
+                cur = h.target
+            out[n] = chain
+        return out
 
     def chain(
         self,
@@ -728,6 +911,15 @@ class ImportGraph:
                 if n != "*" and predicate(f"{h.target}.{n}"):
                     return h._replace(target=f"{h.target}.{n}")
         return None
+
+
+def _keep_first(first: dict[str, tuple[tuple, Hop]], hop: Hop, hit: Hop) -> None:
+    """Keep, per source node, the matching hop that comes first in its successor order (by line;
+    on one line parent packages first, outermost first)."""
+    order = (hop.edge.line, 0 if hop.parent_of else 1, hop.target.count("."), hop.target)
+    old = first.get(hop.source)
+    if old is None or order < old[0]:
+        first[hop.source] = (order, hit)
 
 
 def _spelled(imp: RawImport) -> str:

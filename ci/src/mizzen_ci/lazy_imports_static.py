@@ -1,8 +1,8 @@
 """The static lazy-import check: the module-scope import graph, walked from every module.
 
 For each checked package and each of its modules (``__main__`` entry points excepted, as the
-runtime walk excepts them), the shortest module-scope chain (:meth:`ImportGraph.chain`) to a
-name that the package's budget forbids is a violation.  The chain may cross other workspace
+runtime walk excepts them), the shortest module-scope chain (:meth:`ImportGraph.chains_to`, one
+reverse pass per package) to a name that the package's budget forbids is a violation.  The chain may cross other workspace
 packages: what counts is what importing the module would load.
 
 Invariants:
@@ -80,8 +80,22 @@ def package_modules(graph: ImportGraph, package: str) -> list[str]:
     return sorted(
         m
         for m in graph.modules
-        if (m == package or m.startswith(prefix)) and m.rpartition(".")[2] != "__main__"
+        if (m == package or m.startswith(prefix)) and not m.endswith(".__main__")
     )
+
+
+def _modules_by_package(graph: ImportGraph, packages: list[str]) -> dict[str, list[str]]:
+    """:func:`package_modules` for several packages in one pass over the graph."""
+    out: dict[str, list[str]] = {p: [] for p in packages}
+    for m in graph.modules:
+        if m.endswith(".__main__"):
+            continue
+        parts = m.split(".")
+        for i in range(1, len(parts) + 1):
+            bucket = out.get(".".join(parts[:i]))
+            if bucket is not None:
+                bucket.append(m)
+    return {p: sorted(v) for p, v in out.items()}
 
 
 def check_static(
@@ -95,12 +109,19 @@ def check_static(
     graph = graph or ImportGraph.build(root, source_dirs, cache=cache)
     checked: dict[str, list[str]] = {}
     violations: list[StaticViolation] = []
+    by_budget: dict[tuple, dict] = {}  # packages with the same budget share one graph pass
+    all_modules = _modules_by_package(graph, packages)
     for package in packages:
         budget = policy.budget(package)
-        modules = package_modules(graph, package)
+        modules = all_modules[package]
         checked[package] = modules
+        tops = budget.allowed_tops if budget.stdlib_only else None
+        key = (tuple(sorted(budget.forbidden.items())), budget.stdlib_only, tops)
+        chains = by_budget.get(key)
+        if chains is None:
+            chains = by_budget[key] = graph.chains_to(budget.violated_by, "module")
         for module in modules:
-            chain = graph.chain(module, budget.violated_by, "module")
+            chain = chains.get(module)
             if chain is None:
                 continue
             forbidden = chain[-1].target
