@@ -8,6 +8,7 @@ tiny test file records when it ran and which GPUs it saw, so overlaps are checke
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.gpu_leases import LeaseDir
+from mizzen_ci.gpu_report import Progress
 
 register_cpu_ci(est_time=45, labels=["ci", "gpu-lane"])
 
@@ -318,6 +320,9 @@ def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_
     assert "is for 'gpu-blackwell', not gpu-hopper. Fix: run `nox -s gpu-blackwell -- --job" in (
         out.stderr
     )
+    out = lane(root, "--job", "nope", "--plan", str(plan))
+    assert out.returncode == 2
+    assert "the plan has no job 'nope'; its jobs: gpu-hopper-h200-2gpu-1, " in out.stderr
     out = lane(root, "--job", "stale", "--plan", str(plan))
     assert out.returncode == 2
     assert "the plan says num_gpus=2, the registration 1. Fix: re-plan" in out.stderr
@@ -375,3 +380,32 @@ def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tm
     assert "test_planted_blackwell_only.py:5: declares hardware=['blackwell'], not hopper" in (
         out.stderr
     )
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_redraws_one_status_line_on_a_terminal_and_prints_plain_lines_in_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    term = FakeTerminal()
+    progress = Progress(total=3, gpus=2, stream=term)
+    assert progress.live
+    progress.status({"tests/gpu/test_a.py": ("g0",)}, force=True)
+    progress.event("[1/3] PASS tests/gpu/test_b.py")
+    progress.status({"tests/gpu/test_a.py": ("g0",), "tests/gpu/test_c.py": ("g1",)}, force=True)
+    progress.close()
+    assert term.getvalue() == (
+        "[0/3 files] GPUs busy 1/2 · test_a.py"
+        "\r\x1b[K[1/3] PASS tests/gpu/test_b.py\n"
+        "[0/3 files] GPUs busy 2/2 · test_a.py, test_c.py"
+        "\r\x1b[K"
+    )
+    monkeypatch.setenv("CI", "true")
+    ci = FakeTerminal()
+    progress = Progress(total=3, gpus=2, stream=ci)
+    progress.status({"tests/gpu/test_a.py": ("g0",)}, force=True)
+    progress.event("[1/3] PASS tests/gpu/test_b.py")
+    progress.close()
+    assert ci.getvalue() == "[1/3] PASS tests/gpu/test_b.py\n"

@@ -27,7 +27,14 @@ def bf16_matmul_excess(device: str, m: int = 512, k: int = 2048, n: int = 768) -
     b = torch.randn(k, n, generator=gen, dtype=torch.float64).to(torch.bfloat16)
     exact = a.double() @ b.double()
     magnitude = a.double().abs() @ b.double().abs()
-    got = (a.to(device) @ b.to(device)).double().cpu()
+    # cuBLAS may otherwise reduce split-K partial sums in bf16, which no fp32 bound covers
+    flags = torch.backends.cuda.matmul
+    reduced = flags.allow_bf16_reduced_precision_reduction
+    flags.allow_bf16_reduced_precision_reduction = False
+    try:
+        got = (a.to(device) @ b.to(device)).double().cpu()
+    finally:
+        flags.allow_bf16_reduced_precision_reduction = reduced
     assert got.dtype == torch.float64 and got.shape == (m, n)
     bound = BF16_EPS * exact.abs() + k * 2.0**-23 * magnitude + 1e-30
     return float(((got - exact).abs() - bound).max())

@@ -228,30 +228,23 @@ def _why_not_in_lane(rel: str, reg: Registration | None, arch: str, errors: list
     return None
 
 
-def _plan_tests(plan_path: Path, job_id: str, arch: str) -> tuple[list[dict], str]:
-    """(the tests of job ``job_id``, its arch) from the planner's JSON (schema version 1)."""
+def _plan_tests(plan_path: Path, job_id: str, arch: str) -> list[dict]:
+    """The tests of job ``job_id`` of the planner's JSON; the job must be for ``arch``."""
+    from .planner import PlanError, job, job_tests, load_plan  # only when a plan is given
+
     try:
-        plan = json.loads(plan_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LaneRefusal(f"cannot read plan {plan_path}: {e}") from None
-    if not isinstance(plan, dict) or plan.get("version") != 1:
-        raise LaneRefusal(f"{plan_path}: not a version-1 plan (`mizzen-ci plan` writes one)")
-    jobs = {str(j.get("id")): j for j in plan.get("jobs", []) if isinstance(j, dict)}
-    if job_id not in jobs:
+        plan = load_plan(plan_path)
+        planned = job(plan, job_id)
+        tests = job_tests(plan, job_id)
+    except PlanError as e:
+        raise LaneRefusal(f"{plan_path}: {e}") from None
+    if planned.get("arch") != arch:
         raise LaneRefusal(
-            f"{plan_path}: no job {job_id!r}; its jobs are {', '.join(sorted(jobs)) or 'none'}"
+            f"{plan_path}: job {job_id} is for {planned.get('lane') or planned.get('arch')!r}, "
+            f"not gpu-{arch}. Fix: run `nox -s gpu-{planned.get('arch')} -- --job {job_id} "
+            f"--plan {plan_path}`"
         )
-    job = jobs[job_id]
-    if job.get("arch") != arch:
-        raise LaneRefusal(
-            f"{plan_path}: job {job_id} is for {job.get('lane') or job.get('arch')!r}, not "
-            f"gpu-{arch}. Fix: run `nox -s gpu-{job.get('arch')} -- --job {job_id} --plan "
-            f"{plan_path}`"
-        )
-    tests = job.get("tests", [])
-    if not isinstance(tests, list) or not all(isinstance(t, dict) and "file" in t for t in tests):
-        raise LaneRefusal(f"{plan_path}: job {job_id} has malformed `tests`")
-    return tests, arch
+    return tests
 
 
 def select(
@@ -280,7 +273,7 @@ def select(
     chosen: list[tuple[Registration, str, float]] = []  # (registration, pytest target, estimate)
 
     if plan is not None:
-        tests, _ = _plan_tests(plan, job, arch)
+        tests = _plan_tests(plan, job, arch)
         problems = []
         for t in tests:
             rel = str(t["file"])
@@ -313,14 +306,13 @@ def select(
                 problems.append(f"{given}: not inside the repository {root}")
                 continue
             if p.is_dir():
+                prefix = "" if rel == "." else rel + "/"
                 under = [
                     r
                     for r in registry.registrations
-                    if (r.path + "/").startswith(rel.rstrip("/") + "/")
-                    and r.backend == "cuda"
-                    and arch in r.hardware
+                    if r.path.startswith(prefix) and r.backend == "cuda" and arch in r.hardware
                 ]
-                broken = sorted(e for e in errors if e.startswith(rel.rstrip("/") + "/"))
+                broken = sorted(e for e in errors if e.startswith(prefix))
                 sel.broken.extend(str(e) for b in broken for e in errors[b])
                 chosen.extend((r, r.path, r.est_time) for r in under)
                 if not under and not broken:

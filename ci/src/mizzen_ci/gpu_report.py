@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -149,7 +150,7 @@ class Progress:
         busy = sum(len(g) for g in running.values())
         names = ", ".join(Path(k).name for k in sorted(running))
         line = f"[{self.done}/{self.total} files] GPUs busy {busy}/{self.gpus} · {names}"
-        width = os.get_terminal_size(self.stream.fileno()).columns if self.stream.isatty() else 120
+        width = shutil.get_terminal_size((120, 24)).columns
         self._clear()
         self.stream.write(line[: max(width - 1, 20)])
         self.stream.flush()
