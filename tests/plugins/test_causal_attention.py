@@ -171,3 +171,16 @@ def test_errors_name_the_fix():
         causal_thd_attention(q, k, v, layout, impl="triton")
     with pytest.raises(ValueError, match="expected \\[tokens, heads, dim\\]"):
         causal_thd_attention(q[None], k, v, layout)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_packed_agrees_with_padded_bshd_sdpa(impl):
+    from mizzen_plugins.thd import pack_padded, unpack_to_padded
+
+    lengths = [9, 40, 1, 23]
+    layout = PackedLayout(lengths)
+    q, k, v, _ = make_qkv(layout.num_tokens, hq=2, hkv=2)
+    padded = [unpack_to_padded(x, layout).transpose(1, 2) for x in (q, k, v)]  # [B, H, S, D]
+    bshd = F.scaled_dot_product_attention(*padded, is_causal=True).transpose(1, 2)
+    thd = causal_thd_attention(q, k, v, layout, impl=impl)
+    torch.testing.assert_close(thd, pack_padded(bshd, lengths)[0], rtol=1e-10, atol=1e-10)

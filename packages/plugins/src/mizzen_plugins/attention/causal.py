@@ -244,44 +244,44 @@ class _GatherPlan:
 
 def _build_gather_plan(pieces: AttentionPieces, call_cost: float, device) -> _GatherPlan:
     # Square pieces (q_len == k_len, the whole-segment case) are bucketed; the few ragged pieces
-    # (context parallel: a chunk that starts mid-segment) each get one masked call.
-    square = [i for i in range(pieces.num_pieces) if pieces.q_len[i] == pieces.k_len[i] > 0]
-    ragged = [i for i in range(pieces.num_pieces) if pieces.k_len[i] > pieces.q_len[i] > 0]
-    lengths = [pieces.q_len[i] for i in square]
-    buckets = plan_length_buckets(lengths, align=64, call_cost=call_cost)
-    q_rows, k_rows, slot_of_row = [], [], {}
+    # (context parallel: a chunk that starts mid-segment) each get one masked call.  Built with
+    # vectorised CPU tensor ops (one host->device copy per index tensor).
+    n = pieces.num_pieces
+    q_start = torch.tensor(pieces.q_start, dtype=torch.long)
+    k_start = torch.tensor(pieces.k_start, dtype=torch.long)
+    q_len = torch.tensor(pieces.q_len, dtype=torch.long)
+    square = [i for i in range(n) if pieces.q_len[i] == pieces.k_len[i] > 0]
+    ragged = [i for i in range(n) if pieces.k_len[i] > pieces.q_len[i] > 0]
+    buckets = plan_length_buckets([pieces.q_len[i] for i in square], align=64, call_cost=call_cost)
+    slot_base = torch.zeros(n, dtype=torch.long)
+    q_rows, k_rows, bucket_shapes = [], [], []
     slot = 0
-    bucket_shapes = []
     for b in buckets:
         p = b.padded_length
-        ar = torch.arange(p)
-        for m in b.members:
-            i = square[m]
-            n = pieces.q_len[i]
-            clamped = ar.clamp(max=n - 1)
-            q_rows.append(pieces.q_start[i] + clamped)
-            k_rows.append(pieces.k_start[i] + clamped)
-            slot_of_row[i] = slot
-            slot += p
-        bucket_shapes.append((len(b.members), p))
+        ids = torch.tensor([square[m] for m in b.members], dtype=torch.long)
+        offs = torch.minimum(torch.arange(p)[None, :], (q_len[ids] - 1)[:, None])  # [n_b, P]
+        q_rows.append((q_start[ids][:, None] + offs).flatten())
+        k_rows.append((k_start[ids][:, None] + offs).flatten())
+        slot_base[ids] = slot + p * torch.arange(len(ids))
+        slot += p * len(ids)
+        bucket_shapes.append((len(ids), p))
+    # after the square part, q_rows and k_rows stop being parallel: each ragged piece appends
+    # its q_len query rows to q_rows and its k_len key rows to k_rows.
     ragged_specs = []
     for i in ragged:
         ql, kl = pieces.q_len[i], pieces.k_len[i]
-        # after the square part, q_rows and k_rows stop being parallel: each ragged piece appends
-        # its ql query rows to q_rows and its kl key rows to k_rows.
         ragged_specs.append((slot, ql, kl))
-        slot_of_row[i] = slot
+        slot_base[i] = slot
         q_rows.append(pieces.q_start[i] + torch.arange(ql))
         k_rows.append(pieces.k_start[i] + torch.arange(kl))
-        slot += ql  # output slots follow the query rows
-    tq = sum(pieces.q_len)
-    out_index = torch.empty(tq, dtype=torch.long)
-    for i in range(pieces.num_pieces):
-        if pieces.q_len[i] == 0:
-            continue
-        qs, ql = pieces.q_start[i], pieces.q_len[i]
-        out_index[qs : qs + ql] = slot_of_row[i] + torch.arange(ql)
-    cat = (lambda xs: torch.cat(xs)) if q_rows else (lambda xs: torch.zeros(0, dtype=torch.long))
+        slot += ql
+    # out_index[r] = slot of query row r: pieces partition the query rows
+    order = torch.argsort(q_start[q_len > 0])
+    live = torch.nonzero(q_len > 0).flatten()[order]
+    piece_of_row = torch.repeat_interleave(live, q_len[live])
+    rows = torch.arange(piece_of_row.numel())
+    out_index = slot_base[piece_of_row] + rows - q_start[piece_of_row]
+    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
     return _GatherPlan(
         q_rows=cat(q_rows).to(device),
         k_rows=cat(k_rows).to(device),
