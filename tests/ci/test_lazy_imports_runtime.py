@@ -22,7 +22,14 @@ register_cpu_ci(est_time=40, labels=["ci"])
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = REPO / "tests" / "ci" / "fixtures" / "lazy_imports" / "runtime"
 SITE = RUNTIME / "site"  # stand-ins for third-party libraries: on PYTHONPATH, not a source dir
-FIXTURE_PACKAGES = ["rt_clean", "rt_computed", "rt_guarded", "rt_budget", "rt_broken"]
+FIXTURE_PACKAGES = [
+    "rt_clean",
+    "rt_computed",
+    "rt_guarded",
+    "rt_budget",
+    "rt_broken",
+    "rt_reexport",
+]
 
 
 def fixture_env() -> dict[str, str]:
@@ -96,6 +103,25 @@ def test_any_import_failure_is_reported_with_its_traceback(fixture_report):
         'src/rt_broken/bad.py:1  raise ValueError("rt_broken.bad cannot be imported")',
     )
     assert (finding.file, finding.line) == ("src/rt_broken/bad.py", 1)
+
+
+def test_pulling_a_lazy_reexport_at_module_scope_is_caught_by_both_checks(fixture_report):
+    policy = load_policy(RUNTIME / "pyproject.toml")
+    static = check_static(RUNTIME, [RUNTIME / "src"], ["rt_reexport"], policy)
+    assert {v.module: v.lines() for v in static.violations} == {
+        "rt_reexport.user": [
+            "src/rt_reexport/user.py:3 imports kernels from rt_reexport (module scope; a name "
+            "rt_reexport does not bind, so its module __getattr__ runs)",
+            "src/rt_reexport/__init__.py:6 imports fakegpu (inside module __getattr__, run by the "
+            "import above)",
+        ]
+    }
+    [finding] = fixture_report["rt_reexport"].findings
+    assert finding.stack == (
+        "src/rt_reexport/user.py:3  from rt_reexport import kernels",
+        "src/rt_reexport/__init__.py:6  import fakegpu",
+    )
+    assert "rt_reexport.user" in finding.note and "rt_reexport," not in finding.note
 
 
 def test_a_cuda_initialisation_attempt_is_caught_on_a_machine_without_gpu():

@@ -65,6 +65,11 @@ runs; "all" follows lazy edges too, i.e. what calling anything might run):
   ``a.b`` first: each edge to a module of the graph yields hops to its parent packages that are in
   the graph (``hop.parent_of`` names the imported module), then to the module itself.  A node's
   own parent packages are not its successors (ask for them with :meth:`ImportGraph.with_parents`).
+  PEP 562 re-exports: a module-scope ``from P import n`` where ``P`` has a ``__getattr__`` that
+  imports, and ``P``'s module scope does not bind ``n``, runs that ``__getattr__``: in scope
+  "module" it also yields a hop to the virtual node ``"P:__getattr__"`` (``GETATTR_SUFFIX``), whose
+  successors are the imports inside ``P.__getattr__``.  Virtual nodes are walked by every query
+  but never returned by ``closure``/``importers`` nor offered to predicates.
 - ``graph.closure(starts, scope)``: every name reached (graph modules and external targets).
 - ``graph.importers(targets, scope)``: every node that reaches one of ``targets`` (reverse
   closure, one pass; what a planner asks for changed modules).
@@ -98,6 +103,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SCOPES = ("module", "function", "type-checking", "getattr")
+GETATTR_SUFFIX = ":__getattr__"  # virtual node: a module's PEP 562 __getattr__ run by an importer
 KINDS = ("import", "from", "importlib", "__import__")
 _GUARD_EXCEPTIONS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
@@ -130,17 +136,22 @@ class ModuleFacts:
     imports: tuple[RawImport, ...]
     error: str | None = None  # "line N: message" when the source does not parse
     error_line: int = 0
+    # Only for a module whose PEP 562 ``__getattr__`` imports something: the names its module
+    # scope binds (``from it import other_name`` runs that ``__getattr__``); None otherwise.
+    bound: frozenset[str] | None = None
 
     def to_json(self) -> list:
-        return [[list(i) for i in self.imports], self.error, self.error_line]
+        bound = sorted(self.bound) if self.bound is not None else None
+        return [[list(i) for i in self.imports], self.error, self.error_line, bound]
 
     @classmethod
     def from_json(cls, data: list) -> ModuleFacts:
-        imports, error, error_line = data
+        imports, error, error_line, bound = data
         return cls(
             tuple(RawImport(m, lv, tuple(n), ln, s, g, k) for m, lv, n, ln, s, g, k in imports),
             error,
             error_line,
+            frozenset(bound) if bound is not None else None,
         )
 
 
@@ -157,7 +168,65 @@ def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
     _Walker(out, dynamic, None if dynamic else _keyword_lines(source)).block(
         tree.body, "module", False, True
     )
-    return ModuleFacts(tuple(out))
+    bound = None
+    if any(i.scope == "getattr" for i in out):
+        bound = frozenset(_bound_names(tree.body))
+    return ModuleFacts(tuple(out), bound=bound)
+
+
+def _bound_names(body: list[ast.stmt]) -> Iterator[str]:
+    """Names bound at module scope (also inside module-level if/try/with/for/while/match).
+    A star import binds unknown names: none are claimed for it (so ``__getattr__`` counts)."""
+    for node in body:
+        t = type(node)
+        if t is ast.FunctionDef or t is ast.AsyncFunctionDef or t is ast.ClassDef:
+            yield node.name
+        elif t is ast.Import:
+            for a in node.names:
+                yield a.asname or a.name.partition(".")[0]
+        elif t is ast.ImportFrom:
+            for a in node.names:
+                if a.name != "*":
+                    yield a.asname or a.name
+        elif t is ast.Assign:
+            for target in node.targets:
+                yield from _target_names(target)
+        elif t is ast.AnnAssign or t is ast.AugAssign:
+            if t is ast.AugAssign or node.value is not None:
+                yield from _target_names(node.target)
+        elif t is ast.For or t is ast.AsyncFor:
+            yield from _target_names(node.target)
+            yield from _bound_names(node.body)
+            yield from _bound_names(node.orelse)
+        elif t is ast.While or t is ast.If:
+            yield from _bound_names(node.body)
+            yield from _bound_names(node.orelse)
+        elif t is ast.Try or t is ast.TryStar:
+            yield from _bound_names(node.body)
+            for h in node.handlers:
+                if h.name:
+                    yield h.name
+                yield from _bound_names(h.body)
+            yield from _bound_names(node.orelse)
+            yield from _bound_names(node.finalbody)
+        elif t is ast.With or t is ast.AsyncWith:
+            for item in node.items:
+                if item.optional_vars is not None:
+                    yield from _target_names(item.optional_vars)
+            yield from _bound_names(node.body)
+        elif t is ast.Match:
+            for case in node.cases:
+                yield from _bound_names(case.body)
+
+
+def _target_names(target: ast.expr) -> Iterator[str]:
+    if type(target) is ast.Name:
+        yield target.id
+    elif type(target) is ast.Tuple or type(target) is ast.List:
+        for e in target.elts:
+            yield from _target_names(e)
+    elif type(target) is ast.Starred:
+        yield from _target_names(target.value)
 
 
 _IMPORT_WORD = re.compile(rb"\bimport\b")
@@ -337,7 +406,7 @@ def _suppresses_import_error(item: ast.withitem) -> bool:
 # --------------------------------------------------------------------------------------------
 # The facts cache.
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 _RACY_WINDOW_NS = 2_000_000_000
 
 
@@ -543,6 +612,15 @@ class Hop(NamedTuple):
             notes.append("__import__")
         if self.parent_of is not None:
             notes.append(f"parent package of {self.parent_of}, its __init__ runs first")
+        if self.target.endswith(GETATTR_SUFFIX):
+            module = self.target[: -len(GETATTR_SUFFIX)]
+            names = ", ".join(e.names)
+            return (
+                f"{self.file}:{self.line} imports {names} from {module} ({', '.join(notes)}; "
+                f"a name {module} does not bind, so its module __getattr__ runs)"
+            )
+        if self.source.endswith(GETATTR_SUFFIX):
+            notes[0] = "inside module __getattr__, run by the import above"
         return f"{self.file}:{self.line} imports {self.target} ({', '.join(notes)})"
 
     __str__ = describe
@@ -767,8 +845,11 @@ class ImportGraph:
             return hops
         if scope not in ("module", "all"):
             raise ValueError(f"scope must be 'module' or 'all', not {scope!r}")
+        if node.endswith(GETATTR_SUFFIX):  # a module's PEP 562 __getattr__, entered by name
+            return self._getattr_successors(node)
         file = self.files.get(node, node)
         parents_of = self._parents_of
+        facts = self.facts
         out: list[Hop] = []
         for e in self._scoped_edges(node, scope):
             t = e.target
@@ -776,8 +857,26 @@ class ImportGraph:
                 for p in parents_of(t):
                     out.append(Hop(node, file, e.line, p, e, t))
             out.append(Hop(node, file, e.line, t, e))
+            if e.kind == "from" and scope == "module" and t in facts:
+                bound = facts[t].bound
+                if bound is not None and any(n not in bound for n in e.names):
+                    out.append(Hop(node, file, e.line, t + GETATTR_SUFFIX, e))
         hops = tuple(out)
         self._succ[key] = hops
+        return hops
+
+    def _getattr_successors(self, node: str) -> tuple[Hop, ...]:
+        module = node[: -len(GETATTR_SUFFIX)]
+        file = self.files[module]
+        out: list[Hop] = []
+        for e in self._scoped_edges(module, "all"):
+            if e.scope != "getattr":
+                continue
+            for p in self._parents_of(e.target) if "." in e.target else ():
+                out.append(Hop(node, file, e.line, p, e, e.target))
+            out.append(Hop(node, file, e.line, e.target, e))
+        hops = tuple(out)
+        self._succ[node, "module"] = self._succ[node, "all"] = hops
         return hops
 
     def closure(self, starts: str | Iterable[str], scope: str = "module") -> set[str]:
@@ -789,18 +888,27 @@ class ImportGraph:
             for h in self.successors(n, scope):
                 if h.target not in seen:
                     seen.add(h.target)
-                    if h.target in self.files:
+                    if h.target in self.files or h.target.endswith(GETATTR_SUFFIX):
                         todo.append(h.target)
-        return seen
+        return {n for n in seen if not n.endswith(GETATTR_SUFFIX)}
 
     def _predecessors(self, scope: str) -> dict[str, list[Hop]]:
         """{target: hops leading to it} over every node (built once per scope)."""
         pred = self._pred.get(scope)
         if pred is None:
             pred = {}
-            for n in self.files:
+            todo = list(self.files)
+            seen_virtual: set[str] = set()
+            while todo:
+                n = todo.pop()
                 for h in self.successors(n, scope):
                     pred.setdefault(h.target, []).append(h)
+                    t = h.target
+                    if t.endswith(GETATTR_SUFFIX) and t not in seen_virtual:
+                        seen_virtual.add(t)
+                        todo.append(t)
+            for hops in pred.values():  # source order, whatever order the walk took
+                hops.sort(key=lambda h: (h.source, h.line))
             self._pred[scope] = pred
         return pred
 
@@ -815,7 +923,7 @@ class ImportGraph:
                 if h.source not in seen:
                     seen.add(h.source)
                     todo.append(h.source)
-        return seen
+        return {n for n in seen if not n.endswith(GETATTR_SUFFIX)}
 
     def chains_to(
         self, predicate: Callable[[str], bool], scope: str = "module"
@@ -838,7 +946,9 @@ class ImportGraph:
         # order, as chain() would take it.
         first: dict[str, tuple[tuple, Hop]] = {}
         for target, hops in pred.items():
-            if predicate(target):
+            if target.endswith(GETATTR_SUFFIX):
+                continue
+            if predicate_(target):
                 for h in hops:
                     _keep_first(first, h, h)
             elif target not in modules:
@@ -898,11 +1008,13 @@ class ImportGraph:
                 t = h.target
                 if t not in back:
                     back[t] = h
-                    if t in files:
+                    if t in files or t.endswith(GETATTR_SUFFIX):
                         queue.append(t)
         return None
 
     def _match(self, h: Hop, predicate: Callable[[str], bool]) -> Hop | None:
+        if h.target.endswith(GETATTR_SUFFIX):
+            return None
         if predicate(h.target):
             return h
         e = h.edge
