@@ -60,8 +60,9 @@ def run_layout(tp: int, out: Path, device: str = "cuda") -> dict:
             steps = executor.optim_step(adam)
             for slot in (0, 1):
                 losses[slot].append(reports[slot].loss)
+            # the norm as hex: exact, and inf/nan compare equal across ranks after JSON
             decisions.append(
-                {str(s): [r.stepped, r.skipped_nonfinite, r.grad_norm] for s, r in steps.items()}
+                {str(s): [r.stepped, r.skipped_nonfinite, r.grad_norm.hex()] for s, r in steps.items()}
             )
         ckpt = out / f"ckpt-tp{tp}"
         executor.save_slot(0, str(ckpt))

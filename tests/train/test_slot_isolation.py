@@ -120,9 +120,14 @@ def _load_unload_scenario(kit) -> dict:
     others = {slot: executor.inspect_slot(slot) for slot in (0, 2)}
     assert others[2]["grad"]["decoder.layers.1.mlp.linear_fc2.lora_A"].abs().sum() > 0
 
-    slot1_params = [weakref.ref(p) for p in executor._slots[1].adapter.parameters_in_order()]
+    record = executor._slots[1]
+    slot1_memory = [weakref.ref(p) for p in record.adapter.parameters_in_order()]
+    slot1_memory += [weakref.ref(record.grad_sync), weakref.ref(record.adapter.storage)]
+    slot1_memory += [weakref.ref(buffer.grad_data) for buffer in record.grad_sync.buffers]
+    slot1_memory += [weakref.ref(record.optimizer.exp_avg_storage)]
+    del record
     executor.unload_slot(1)
-    freed = all(ref() is None for ref in slot1_params)
+    freed = all(ref() is None for ref in slot1_memory)
     after_unload = {slot: executor.inspect_slot(slot) for slot in (0, 2)}
     executor.load_slot(1, 8, 2.0, init="gaussian", seed=9)
     executor.forward_backward(kit.tiny_batch([1, 1, 1, 1], seed=3), CrossEntropyLoss())
@@ -134,7 +139,7 @@ def _load_unload_scenario(kit) -> dict:
 
 def test_load_and_unload_leave_other_slots_untouched(kit):
     for result in kit.run_ranks(_load_unload_scenario, world_size=2, tp=2, args=(kit,)):
-        assert result["freed"], "unload_slot left the slot's parameters alive"
+        assert result["freed"], "unload_slot left slot memory alive (params, DDP, buffers, Adam)"
         for phase in ("unload", "reload"):
             for slot, state in result["others"].items():
                 assert result[phase][slot]["step"] == state["step"]

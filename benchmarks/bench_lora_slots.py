@@ -1,0 +1,235 @@
+"""Benchmark: K LoRA slots on one base model -- step time, memory per slot, memory after unload.
+
+For K = 1, 2, 4, 8 slots (rank 16) on a ~300M-parameter megatron-core GPT in bf16, one training
+step (``forward_backward`` over the batch + ``optim_step`` of every slot) at *equal total tokens*:
+the same batch shape is split evenly over the K slots, so K=8 runs micro-batches that mix four
+slots.  Reported per K:
+
+- step time and its ratio to K=1 measured in the same run (target: K=8 within 1.25x of K=1);
+- bytes per trainable parameter per slot, from ``torch.cuda.memory_allocated()`` around
+  ``load_slot`` (target <= 18 = bf16 weight 2 + fp32 grad 4 + fp32 master 4 + Adam 8);
+- allocated memory after unloading every slot minus the pre-load baseline (target: 0 bytes).
+
+Run on one GPU (about a minute on an H200)::
+
+    python benchmarks/bench_lora_slots.py
+
+``--tiny`` runs the same protocol on the CPU with a tiny model (a check of the script, not a
+measurement: memory then comes from the executor's own accounting, CUDA stats being absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "train" / "src"))
+
+SLOT_COUNTS = (1, 2, 4, 8)
+RANK = 16
+
+
+@dataclass(frozen=True)
+class Setup:
+    device: str
+    gpt: dict
+    rows: int
+    seq_len: int
+    micro_batch_size: int
+    warmup: int
+    steps: int
+
+
+FULL = Setup(
+    device="cuda",
+    gpt=dict(
+        num_layers=20,
+        hidden_size=1024,
+        num_attention_heads=16,
+        vocab_size=32768,
+        max_sequence_length=1024,
+        dtype="bf16",
+    ),
+    rows=16,
+    seq_len=1024,
+    micro_batch_size=8,
+    warmup=2,
+    steps=5,
+)
+TINY = Setup(
+    device="cpu",
+    gpt=dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        vocab_size=128,
+        max_sequence_length=64,
+        dtype="bf16",
+    ),
+    rows=16,
+    seq_len=32,
+    micro_batch_size=8,
+    warmup=1,
+    steps=3,
+)
+
+
+def _init_distributed(device: str, rendezvous: str) -> None:
+    from megatron.core import parallel_state
+
+    if device == "cuda":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        torch.cuda.set_device(0)
+        backend = "nccl"
+    else:
+        from mizzen_train.megatron_on_cpu import install_megatron_cpu_shim
+
+        install_megatron_cpu_shim()
+        backend = "gloo"
+    torch.distributed.init_process_group(
+        backend, init_method=f"file://{rendezvous}", rank=0, world_size=1
+    )
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+
+
+def _batch(setup: Setup, slots: int):
+    from mizzen_train.batch import SlotBatch
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (setup.rows, setup.seq_len)
+    vocab = setup.gpt["vocab_size"]
+    per_slot = setup.rows // slots
+    row_slots = torch.arange(slots).repeat_interleave(per_slot)
+    return SlotBatch(
+        input_ids=torch.randint(0, vocab, shape, generator=generator),
+        target_ids=torch.randint(0, vocab, shape, generator=generator),
+        loss_mask=torch.ones(shape, dtype=torch.bool),
+        slot_ids=row_slots.unsqueeze(1).expand(shape).clone(),
+    )
+
+
+def _allocated(device: str) -> int | None:
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _round(executor, setup: Setup, slots: int, *, timed: bool) -> dict:
+    from mizzen_train.losses import CrossEntropyLoss
+    from mizzen_train.specs import AdamParams
+
+    batch = _batch(setup, slots)
+    adam = {slot: AdamParams(lr=1e-4) for slot in range(slots)}
+    baseline = _allocated(setup.device)
+    for slot in range(slots):
+        executor.load_slot(slot, RANK, 2.0 * RANK, seed=slot)
+    loaded = _allocated(setup.device)
+    accounted = sum(sum(executor.slot_memory_bytes(slot).values()) for slot in range(slots))
+    times = []
+    for step in range(setup.warmup + setup.steps if timed else 1):
+        _sync(setup.device)
+        start = time.perf_counter()
+        executor.forward_backward(batch, CrossEntropyLoss())
+        reports = executor.optim_step(adam)
+        _sync(setup.device)
+        if step >= setup.warmup:
+            times.append(time.perf_counter() - start)
+        assert all(r.stepped for r in reports.values()), reports
+    for slot in range(slots):
+        executor.unload_slot(slot)
+    after = _allocated(setup.device)
+    params = slots * executor.trainable_parameters_per_slot()
+    return {
+        "step_s": statistics.median(times) if times else None,
+        "bytes_per_param": None if loaded is None else (loaded - baseline) / params,
+        "accounted_bytes_per_param": accounted / params,
+        "unload_delta": None if after is None else after - baseline,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU check of the script")
+    args = parser.parse_args()
+    setup = TINY if args.tiny else FULL
+    if setup.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_lora_slots: no GPU; use --tiny to check the script on a CPU")
+    if setup.device == "cpu":
+        torch.set_num_threads(1)  # shared CI cores: one thread gives stable timings
+
+    from mizzen_train.executor import SlotExecutor
+    from mizzen_train.gpt import GPTSpec, build_gpt
+    from mizzen_train.specs import ExecutorConfig
+
+    with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
+        _init_distributed(setup.device, f"{tmp}/rendezvous")
+        try:
+            spec = GPTSpec(**setup.gpt)
+            model = build_gpt(spec, device=setup.device)
+            base_params = sum(p.numel() for p in model.parameters())
+            executor = SlotExecutor(
+                model,
+                ExecutorConfig(
+                    num_slots=max(SLOT_COUNTS),
+                    max_rank=RANK,
+                    micro_batch_size=setup.micro_batch_size,
+                ),
+            )
+            tokens = setup.rows * setup.seq_len
+            print(
+                f"bench_lora_slots: GPT {base_params / 1e6:.0f}M params ({spec.num_layers} layers,"
+                f" hidden {spec.hidden_size}, {spec.dtype}) on {setup.device}, rank {RANK}, "
+                f"{executor.trainable_parameters_per_slot() / 1e6:.2f}M trainable params per "
+                f"slot, {tokens} tokens per step ({setup.rows}x{setup.seq_len}, micro-batch "
+                f"{setup.micro_batch_size} rows), median of {setup.steps} steps"
+            )
+            _round(executor, setup, max(SLOT_COUNTS), timed=False)  # one-time caches
+            results = {k: _round(executor, setup, k, timed=True) for k in SLOT_COUNTS}
+        finally:
+            torch.distributed.destroy_process_group()
+
+    base_time = results[1]["step_s"]
+    print()
+    print(f"{'K':>2} {'step ms':>9} {'vs K=1':>7} {'tokens/s':>10} {'B/param/slot':>13} "
+          f"{'(accounted)':>11} {'unload delta B':>15}")  # fmt: skip
+    for k, r in results.items():
+        measured = "n/a" if r["bytes_per_param"] is None else f"{r['bytes_per_param']:.2f}"
+        delta = "n/a" if r["unload_delta"] is None else f"{r['unload_delta']:d}"
+        print(
+            f"{k:>2} {r['step_s'] * 1e3:>9.1f} {r['step_s'] / base_time:>7.3f} "
+            f"{tokens / r['step_s']:>10.0f} {measured:>13} "
+            f"{r['accounted_bytes_per_param']:>11.2f} {delta:>15}"
+        )
+    ratio = results[8]["step_s"] / base_time
+    worst_bytes = max(
+        (r["bytes_per_param"] for r in results.values() if r["bytes_per_param"] is not None),
+        default=max(r["accounted_bytes_per_param"] for r in results.values()),
+    )
+    deltas = [r["unload_delta"] for r in results.values() if r["unload_delta"] is not None]
+    print()
+    print(f"step time K=8 / K=1: {ratio:.3f} (target <= 1.25)")
+    print(f"bytes per trainable parameter per slot: {worst_bytes:.2f} (target <= 18)")
+    if deltas:
+        print(f"allocated after unload - pre-load baseline: {max(deltas, key=abs)} B (target 0)")
+    else:
+        print("allocated after unload: n/a on CPU (no CUDA memory stats)")
+    if args.tiny:
+        print("(--tiny: CPU check of the script; the figures are not measurements)")
+
+
+if __name__ == "__main__":
+    main()
