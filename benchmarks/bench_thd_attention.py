@@ -99,6 +99,26 @@ def sdpa_backends(*names):
     return sdpa_kernel(backends)
 
 
+def print_top_kernels(step, label: str, top: int = 6) -> None:
+    """Which GPU kernels one step runs (tells which SDPA backend torch picked)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        attr = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
+        events.sort(key=lambda e: getattr(e, attr), reverse=True)
+        total = sum(getattr(e, attr) for e in events) or 1
+        print(f"  {label}: top GPU kernels of one fwd+bwd step")
+        for e in events[:top]:
+            share = 100 * getattr(e, attr) / total
+            print(f"    {share:5.1f}%  x{e.count:<4d} {e.key[:90]}")
+    except Exception as exc:
+        print(f"  ({label}: no kernel profile: {type(exc).__name__}: {exc})"[:200])
+
+
 def run_causal(args, device, dtype, lengths, results):
     h, d = args.heads, args.head_dim
     layout = PackedLayout(lengths, device)
@@ -184,6 +204,9 @@ def run_causal(args, device, dtype, lengths, results):
 
     secs = timed(fwd_bwd(new_mix, leaves, g), device=device, warmup=1, iters=args.iters)
     report("ours: bucketed SDPA (new length mix every call)", secs, note="(flops: first mix)")
+
+    if not on_cpu:
+        print_top_kernels(fwd_bwd(fast, leaves, g), "ours")
 
     with torch.no_grad():
         ref = causal_thd_attention(*(x.detach() for x in leaves), layout, impl="fast")

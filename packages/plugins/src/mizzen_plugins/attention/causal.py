@@ -306,9 +306,10 @@ def _fast_pieces(q, k, v, pieces: AttentionPieces, scale: float, plan_owner) -> 
     off = 0
     for n, p in plan.buckets:
         sl = slice(off, off + n * p)
-        qb = q_sq[sl].view(n, p, hq, d).transpose(1, 2)
-        kb = k_sq[sl].view(n, p, k.shape[1], d).transpose(1, 2)
-        vb = v_sq[sl].view(n, p, v.shape[1], v.shape[2]).transpose(1, 2)
+        # contiguous [n, H, P, D]: the layout dense causal SDPA kernels are tuned for
+        qb = q_sq[sl].view(n, p, hq, d).transpose(1, 2).contiguous()
+        kb = k_sq[sl].view(n, p, k.shape[1], d).transpose(1, 2).contiguous()
+        vb = v_sq[sl].view(n, p, v.shape[1], v.shape[2]).transpose(1, 2).contiguous()
         ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
         outs.append(ob.transpose(1, 2).reshape(n * p, hq, v.shape[2]))
         off += n * p
