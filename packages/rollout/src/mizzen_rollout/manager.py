@@ -198,6 +198,7 @@ class RolloutManager:
         self._ray_init_kwargs = dict(ray_init_kwargs or {})
         self._owns_ray = False
         self._started = False
+        self._worker_class: Any = None
         self.events: list[EngineEvent] = []
         self.reissued: list[str] = []
 
@@ -205,7 +206,9 @@ class RolloutManager:
     def _actor_class(self):
         import ray
 
-        return ray.remote(EngineWorker)
+        if self._worker_class is None:
+            self._worker_class = ray.remote(EngineWorker)
+        return self._worker_class
 
     def _spawn(self, slot: _Slot) -> None:
         spec = slot.spec

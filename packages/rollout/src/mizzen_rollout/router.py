@@ -121,7 +121,9 @@ class EngineRouter:
                 tried.add(index)
                 if len(tried) == len(self.engines):
                     raise NoEngineAvailableError(
-                        f"every engine failed for request {request_id!r}; last: {exc}",
+                        f"every engine failed ({method}"
+                        + (f" of request {request_id!r}" if request_id else "")
+                        + f"); last: {exc}",
                         engine=exc.engine,
                         request_id=request_id,
                     ) from exc

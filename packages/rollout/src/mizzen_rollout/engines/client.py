@@ -123,6 +123,7 @@ class SGLangClient:
         """
         failures = 0
         last_problem = ""
+        what = f"request {request_id!r}" if request_id is not None else "this call"
         while True:
             self.attempts += 1
             try:
@@ -134,7 +135,7 @@ class SGLangClient:
                     await self._abort_quietly(request_id)
                 raise EngineTimeoutError(
                     f"{self._base_url}{path}: no answer within {self._timeout.read} s "
-                    f"({type(exc).__name__}) for request {request_id!r}; the request was "
+                    f"({type(exc).__name__}) for {what}; the request was "
                     "aborted on the server. Raise timeout_s if generations are this long.",
                     engine=self._base_url,
                     request_id=request_id,
@@ -155,8 +156,7 @@ class SGLangClient:
                     return None
                 if status < 500:
                     raise EngineRequestError(
-                        f"{self._base_url}{path}: HTTP {status} for request {request_id!r}: "
-                        f"{response.text[:500]}",
+                        f"{self._base_url}{path}: HTTP {status} for {what}: {response.text[:500]}",
                         status_code=status,
                         body=response.text,
                         engine=self._base_url,
@@ -166,8 +166,8 @@ class SGLangClient:
             failures += 1
             if failures >= self._retry.max_attempts:
                 raise EngineUnavailableError(
-                    f"{self._base_url}{path}: gave up after {failures} attempt(s) for request "
-                    f"{request_id!r}; last: {last_problem}. Check that the engine is running.",
+                    f"{self._base_url}{path}: gave up after {failures} attempt(s) for {what}; "
+                    f"last: {last_problem}. Check that the engine is running.",
                     engine=self._base_url,
                     request_id=request_id,
                 )

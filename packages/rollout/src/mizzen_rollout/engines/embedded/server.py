@@ -74,6 +74,8 @@ class _AbortRegistry:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Small responses written as headers + body would otherwise wait on delayed ACKs (~40 ms).
+    disable_nagle_algorithm = True
     server: EmbeddedServer
 
     # Quiet by default: one line per request would drown the test logs.
