@@ -62,7 +62,10 @@ def run_layout(tp: int, out: Path, device: str = "cuda") -> dict:
                 losses[slot].append(reports[slot].loss)
             # the norm as hex: exact, and inf/nan compare equal across ranks after JSON
             decisions.append(
-                {str(s): [r.stepped, r.skipped_nonfinite, r.grad_norm.hex()] for s, r in steps.items()}
+                {
+                    str(s): [r.stepped, r.skipped_nonfinite, r.grad_norm.hex()]
+                    for s, r in steps.items()
+                }
             )
         ckpt = out / f"ckpt-tp{tp}"
         executor.save_slot(0, str(ckpt))

@@ -190,6 +190,19 @@ def _executor_scenario(kit) -> dict:
         return None, "accepted"
 
     fields["target"] = field_of(lambda: kit.tiny_executor(target_modules=["q_proj"]))
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    from mizzen_train.executor import SlotExecutor
+    from mizzen_train.gpt import build_gpt
+    from mizzen_train.specs import ExecutorConfig
+
+    model = build_gpt(kit.TINY_GPT, device="cpu")
+    config = ExecutorConfig(2, 8, target_modules=("linear_qkv", "embedding"))
+    fields["not_slottable"] = field_of(lambda: SlotExecutor(model, config))
+    qkv = model.decoder.layers[0].self_attention.linear_qkv
+    fields["model_untouched"] = type(qkv) is ColumnParallelLinear and all(
+        p.requires_grad for p in model.parameters()
+    )
     executor = kit.tiny_executor(num_slots=2, max_rank=8)
     executor.load_slot(0, 4, 8.0)
     fields["rank"] = field_of(lambda: executor.load_slot(1, 16, 8.0))
@@ -225,6 +238,9 @@ def test_executor_registration_errors_and_failure_policy(kit):
     (fields,) = kit.run_ranks(_executor_scenario, args=(kit,))
     field, message = fields["target"]
     assert field == "target_modules" and "linear_fc1" in message  # lists the valid choices
+    field, message = fields["not_slottable"]
+    assert field == "target_modules" and "LanguageModelEmbedding is not a megatron-core" in message
+    assert fields["model_untouched"], "a refused construction must leave the model as it was"
     assert fields["rank"][0] == "rank" and "max_rank=8" in fields["rank"][1]
     assert fields["in_use"][0] == "slot"
     assert fields["unload"][0] == "slot"

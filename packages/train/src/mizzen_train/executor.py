@@ -128,16 +128,17 @@ class SlotExecutor:
         first_param = next(model.parameters())
         self.device = first_param.device
         self.dtype = model_config.params_dtype
+        self._routing = RoutingState()
+        # validates every target before it wraps any: a refusal leaves the model untouched
+        self.layers = apply_slotted_lora(
+            model, config.target_modules, max_rank=config.max_rank, routing=self._routing
+        )
         for param in model.parameters():
             param.requires_grad_(False)
         # Per-slot means are formed in the loss; megatron must then sum, not average, over
         # micro-batches and data-parallel ranks.
         model_config.calculate_per_token_loss = True
         model.train()
-        self._routing = RoutingState()
-        self.layers = apply_slotted_lora(
-            model, config.target_modules, max_rank=config.max_rank, routing=self._routing
-        )
         self.layout = adapter_layout(self.layers)
         self._slots: dict[int, _LoadedSlot] = {}
         self._failure: str | None = None
@@ -359,6 +360,8 @@ class SlotExecutor:
     def _forward_backward(
         self, batch: SlotBatch, slots: list[int], losses: Mapping[int, TokenLoss]
     ) -> dict[int, SlotLossReport]:
+        if not slots:  # base-only rows (the same on every rank): nothing to train
+            return {}
         mask = batch.loss_mask.to(torch.float32)
         token_counts = {slot: int(mask[batch.slot_ids == slot].sum().item()) for slot in slots}
         metric_names = ["loss", *sorted({m for loss in losses.values() for m in loss.metrics})]
@@ -379,9 +382,9 @@ class SlotExecutor:
             sums = self._run_megatron_schedule(micro_batches, loss_fn, local.seq_len)
         else:
             sums = self._run_local_schedule(micro_batches, loss_fn)
-        total = torch.stack(sums).sum(0) if sums else None
-        if total is None:
-            total = torch.zeros(len(slots), len(metric_names), device=self.device)
+        total = torch.zeros(len(slots), len(metric_names), device=self.device)
+        for part in sums:
+            total += part
         torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
         values = total.tolist()
         reports = {}
@@ -577,6 +580,8 @@ class SlotExecutor:
                 )
             except SlotCheckpointError as exc:
                 error = str(exc)
+            except Exception as exc:  # e.g. an unreadable shard: still agree, never hang peers
+                error = f"{directory}: {type(exc).__name__}: {exc}"
             checkpoint.agree(error, what=f"restoring slot {slot} from {directory}")
             assert shard is not None
             adapter = SlotAdapter(self.layout, dtype=self.dtype, device=self.device)

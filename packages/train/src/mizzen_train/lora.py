@@ -46,6 +46,41 @@ from mizzen_train.specs import LoraSlotSpec
 _LAYER_PATH = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
+def check_slottable(module: torch.nn.Module, key: str) -> None:
+    """Raise :class:`SlotConfigError` (field ``target_modules``) unless ``module`` can be slotted."""
+    if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
+        raise SlotConfigError(
+            "target_modules",
+            key,
+            f"{type(module).__name__} is not a megatron-core ColumnParallelLinear or "
+            "RowParallelLinear",
+            "target only tensor-parallel linears (local layer spec)",
+        )
+    if getattr(module, "is_expert", False):
+        raise SlotConfigError(
+            "target_modules",
+            key,
+            "expert (MoE) linears are not slotted",
+            "target the dense attention/MLP linears",
+        )
+    if isinstance(module, ColumnParallelLinear) and module.gather_output:
+        raise SlotConfigError(
+            "target_modules",
+            key,
+            "a column-parallel linear with gather_output=True returns the full output, but its "
+            "LoRA delta is computed per output shard",
+            "target linears built with gather_output=False (all of the local GPT spec's)",
+        )
+    if isinstance(module, RowParallelLinear) and not module.input_is_parallel:
+        raise SlotConfigError(
+            "target_modules",
+            key,
+            "a row-parallel linear with input_is_parallel=False scatters its input internally; "
+            "the LoRA branch needs the already-split input",
+            "target linears built with input_is_parallel=True",
+        )
+
+
 class SlottedLoRALinear(torch.nn.Module):
     """A megatron-core parallel linear plus per-slot LoRA deltas routed per token."""
 
@@ -58,45 +93,15 @@ class SlottedLoRALinear(torch.nn.Module):
         routing: RoutingState,
     ) -> None:
         super().__init__()
-        if getattr(base, "is_expert", False):
-            raise SlotConfigError(
-                "target_modules",
-                key,
-                "expert (MoE) linears are not slotted",
-                "target the dense attention/MLP linears",
-            )
+        check_slottable(base, key)
         if isinstance(base, ColumnParallelLinear):
-            if base.gather_output:
-                raise SlotConfigError(
-                    "target_modules",
-                    key,
-                    "a column-parallel linear with gather_output=True returns the full output, "
-                    "but its LoRA delta is computed per output shard",
-                    "target linears built with gather_output=False (all of the local GPT spec's)",
-                )
             self.parallel_mode = "column"
             in_local, out_local = base.input_size, base.output_size_per_partition
             self.a_split_dim, self.b_split_dim = None, 0
-        elif isinstance(base, RowParallelLinear):
-            if not base.input_is_parallel:
-                raise SlotConfigError(
-                    "target_modules",
-                    key,
-                    "a row-parallel linear with input_is_parallel=False scatters its input "
-                    "internally; the LoRA branch needs the already-split input",
-                    "target linears built with input_is_parallel=True",
-                )
+        else:
             self.parallel_mode = "row"
             in_local, out_local = base.input_size_per_partition, base.output_size
             self.a_split_dim, self.b_split_dim = 1, None
-        else:
-            raise SlotConfigError(
-                "target_modules",
-                key,
-                f"{type(base).__name__} is not a megatron-core ColumnParallelLinear or "
-                "RowParallelLinear",
-                "target only tensor-parallel linears (local layer spec)",
-            )
         self.base = base
         self.key = key
         self.max_rank = max_rank
@@ -199,7 +204,8 @@ def apply_slotted_lora(
 
     Keys use global layer numbers (``decoder.layers.<layer_number - 1>....``) so they name the
     same layer at any pipeline split.  Raises :class:`SlotConfigError` naming
-    ``target_modules`` when a name matches nothing or matches a module that cannot be slotted.
+    ``target_modules`` when a name matches nothing or matches a module that cannot be slotted;
+    every target is checked before the first is wrapped, so a refusal leaves the model as it was.
     """
     parallel_linears = {
         path: module
@@ -221,17 +227,18 @@ def apply_slotted_lora(
                 f"choose from the model's parallel linears {available}",
             )
 
+    targets = [(path, _global_key(model, path)) for paths in matches.values() for path in paths]
+    for path, key in targets:  # validate every target before wrapping any
+        check_slottable(model.get_submodule(path), key)
     layers: dict[str, SlottedLoRALinear] = {}
-    for _name, paths in matches.items():
-        for path in paths:
-            parent_path, _, leaf = path.rpartition(".")
-            parent = model.get_submodule(parent_path) if parent_path else model
-            key = _global_key(model, path)
-            wrapped = SlottedLoRALinear(
-                getattr(parent, leaf), key=key, max_rank=max_rank, routing=routing
-            )
-            setattr(parent, leaf, wrapped)
-            layers[key] = wrapped
+    for path, key in targets:
+        parent_path, _, leaf = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        wrapped = SlottedLoRALinear(
+            getattr(parent, leaf), key=key, max_rank=max_rank, routing=routing
+        )
+        setattr(parent, leaf, wrapped)
+        layers[key] = wrapped
     return dict(sorted(layers.items(), key=lambda item: _natural_key(item[0])))
 
 
