@@ -11,6 +11,9 @@ Invariants:
   it; or the probe itself crashed or timed out.
 - Third-party code asking for a forbidden module and surviving the refusal (e.g. megatron-core's
   guarded ``import transformer_engine``) is what a CPU image does: counted, not failed.
+- A ``sys.meta_path`` finder sees only first imports: once a tolerated module is loaded (e.g.
+  triton by megatron-core), a later import of it by our own code is invisible here; the static
+  check covers our code.
 - Every finding carries the importing stack, one ``file:line  code`` per frame (paths relative to
   the root, third-party ones from ``site-packages/``), ending at the offending import.
 """

@@ -7,9 +7,12 @@ packages: what counts is what importing the module would load.
 
 Invariants:
 - Nothing is imported; the check reads syntax trees only (stdlib, runs under ``python -S``).
-- Lazy imports (function bodies, ``if TYPE_CHECKING:``, a module-level ``__getattr__``) never
-  count; a module-scope import guarded by ``try/except ImportError`` counts (it loads the module
-  wherever it exists: the policy decides, not the guard).
+- Lazy imports (function bodies, ``if TYPE_CHECKING:``, a module-level ``__getattr__``) do not
+  count, except that a module-scope ``from P import n`` where ``P`` does not bind ``n`` runs
+  ``P.__getattr__`` and so counts its imports; a module-scope import guarded by ``try/except
+  ImportError`` counts (it loads the module wherever it exists: the policy decides, not the guard).
+- What the syntax tree cannot show (computed ``importlib`` names, attribute access that triggers
+  a ``__getattr__``, third-party code) is the runtime check's job.
 - Every violation keeps its whole chain, one hop per ``file:line``, the last hop naming the
   forbidden module.  The report groups violations by their last hop (one offending import line)
   and prints the longest chain of each group in full, naming the other modules it also breaks.
