@@ -125,7 +125,7 @@ print(json.dumps({
 """,
         pythonpath=[extra_plugins],
     )
-    assert out["available"] == ["dummy", "exploding", "misnamed", "nemotron_h", "not_a_plugin"]
+    assert out["available"] == ["deepseek_v4", "dummy", "exploding", "misnamed", "nemotron_h", "not_a_plugin"]
     assert out["family"] == "nemotron_h" and out["config"] == "NemotronHConfig"
     assert out["model"] == "HybridCausalLM" and out["same"]
     assert out["others"] == []  # the exploding module would have failed the run if imported
@@ -197,7 +197,7 @@ print(json.dumps({"available": mizzen_plugins.available(), "missing": error_of("
         pythonpath=[PLUGINS_SRC],
         flags=("-S",),
     )
-    assert out["available"] == ["nemotron_h"]
+    assert out["available"] == ["deepseek_v4", "nemotron_h"]
     (message,) = out["log"]
     assert message.startswith("mizzen-plugins is not installed; reading its 'mizzen.plugins'")
     assert message.endswith(str(PLUGINS_SRC.parent / "pyproject.toml"))
