@@ -9,6 +9,7 @@ only at one step, saves and restores a slot checkpoint, and writes what it saw t
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 from pathlib import Path
@@ -79,6 +80,7 @@ def run_layout(tp: int, out: Path, device: str = "cuda") -> dict:
             for name in saved[entry]
         )
         return {
+            "poison_step": POISON_STEP,
             "dp_size": executor.dp_size,
             "losses": {str(k): v for k, v in losses.items()},
             "decisions": decisions,
@@ -96,7 +98,8 @@ def main() -> None:
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
-    torch.distributed.init_process_group("nccl")
+    # a failed peer surfaces within minutes instead of NCCL's default 10
+    torch.distributed.init_process_group("nccl", timeout=datetime.timedelta(minutes=4))
     try:
         results = {"tp2": run_layout(2, out), "dp2": run_layout(1, out)}
         rank = torch.distributed.get_rank()

@@ -19,7 +19,6 @@ register_cuda_ci(
 )
 
 WORKER = Path(__file__).with_name("lora_slots_2gpu_worker.py")
-POISON_STEP = 6
 
 
 def _launch(out: Path) -> list[dict]:
@@ -30,7 +29,11 @@ def _launch(out: Path) -> list[dict]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         str(WORKER), "--out", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"")[-6000:], (exc.stderr or b"")[-6000:]
+        raise AssertionError(f"torchrun timed out after 540 s:\n{output}") from exc
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
@@ -45,7 +48,7 @@ def test_two_slots_on_two_ranks_as_tp2_and_dp2(tmp_path):
             f"{layout}: skip decisions differ"
         )
         for step, decision in enumerate(results[0]["decisions"]):
-            poisoned = step == POISON_STEP
+            poisoned = step == results[0]["poison_step"]
             assert decision["0"][:2] == [True, False], f"{layout} step {step}: slot 0 {decision}"
             assert decision["1"][:2] == ([False, True] if poisoned else [True, False]), (
                 f"{layout} step {step}: slot 1 {decision}"
