@@ -31,7 +31,7 @@ from mizzen_rollout.engines import (
 from mizzen_rollout.engines.embedded.tokenizer import ByteTokenizer
 from mizzen_rollout.engines.launcher import find_free_port
 
-register_cpu_ci(est_time=45, labels=["engine", "rollout"])
+register_cpu_ci(est_time=40, labels=["engine", "rollout"])
 
 FAST_RETRY = RetryPolicy(max_attempts=3, backoff_s=0.01, backoff_max_s=0.05)
 
@@ -327,3 +327,42 @@ def test_connection_retry_reaches_a_server_that_comes_up_late():
         if "server" in holder:
             holder["server"].close()
     assert result.text == "ok"
+
+
+def test_a_local_model_directory_works(tmp_path):
+    """``--model PATH``: a Hugging Face model + tokenizer saved locally (no hub involved)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from mizzen_rollout.engines.embedded.backend import TransformersBackend, load_tiny_config
+    from mizzen_rollout.engines.embedded.tokenizer import TokenizerError
+
+    words = ["<unk>", "<s>", "</s>", "a", "b", "c", "d", "e"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf_tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    hf_tok.save_pretrained(tmp_path)
+    config = {k: v for k, v in load_tiny_config().items() if k != "model_type"}
+    config.update(vocab_size=len(words), bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(1)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).save_pretrained(tmp_path)
+
+    backend = TransformersBackend(model_path=str(tmp_path))
+    assert str(tmp_path) in backend.description
+    prompt = backend.tokenizer.encode("a b c")
+    assert prompt == [3, 4, 5]
+    gen = backend.generate(
+        prompt,
+        SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True),
+        request_id="local",
+        return_logprob=True,
+        should_abort=lambda: False,
+    )
+    assert len(gen.output_ids) == len(gen.logprobs) == 6
+    assert all(0 <= t < len(words) for t in gen.output_ids)
+    assert gen.finish == FinishReason("length")
+    with pytest.raises(TokenizerError, match="no chat template"):
+        backend.tokenizer.apply_chat_template([{"role": "user", "content": "a"}])

@@ -17,7 +17,7 @@ from mizzen_rollout.engines.launcher import (
     sglang_available,
 )
 
-register_cpu_ci(est_time=8, labels=["engine"])
+register_cpu_ci(est_time=12, labels=["engine"])
 
 
 def test_echo_server_lifecycle_and_model_info():

@@ -20,7 +20,7 @@ from mizzen_rollout.manager import EngineSpec, RolloutManager
 from mizzen_rollout.rollout import RolloutConfig
 from mizzen_rollout.samples import SampleStatus
 
-register_cpu_ci(est_time=90, labels=["ray", "rollout", "engine"])
+register_cpu_ci(est_time=75, labels=["ray", "rollout", "engine"])
 
 
 def _gone(pid: int, timeout_s: float) -> bool:

@@ -22,7 +22,7 @@ from mizzen_rollout.rollout import (
 from mizzen_rollout.router import EngineRouter, LeastOutstandingRouter, NoEngineAvailableError
 from mizzen_rollout.samples import SampleStatus
 
-register_cpu_ci(est_time=25, labels=["rollout", "engine"])
+register_cpu_ci(est_time=20, labels=["rollout", "engine"])
 
 FAST_RETRY = RetryPolicy(max_attempts=2, backoff_s=0.01, backoff_max_s=0.02)
 

@@ -47,6 +47,10 @@ class UsageError(Exception):
     """A problem with the command line, the data or the reward spec (exit code 2)."""
 
 
+class RunError(Exception):
+    """The run could not proceed (e.g. the embedded engine did not start; exit code 1)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mizzen-rollout",
@@ -147,14 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ============================================================================= serve
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .engines.embedded.backend import make_backend
+    from .engines.embedded.backend import BackendUnavailableError, make_backend
     from .engines.embedded.server import serve
 
     try:
         backend = make_backend(
             args.backend, model_path=args.model, seed=args.seed, num_threads=args.num_threads
         )
-    except ValueError as exc:
+    except (ValueError, BackendUnavailableError) as exc:
         raise UsageError(str(exc)) from None
     serve(
         backend,
@@ -201,7 +205,7 @@ def _config(args: argparse.Namespace) -> RolloutConfig:
 
 async def _generate_local(args, prompts, config, reward, progress) -> tuple[RolloutBatch, str]:
     from .engines.client import SGLangClient
-    from .engines.launcher import launch_embedded
+    from .engines.launcher import LaunchError, launch_embedded
     from .router import EngineRouter
 
     server = None
@@ -213,9 +217,12 @@ async def _generate_local(args, prompts, config, reward, progress) -> tuple[Roll
             file=sys.stderr,
             flush=True,
         )
-        server = await asyncio.to_thread(
-            launch_embedded, model_path=args.model, seed=args.engine_seed, backend=args.backend
-        )
+        try:
+            server = await asyncio.to_thread(
+                launch_embedded, model_path=args.model, seed=args.engine_seed, backend=args.backend
+            )
+        except LaunchError as exc:
+            raise RunError(f"the embedded engine did not start: {exc}") from None
         urls = [server.url]
     clients = [SGLangClient(u, timeout_s=args.timeout) for u in urls]
     router = EngineRouter(clients)
@@ -323,5 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mizzen-rollout {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunError as exc:
+        print(f"mizzen-rollout {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

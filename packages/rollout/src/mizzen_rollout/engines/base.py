@@ -99,7 +99,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p is {self.top_p}; use a value in (0, 1]")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"SamplingParams.top_k is {self.top_k}; use -1 (off) or >= 1")
-        # Accept lists from callers but keep the dataclass hashable.
+        # Accept lists from callers; store tuples (immutable, like the rest of the request).
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 

@@ -34,6 +34,7 @@ from .tokenizer import ByteTokenizer, HFTokenizerAdapter
 
 __all__ = [
     "Backend",
+    "BackendUnavailableError",
     "EchoBackend",
     "Generation",
     "TransformersBackend",
@@ -60,6 +61,10 @@ _NOOP_DEFAULTS: dict[str, Any] = {
     "structural_tag": None,
     "custom_params": None,
 }
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend's libraries are not installed (the message says which extra to install)."""
 
 
 class UnsupportedParameterError(ValueError):
@@ -161,8 +166,15 @@ class TransformersBackend:
     """Hugging Face ``generate`` on CPU (or whatever torch's default device is)."""
 
     def __init__(self, *, model_path: str | None = None, seed: int = 0, num_threads: int = 1):
-        import torch
-        import transformers
+        try:
+            import torch
+            import transformers
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"the transformers backend needs torch and transformers ({exc}); install them "
+                "with: pip install 'mizzen-rollout[embedded]' -- or use --backend echo, or point "
+                "generate at a running server with --engine-url"
+            ) from None
 
         torch.set_num_threads(max(1, num_threads))
         self._torch = torch
