@@ -116,11 +116,12 @@ def _batch(setup: Setup, slots: int):
     )
 
 
-def _allocated(device: str) -> int | None:
+def _allocated(device: str, expected: int | None = None) -> int | None:
     if device != "cuda":
         return None
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated()
+    from mizzen_train.memory import settled_allocated_bytes
+
+    return settled_allocated_bytes(expected)
 
 
 def _sync(device: str) -> None:
@@ -151,7 +152,7 @@ def _round(executor, setup: Setup, slots: int, *, timed: bool) -> dict:
         assert all(r.stepped for r in reports.values()), reports
     for slot in range(slots):
         executor.unload_slot(slot)
-    after = _allocated(setup.device)
+    after = _allocated(setup.device, expected=baseline)
     params = slots * executor.trainable_parameters_per_slot()
     return {
         "step_s": statistics.median(times) if times else None,

@@ -54,6 +54,7 @@ def test_two_slots_learn_through_megatron_schedule_and_ddp(kit, nccl_rank, monke
     from megatron.core.distributed import DistributedDataParallel
 
     from mizzen_train.losses import CrossEntropyLoss
+    from mizzen_train.memory import settled_allocated_bytes
     from mizzen_train.specs import AdamParams
 
     schedule_calls = []
@@ -94,17 +95,18 @@ def test_two_slots_learn_through_megatron_schedule_and_ddp(kit, nccl_rank, monke
     # unload gives every byte back (caches such as the attention mask exist from the first round)
     executor.unload_slot(0)
     executor.unload_slot(1)
-    baseline = torch.cuda.memory_allocated()
+    baseline = settled_allocated_bytes()
     executor.load_slot(0, 8, 16.0)
     executor.load_slot(1, 8, 16.0)
-    loaded = torch.cuda.memory_allocated()
+    loaded = settled_allocated_bytes()
     executor.forward_backward(batch, CrossEntropyLoss())
     executor.optim_step(adam)
     per_param = (loaded - baseline) / (2 * executor.trainable_parameters_per_slot())
     assert 17.9 < per_param <= 18.1, f"{per_param:.3f} bytes per trainable parameter per slot"
     executor.unload_slot(0)
     executor.unload_slot(1)
-    assert torch.cuda.memory_allocated() == baseline
+    after = settled_allocated_bytes(expected=baseline)
+    assert after == baseline, f"{after - baseline} bytes still allocated after unloading"
 
 
 def _poison_run(kit, poison: bool) -> dict:

@@ -16,6 +16,7 @@ Modules (each states its invariants in its docstring):
 - :mod:`~mizzen_train.batch`, :mod:`~mizzen_train.specs` -- request records.
 - :mod:`~mizzen_train.gpt` -- build a megatron-core GPT (local layer spec) for the executor.
 - :mod:`~mizzen_train.megatron_on_cpu` -- opt-in ``torch.cuda`` shim to run megatron on a CPU.
+- :mod:`~mizzen_train.memory` -- CUDA allocated bytes once asynchronous frees have landed.
 
 Importing the package imports nothing heavy; its modules import torch and megatron.core (never a
 GPU-only library).
