@@ -2,15 +2,15 @@
 
 CPU tests run each scenario in forked worker processes, one per rank, joined by a gloo process
 group (``file://`` rendezvous in a temp dir, so concurrent runs never collide on a port) and
-megatron's ``parallel_state``.  Forking after megatron-core is imported here keeps a rank's
-start-up to well under a second; the parent pytest process itself never runs a torch kernel (so
-no OpenMP pool exists to be inherited) and never touches CUDA.  Inside each worker the
-``torch.cuda`` shim of :mod:`mizzen_train.megatron_on_cpu` is installed before anything else.
+megatron's ``parallel_state``.  megatron-core is imported here, before any fork, so a rank
+inherits it and starts in well under a second; the parent pytest process itself never runs a
+torch kernel (so no OpenMP pool exists to be inherited) and never touches CUDA.  Inside each
+worker the ``torch.cuda`` shim of :mod:`mizzen_train.megatron_on_cpu` is installed first.
 
-Workers report a picklable result (by value) or their traceback over a pipe; a worker that fails makes
-the parent kill the other ranks (they may be blocked in a collective) and fail the test with
-every rank's traceback.  The builders live in ``slot_kit.py`` (shared with the 2-GPU worker
-script); GPU test files use them through ``kit`` but never the fork launcher.
+Workers report a picklable result (by value) or their traceback over a pipe; a worker that
+fails makes the parent kill the other ranks (they may be blocked in a collective) and fail the
+test with every rank's traceback.  The builders live in ``slot_kit.py`` (shared with the 2-GPU
+worker script); GPU test files use them through ``kit`` but never the fork launcher.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import megatron.core.distributed
-
-# Imported here, before any fork, so workers inherit them instead of importing them again.
-import megatron.core.models.gpt  # noqa: F401
+import megatron.core.distributed  # pre-fork import, see the docstring
+import megatron.core.models.gpt  # noqa: F401  (pre-fork import, see the docstring)
 import pytest
 import torch
 from megatron.core import parallel_state
