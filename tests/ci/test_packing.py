@@ -1,6 +1,6 @@
-"""Property tests of the packer against an independent model of how a job and a pool run:
-every test placed once, never more GPUs busy than a runner has, the budget kept, the schedule
-reproducible by the GPU lane's longest-first rule, never worse than plain round-robin."""
+"""Property tests of the packer: every test placed once, never more GPUs busy than a runner has
+(checked on the schedule itself), the budget kept, every job's schedule the one the GPU lane's
+packer produces for it, never worse than plain round-robin run the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
+from mizzen_ci.gpu_packing import PackItem, simulate
 from mizzen_ci.packing import Item, PackingError, lower_bound, pack
 
 register_cpu_ci(est_time=25, labels=["ci"])
@@ -18,20 +19,12 @@ register_cpu_ci(est_time=25, labels=["ci"])
 EPS = 1e-6
 
 
-def run_in_order(items: list[Item], gpus: int) -> dict[str, float]:
-    """Start time of each item when run in this order, each as soon as its GPUs are free."""
-    free = [0.0] * gpus
-    starts = {}
-    for item in items:
-        free.sort()
-        start = free[item.gpus - 1]
-        starts[item.key] = start
-        free[: item.gpus] = [start + item.seconds] * item.gpus
-    return starts
-
-
-def longest_first(items):
-    return sorted(items, key=lambda i: (-i.seconds, -i.gpus, i.key))
+def lane_starts(items: list[Item], gpus: int) -> dict[str, float]:
+    """Start time of each item when the GPU lane's packer runs them on ``gpus`` GPUs."""
+    ran = simulate(
+        [PackItem(i.key, i.gpus, i.seconds) for i in items], [str(g) for g in range(gpus)]
+    )
+    return {s.item.key: s.start for s in ran}
 
 
 def queued_makespan(lengths: list[float], runners: int) -> float:
@@ -50,7 +43,7 @@ def round_robin(items: list[Item], gpus: int, runners: int, budget: float, n: in
     lengths = []
     for job in dealt:
         if job:
-            starts = run_in_order(longest_first(job), gpus)
+            starts = lane_starts(job, gpus)
             lengths.append(max(starts[i.key] + i.seconds for i in job))
     ok = all(x <= budget + EPS for x in lengths)
     return queued_makespan(sorted(alone + lengths, reverse=True), runners), ok
@@ -91,8 +84,8 @@ def test_packing_properties(case):
             assert sum(o.item.gpus for o in running) <= gpus
             ids = [g for o in running for g in o.gpu_ids]
             assert len(ids) == len(set(ids))
-        # The GPU lane runs a job's tests longest first: the planned starts are what it does.
-        expected = run_in_order(longest_first([s.item for s in job.slots]), gpus)
+        # The planned starts are what the GPU lane's packer does with the job's tests.
+        expected = lane_starts([s.item for s in job.slots], gpus)
         for s in job.slots:
             assert s.start == pytest.approx(expected[s.item.key], abs=EPS)
         # The budget holds; a test over it opens its own job, timed by that test.

@@ -1,13 +1,18 @@
 """Packing tests into runner-jobs of one pool: how many jobs, which tests, in what order.
 
-The model (the same one the GPU lane executes):
+The model (the one the GPU lane executes):
 - A *job* holds one runner of the pool, which has ``gpus`` GPUs, for at most ``budget`` seconds.
-- Inside a job, tests run side by side: in the job's order (longest first), each test starts as
-  soon as ``num_gpus`` GPUs are free (the ``num_gpus``-th earliest free time) and takes those
-  GPUs until it ends.  :func:`simulate_job` computes that schedule; a job's length is its end.
+- Inside a job, tests run side by side the way the GPU lane runs them
+  (:mod:`mizzen_ci.gpu_packing`): longest first, and whenever GPUs free up every waiting test
+  that fits starts (backfill).  :func:`simulate_job` is that packer run on the estimates; a job's
+  length is when its last test ends.
 - The pool has ``runners`` runners; the pool's jobs are queued in the packing's order and each
   starts on the first runner that frees up.  The pool's *makespan* is when its last job ends.
 - Lower bound of any schedule: ``max(total GPU-seconds / (gpus × runners), longest test)``.
+
+Placement decisions use a simpler, conservative model of a job (each test, in longest-first
+order, starts when its ``num_gpus``-th GPU frees up, no backfill); every candidate is then
+scored by simulating its jobs with the lane's packer and rejected if a job breaks the budget.
 
 The packer (every candidate below is scored by the pool makespan; the best one is kept, ties
 going to fewer jobs):
@@ -18,7 +23,8 @@ going to fewer jobs):
    not absorbed beside the long tests) and are spread over up to ``runners`` while each keeps
    ``min_job`` seconds of work (a job costs a runner's set-up); a few counts around that are
    packed longest first, each test into the job where it *finishes* earliest, never past the
-   budget (a count that cannot hold them is rejected).
+   budget (a count that cannot hold them is rejected, and so is one whose simulated jobs break
+   the budget).
 3. *Timeline*: for a target makespan T (bisected between the lower bound and the best so far),
    the long tests go to runners longest first, each runner's remaining time up to T is cut into
    jobs of ``budget`` seconds plus one remainder, the tests are placed as in 2, and the jobs are
@@ -37,6 +43,9 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .gpu_packing import PackItem
+from .gpu_packing import simulate as lane_simulate
 
 
 @dataclass(frozen=True)
@@ -110,19 +119,18 @@ def lower_bound(items: Sequence[Item], gpus: int, runners: int) -> float:
 
 
 def simulate_job(items: Sequence[Item], gpus: int) -> tuple[Slot, ...]:
-    """The in-job schedule of ``items`` in the given order (see the module docstring)."""
-    free = [(0.0, g) for g in range(gpus)]  # (free at, gpu id), kept sorted
-    slots = []
+    """The schedule the GPU lane follows for ``items`` on a runner of ``gpus`` GPUs: its own
+    packer (:func:`mizzen_ci.gpu_packing.simulate`: longest first, every test that fits starts as
+    GPUs free up), so a planned job's length is what the lane will take if estimates hold."""
     for item in items:
         if item.gpus > gpus:
             raise PackingError(f"{item.key} needs {item.gpus} GPUs; the runner has {gpus}")
-        taken, free = free[: item.gpus], free[item.gpus :]
-        start = taken[-1][0]
-        end = start + item.seconds
-        slots.append(Slot(item, start, tuple(sorted(g for _, g in taken))))
-        for _, g in taken:
-            _insort(free, (end, g))
-    return tuple(slots)
+    by_key = {i.key: i for i in items}
+    ran = lane_simulate([PackItem(i.key, i.gpus, i.seconds) for i in items], _GPU_NAMES[:gpus])
+    return tuple(Slot(by_key[s.item.key], s.start, tuple(map(int, s.gpus))) for s in ran)
+
+
+_GPU_NAMES = tuple(str(g) for g in range(1024))
 
 
 def _insort(free: list[tuple[float, int]], entry: tuple[float, int]) -> None:
@@ -166,47 +174,54 @@ def _finalise(
     return Packing(tuple(jobs), gpus, runners, budget, makespan, lb, strategy)
 
 
+def _fill_beside(
+    anchors: Sequence[Item], items: list[Item], gpus: int
+) -> tuple[list[Job], list[Item]]:
+    """One job per anchor (a test over the budget), its spare GPUs filled with tests that end
+    before it does, checked by simulating the job as the lane runs it; the tests left over."""
+    contents = [[a] for a in anchors]
+    room = [(gpus - a.gpus) * a.seconds for a in anchors]  # spare GPU-seconds
+    jobs = [Job(simulate_job(c, gpus), over_budget=True) for c in contents]
+    left: list[Item] = []
+    for item in items:
+        for k in sorted(range(len(anchors)), key=lambda k: -room[k]):
+            a = anchors[k]
+            if item.gpus > gpus - a.gpus or item.gpu_seconds > room[k]:
+                continue
+            trial = Job(simulate_job([*contents[k], item], gpus), over_budget=True)
+            if trial.seconds <= a.seconds * (1 + 1e-9):
+                contents[k].append(item)
+                room[k] -= item.gpu_seconds
+                jobs[k] = trial
+                break
+        else:
+            left.append(item)
+    return jobs, left
+
+
 def _earliest_finish(
-    items: list[Item], gpus: int, limits: Sequence[float], anchors: Sequence[Item] = ()
+    items: list[Item], gpus: int, limits: Sequence[float]
 ) -> list[Job | None] | None:
     """Longest-first, each item into the job where it finishes earliest within that job's
-    budget; ``None`` when some item fits no job.
-
-    Each anchor (a test over the budget) opens a job of its own whose budget is the anchor's
-    length; its spare GPUs are filled first, since an item that ends before the anchor costs
-    nothing there, and only what fits no anchor goes to the ``n`` budgeted jobs."""
-    jobs = len(anchors) + len(limits)
+    limit (in the conservative model); ``None`` when some item fits no job."""
+    jobs = len(limits)
     free = [[0.0] * gpus for _ in range(jobs)]  # per job, GPU free times sorted ascending
-    limit = [a.seconds for a in anchors] + list(limits)
-    placed: list[list[Item]] = [[] for _ in range(jobs)]
-    for j, a in enumerate(anchors):
-        placed[j].append(a)
-        free[j] = [0.0] * (gpus - a.gpus) + [a.seconds] * a.gpus
     version = [0] * jobs
     sizes = sorted({i.gpus for i in items})
-    groups = (range(len(anchors)), range(len(anchors), jobs))
-    heaps = {
-        (k, g): sorted((free[j][g - 1], j, 0) for j in group)
-        for k, group in enumerate(groups)
-        for g in sizes
-    }
-
-    def best_in(heap: list) -> tuple[float, int] | None:
-        skipped, found = [], None
+    heaps = {g: [(0.0, j, 0) for j in range(jobs)] for g in sizes}
+    placed: list[list[Item]] = [[] for _ in range(jobs)]
+    for item in items:
+        heap, skipped, found = heaps[item.gpus], [], None
         while heap:
             start, j, ver = heapq.heappop(heap)
             if ver != version[j]:
                 continue  # stale
             skipped.append((start, j, ver))
-            if start + item.seconds <= limit[j]:
+            if start + item.seconds <= limits[j]:
                 found = (start, j)
                 break
         for entry in skipped:
             heapq.heappush(heap, entry)
-        return found
-
-    for item in items:
-        found = best_in(heaps[0, item.gpus]) or best_in(heaps[1, item.gpus])
         if found is None:
             return None
         start, j = found
@@ -217,17 +232,13 @@ def _earliest_finish(
         for _ in range(item.gpus):
             _insort_float(f, end)
         version[j] += 1
-        k = 0 if j < len(anchors) else 1
         for g in sizes:
-            heap = heaps[k, g]
-            heapq.heappush(heap, (f[g - 1], j, version[j]))
-            if len(heap) > 4 * jobs + 64:  # drop stale entries now and then
-                heap[:] = [e for e in heap if e[2] == version[e[1]]]
-                heapq.heapify(heap)
-    return [
-        Job(simulate_job(p, gpus), over_budget=j < len(anchors)) if p else None
-        for j, p in enumerate(placed)
-    ]
+            h = heaps[g]
+            heapq.heappush(h, (f[g - 1], j, version[j]))
+            if len(h) > 4 * jobs + 64:  # drop stale entries now and then
+                h[:] = [e for e in h if e[2] == version[e[1]]]
+                heapq.heapify(h)
+    return [Job(simulate_job(p, gpus)) if p else None for p in placed]
 
 
 def _insort_float(values: list[float], x: float) -> None:
@@ -249,29 +260,22 @@ def _round_robin(items: Sequence[Item], gpus: int, n: int) -> list[Job]:
 
 
 def job_counts(
-    items: Sequence[Item],
-    gpus: int,
-    runners: int,
-    budget: float,
-    min_job: float,
-    anchors: Sequence[Item] = (),
+    items: Sequence[Item], gpus: int, runners: int, budget: float, min_job: float
 ) -> list[int]:
-    """The counts of budgeted jobs worth trying for ``items`` (besides one job per anchor)."""
+    """The counts of budgeted jobs worth trying for ``items`` on ``runners`` runners."""
     if not items:
         return [0]
-    spare = sum((gpus - a.gpus) * a.seconds for a in anchors)  # room beside the anchors
-    work = max(0.0, sum(i.gpu_seconds for i in items) - spare)
+    work = sum(i.gpu_seconds for i in items)
     longest = max(i.seconds for i in items)
-    free_runners = max(1, runners - len(anchors))
     by_budget = math.ceil(work / (gpus * budget))
-    spread = min(free_runners, math.ceil(work / (gpus * max(min_job, longest, 1e-9))))
-    low = max(0 if anchors else 1, by_budget, spread)
+    spread = min(runners, math.ceil(work / (gpus * max(min_job, longest, 1e-9))))
+    low = max(1, by_budget, spread)
     # a few counts above the least, as long as each job keeps ``min_job`` seconds of work
     counts = {low} | {
         c for c in range(low + 1, min(low + 3, len(items)) + 1) if work / (gpus * c) >= min_job
     }
-    if low > free_runners:  # several waves: whole waves keep the runners busy to the end
-        counts.add(min(len(items), math.ceil(low / free_runners) * free_runners))
+    if low > runners:  # several waves: whole waves keep the runners busy to the end
+        counts.add(min(len(items), math.ceil(low / runners) * runners))
     return sorted(counts)
 
 
@@ -296,18 +300,20 @@ def pack(
         return Packing((), gpus, runners, budget, 0.0, 0.0, "longest-first")
     lb = lower_bound(items, gpus, runners)
     anchors = longest_first([i for i in items if i.seconds > budget])
-    rest = longest_first([i for i in items if i.seconds <= budget])
-    alone = [Job(simulate_job([a], gpus), over_budget=True) for a in anchors]
+    anchor_jobs, rest = _fill_beside(
+        anchors, longest_first([i for i in items if i.seconds <= budget]), gpus
+    )
+    free_runners = max(1, runners - len(anchors))
 
     best: Packing | None = None
     tried: set[int] = set()
-    counts = job_counts(rest, gpus, runners, budget, min_job, anchors)
+    counts = job_counts(rest, gpus, free_runners, budget, min_job)
     while counts:
         n = counts.pop(0)
         tried.add(n)
-        found = _earliest_finish(rest, gpus, [budget] * n, anchors)
-        jobs = None if found is None else [j for j in found if j is not None]
-        if jobs is None:  # too few jobs for the budget: try more
+        found = _earliest_finish(rest, gpus, [budget] * n) if n else []
+        jobs = None if found is None else anchor_jobs + [j for j in found if j]
+        if jobs is None or not _valid(jobs, budget):  # too few jobs for the budget: more
             bigger = min(len(rest), n + max(1, n // 8))
             if best is None and bigger not in tried:
                 counts = sorted(set(counts) | {bigger})
@@ -316,19 +322,49 @@ def pack(
         if best is None or _better(p, best):
             best = p
     assert best is not None  # n = len(rest) always fits: each item alone is within the budget
-    timeline = _timeline_search(anchors, rest, gpus, runners, budget, min_job, lb, best.makespan)
+    timeline = _timeline_search(
+        anchor_jobs, rest, gpus, runners, budget, min_job, lb, best.makespan
+    )
     if timeline is not None and _better(timeline, best):
         best = timeline
-    # Round-robin (in the given order) over as many budgeted jobs as the winner has: the result
-    # is never worse than it.
+    # Whole-runner tests in jobs of their own: they never wait for a runner to drain.
+    wide = [i for i in rest if i.gpus == gpus]
+    if wide and len(wide) < len(rest):
+        narrow = [i for i in rest if i.gpus < gpus]
+        parts = []
+        for group in (wide, narrow):
+            for n in [*job_counts(group, gpus, free_runners, budget, min_job), len(group)]:
+                found = _earliest_finish(group, gpus, [budget] * n)
+                if found is not None and _valid(got := [j for j in found if j], budget):
+                    parts.append(got)
+                    break
+        if len(parts) == 2:
+            p = _finalise(anchor_jobs + parts[0] + parts[1], gpus, runners, budget, lb, "split")
+            if _better(p, best):
+                best = p
+    # Round-robin (in the given order, long tests alone) over as many budgeted jobs as the
+    # winner has: the result is never worse than it.
     n = best.budgeted_jobs
     if n:
+        alone = [Job(simulate_job([a], gpus), over_budget=True) for a in anchors]
         rr = alone + _round_robin([i for i in items if i.seconds <= budget], gpus, n)
-        if all(j.seconds <= budget for j in rr if not j.over_budget):
+        if _valid(rr, budget):
             candidate = _finalise(rr, gpus, runners, budget, lb, "round-robin")
             if _better(candidate, best):
                 best = candidate
     return best
+
+
+def _valid(jobs: Sequence[Job], budget: float) -> bool:
+    """Every budgeted job within the budget, every long test's job no longer than that test."""
+    for job in jobs:
+        if job.over_budget:
+            anchor = max(s.item.seconds for s in job.slots)
+            if job.seconds > anchor * (1 + 1e-9):
+                return False
+        elif job.seconds > budget * (1 + 1e-9):
+            return False
+    return True
 
 
 def _better(a: Packing, b: Packing) -> bool:
@@ -336,7 +372,7 @@ def _better(a: Packing, b: Packing) -> bool:
 
 
 def _timeline_pack(
-    anchors: Sequence[Item],
+    anchor_jobs: Sequence[Job],
     rest: list[Item],
     gpus: int,
     runners: int,
@@ -346,16 +382,15 @@ def _timeline_pack(
     """Jobs that give each runner about ``target`` seconds, queued in the order that hands each
     runner its planned jobs; ``None`` when the tests do not fit.
 
-    Anchors go to runners longest first (least loaded runner); each runner's remaining time up
-    to ``target`` is cut into jobs of ``budget`` seconds and one shorter remainder, and the
-    tests are placed
-    into those jobs (and beside the anchors) by :func:`_earliest_finish`."""
+    The long tests' jobs go to runners longest first (least loaded runner); each runner's
+    remaining time up to ``target`` is cut into jobs of ``budget`` seconds and one shorter
+    remainder, and the tests are placed into those by :func:`_earliest_finish`."""
     load = [0.0] * runners
-    plan: list[list[int]] = [[] for _ in range(runners)]  # job indices per runner
-    for k, a in enumerate(anchors):
+    plan: list[list[Job | int]] = [[] for _ in range(runners)]  # a job, or an index into found
+    for job in anchor_jobs:
         r = min(range(runners), key=lambda r: (load[r], r))
-        load[r] += a.seconds
-        plan[r].append(k)
+        load[r] += job.seconds
+        plan[r].append(job)
     limits: list[float] = []
     for r in range(runners):
         room = target - load[r]
@@ -363,31 +398,30 @@ def _timeline_pack(
             continue
         full, remainder = divmod(room, budget)
         for limit in [budget] * int(full) + ([remainder] if remainder > 1e-6 * budget else []):
-            plan[r].append(len(anchors) + len(limits))
+            plan[r].append(len(limits))
             limits.append(limit)
-    found = _earliest_finish(rest, gpus, limits, anchors)
+    found = _earliest_finish(rest, gpus, limits) if rest else []
     if found is None:
         return None
     # Queue order: replay the runners, the one that frees first taking its next planned job.
+    queue = [[x if isinstance(x, Job) else found[x] for x in p] for p in plan]
+    queue = [[j for j in q if j is not None] for q in queue]  # planned jobs that got no test
     order: list[Job] = []
-    free = [(0.0, r) for r in range(runners)]
+    free = [(0.0, r) for r in range(runners) if queue[r]]
     heapq.heapify(free)
     cursor = [0] * runners
     while free:
         t, r = heapq.heappop(free)
-        while cursor[r] < len(plan[r]) and found[plan[r][cursor[r]]] is None:
-            cursor[r] += 1  # a planned job that received no test
-        if cursor[r] == len(plan[r]):
-            continue
-        job = found[plan[r][cursor[r]]]
+        job = queue[r][cursor[r]]
         cursor[r] += 1
         order.append(job)
-        heapq.heappush(free, (t + job.seconds, r))
+        if cursor[r] < len(queue[r]):
+            heapq.heappush(free, (t + job.seconds, r))
     return order
 
 
 def _timeline_search(
-    anchors: Sequence[Item],
+    anchor_jobs: Sequence[Job],
     rest: list[Item],
     gpus: int,
     runners: int,
@@ -399,16 +433,18 @@ def _timeline_search(
     """The best :func:`_timeline_pack` over targets between the lower bound and ``upper``."""
     if not rest:
         return None
-    work = sum(i.gpu_seconds for i in rest) + sum(a.gpu_seconds for a in anchors)
-    longest = max(i.seconds for i in (*anchors, *rest))
-    used = min(runners, max(len(anchors), math.ceil(work / (gpus * max(min_job, longest, 1e-9)))))
-    used = max(used, 1)
+    work = sum(i.gpu_seconds for i in rest) + sum(gpus * j.seconds for j in anchor_jobs)
+    longest = max([i.seconds for i in rest] + [j.seconds for j in anchor_jobs])
+    spread = math.ceil(work / (gpus * max(min_job, longest, 1e-9)))
+    used = max(1, min(runners, max(len(anchor_jobs), spread)))
     lo, hi = max(lb, work / (gpus * used)), max(upper, lb)
     best = None
     targets = [lo]
     for _ in range(14):
         target = targets.pop() if targets else (lo + hi) / 2
-        jobs = _timeline_pack(anchors, rest, gpus, used, budget, target)
+        jobs = _timeline_pack(anchor_jobs, rest, gpus, used, budget, target)
+        if jobs is not None and not _valid(jobs, budget):
+            jobs = None
         if jobs is None:
             lo = target
         else:
