@@ -2,9 +2,9 @@
 router over HTTP clients) and the Ray rollout manager.
 
 Invariants:
-- For ``B`` prompts and ``n`` samples per prompt, exactly ``B * n`` requests are issued, each with
-  a unique request id ``{batch_id}-g{group}-s{index}``, and exactly one sample comes back per
-  request id — whatever the engines do.  Groups come back in prompt order, samples in index order.
+- For ``B`` prompts and ``n`` samples per prompt there are exactly ``B * n`` request ids
+  ``{batch_id}-g{group}-s{index}`` and exactly one sample comes back per id, whatever the engines
+  do (a dispatcher may re-issue an id to another engine; the call still returns once).  Groups come back in prompt order, samples in index order.
 - An engine error becomes a ``FAILED`` sample with the message; a reward error likewise (see
   :mod:`.rewards`); the batch itself never raises for either.
 - With ``SamplingParams.seed`` set, sample ``i`` of a group is seeded with a hash of (seed,
