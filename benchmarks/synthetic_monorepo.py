@@ -33,10 +33,11 @@ LABELS = ("train", "lora", "megatron", "attention", "plugins", "rollout", "distr
 
 @dataclass
 class Repo:
-    """What was generated: module name -> file, test file -> imported module names."""
+    """What was generated: module name -> file, its imports; test file -> imported modules."""
 
     root: Path
     modules: dict[str, str] = field(default_factory=dict)
+    imports: dict[str, list[str]] = field(default_factory=dict)  # module -> modules it imports
     tests: dict[str, list[str]] = field(default_factory=dict)
     gpu_tests: set[str] = field(default_factory=set)
     packages: list[str] = field(default_factory=list)
@@ -193,6 +194,7 @@ def generate(
             path = path.with_suffix(".py")
             path.write_text(_module_source(rng, name, imports))
             repo.modules[name] = path.relative_to(root).as_posix()
+            repo.imports[name] = [m for m, _ in imports]
 
     for t in range(tests):
         p = t % packages
@@ -224,3 +226,9 @@ def generate(
     fleet = Path(fleet) if fleet else Path(__file__).resolve().parents[1] / "ci" / "fleet.toml"
     shutil.copy(fleet, root / "ci" / "fleet.toml")
     return repo
+
+
+def leaf_modules(repo: Repo) -> list[str]:
+    """Modules (not packages) that no other module imports, sorted."""
+    imported = {m for targets in repo.imports.values() for m in targets}
+    return sorted(m for m in repo.imports if m not in imported)

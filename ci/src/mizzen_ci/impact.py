@@ -189,48 +189,65 @@ class Analyser:
         self.tests_by_dir: dict[str, list[str]] = {}
         for t in tree.tests:
             self.tests_by_dir.setdefault(_dir(t), []).append(t)
-        self._pred: dict[str, list[str]] | None = None
+        self._reached: dict[str, frozenset[str]] = {}
+        self._index: dict[str, list[str]] | None = None
 
     # -- graph
 
-    def predecessors(self) -> dict[str, list[str]]:
-        """``{target name: [nodes importing it]}`` over every import (lazy ones too), with the
-        parent packages an import runs first (:meth:`ImportGraph.with_parents`) and, for
-        ``from pkg import name``, ``pkg.name`` (a submodule, or one that is gone)."""
-        if self._pred is None:
-            graph = self.graph
-            pred: dict[str, list[str]] = {}
-            chains: dict[str, list[str]] = {}
-            for node in graph.files:
-                for edge in graph.edges(node):
-                    targets = [edge.target]
-                    if edge.kind == "from":
-                        targets += [f"{edge.target}.{n}" for n in edge.names if n != "*"]
-                    for target in targets:
-                        chain = chains.get(target)
-                        if chain is None:
-                            chain = chains[target] = graph.with_parents(target)
-                        for t in chain:
-                            pred.setdefault(t, []).append(node)
-            self._pred = pred
-        return self._pred
+    def reached(self, node: str) -> frozenset[str]:
+        """Every name importing ``node``'s code can run directly, over all its imports (lazy ones
+        too): each resolved target with the parent packages it runs first
+        (:meth:`ImportGraph.with_parents`) and, for ``from pkg import name``, ``pkg.name`` (a
+        submodule, or one that is gone)."""
+        got = self._reached.get(node)
+        if got is None:
+            graph, names = self.graph, set()
+            for edge in graph.edges(node):
+                names.update(graph.with_parents(edge.target))
+                if edge.kind == "from":
+                    for n in edge.names:
+                        if n != "*":
+                            names.update(graph.with_parents(f"{edge.target}.{n}"))
+            got = self._reached[node] = frozenset(names)
+        return got
+
+    def _mentions(self) -> dict[str, list[str]]:
+        """``{name component: nodes whose imports, as written, could resolve to a name ending in
+        it}``: every component of each written module and imported name, plus the importer's own
+        package for relative imports.  A superset; :meth:`reached` decides."""
+        if self._index is None:
+            index: dict[str, list[str]] = {}
+            for node, facts in self.graph.facts.items():
+                keys: set[str] = set()
+                relative = False
+                for imp in facts.imports:
+                    if imp.module:
+                        keys.update(imp.module.split("."))
+                    keys.update(imp.names)
+                    relative = relative or imp.level > 0
+                if relative and node in self.graph.modules:
+                    keys.update(node.split("."))
+                for k in keys:
+                    index.setdefault(k, []).append(node)
+            self._index = index
+        return self._index
 
     def importers_with_origin(self, changed: dict[str, str]) -> dict[str, str]:
-        """``{node: why}`` for every node whose closure reaches a name in ``changed``
-        (``{module name: why it changed}``), found in one reverse breadth-first pass."""
-        pred = self.predecessors()
+        """``{node: why}`` for every node whose closure (all imports, lazy ones too) reaches a
+        name in ``changed`` (``{module name: why it changed}``): a reverse breadth-first search
+        that resolves only the nodes whose written imports could name the frontier."""
+        mentions = self._mentions()
         origin: dict[str, str] = {}
-        queue = deque()
-        for name, why in changed.items():
-            queue.append((name, why))
+        queue = deque(changed.items())
         seen = set(changed)
         while queue:
             name, why = queue.popleft()
-            for node in pred.get(name, ()):
-                if node not in seen:
+            for node in mentions.get(name.rpartition(".")[2], ()):
+                if node not in seen and name in self.reached(node):
                     seen.add(node)
                     origin[node] = why
-                    queue.append((node, why))
+                    if node in self.graph.modules:  # an extra file is imported by no one
+                        queue.append((node, why))
         return origin
 
     # -- test-tree rules

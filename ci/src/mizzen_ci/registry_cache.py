@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 from . import __file__ as _package_init
@@ -35,7 +35,7 @@ from .registry import (
     registry_excludes,
 )
 
-_FORMAT = 1
+_FORMAT = 2
 _RACY_WINDOW_NS = 2_000_000_000
 
 
@@ -49,17 +49,26 @@ def _code_key(fleet: Fleet) -> str:
     return h.hexdigest()
 
 
+_REG_FIELDS = tuple(f.name for f in fields(Registration))
+_ERR_FIELDS = tuple(f.name for f in fields(RegistryError))
+_TUPLES = frozenset(f.name for f in fields(Registration) if str(f.type).startswith("tuple"))
+
+
 def _encode(reg: Registration | None, errors: list[RegistryError]) -> list:
-    return [asdict(reg) if reg else None, [asdict(e) for e in errors]]
+    """Compact JSON: field values in declaration order (the format key covers the order)."""
+    row = None if reg is None else [getattr(reg, f) for f in _REG_FIELDS]
+    return [row, [[getattr(e, f) for f in _ERR_FIELDS] for e in errors]]
 
 
 def _decode(data: list) -> tuple[Registration | None, list[RegistryError]]:
-    reg, errors = data
-    if reg is not None:
-        for key in ("labels", "hardware", "needs"):
-            reg[key] = tuple(reg[key])
-        reg = Registration(**reg)
-    return reg, [RegistryError(**e) for e in errors]
+    row, errors = data
+    reg = None
+    if row is not None:
+        values = dict(zip(_REG_FIELDS, row, strict=True))
+        for key in _TUPLES:
+            values[key] = tuple(values[key])
+        reg = Registration(**values)
+    return reg, [RegistryError(*e) for e in errors]
 
 
 def discover_fast(root: Path, excludes=()) -> list[str]:
