@@ -4,8 +4,9 @@ Sessions stay thin: they install (from ``uv.lock``, never resolving anew) and ca
 pytest; the logic lives in ``mizzen_ci``.  Facts come from their one table: workspace members from
 the root ``pyproject.toml``, GPU generations from ``ci/fleet.toml``.
 
-    nox -s registry       the main job for now: every registered test with its derived pool
-    nox -s validate lint cpu packages   what CI runs (see README)
+    nox -s plan                                        the main job: the CI plan for your change
+    nox -s validate lint lazy-imports cpu packages     what CI runs (see README)
+    nox -s gpu-hopper                                  a GPU lane, on a machine of that generation
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import nox
 ROOT = Path(__file__).parent
 CI_SRC = ROOT / "ci" / "src"
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["validate", "lint", "cpu", "packages"]
+nox.options.sessions = ["validate", "lint", "lazy-imports", "cpu", "packages"]
 nox.options.error_on_missing_interpreters = True
 
 # Environment every test process of a CPU lane gets: no GPU, no Ray dashboards or auth prompts.
@@ -108,10 +109,14 @@ def lazy_imports(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole repository."""
+    """ruff check and ruff format --check over the repository; actionlint and zizmor (offline, any
+    finding fails) over the GitHub workflows."""
     _sync_workspace(session, "--only-group", "lint")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.y*ml"))
+    session.run("actionlint", *workflows)
+    session.run("zizmor", "--offline", *workflows)
 
 
 @nox.session

@@ -125,7 +125,14 @@ print(json.dumps({
 """,
         pythonpath=[extra_plugins],
     )
-    assert out["available"] == ["deepseek_v4", "dummy", "exploding", "misnamed", "nemotron_h", "not_a_plugin"]
+    assert out["available"] == [
+        "deepseek_v4",
+        "dummy",
+        "exploding",
+        "misnamed",
+        "nemotron_h",
+        "not_a_plugin",
+    ]
     assert out["family"] == "nemotron_h" and out["config"] == "NemotronHConfig"
     assert out["model"] == "HybridCausalLM" and out["same"]
     assert out["others"] == []  # the exploding module would have failed the run if imported
