@@ -5,10 +5,13 @@ One run measures, on the same data:
 1. Generic document-causal attention (``mizzen_plugins.attention.causal_thd_attention``):
    - baseline: padded SDPA (every sequence right-padded to the longest, ``is_causal=True``);
    - FlexAttention with a document-causal block mask (compiled);
-   - ours (``impl="fast"``: length-bucketed dense causal SDPA), with the bucket plan cached on the
-     layout (the per-layer cost) and with a fresh layout every call (the per-batch cost);
-   - diagnostics: ours with cuDNN / flash SDPA backends forced, torch's ``varlen_attn`` (FA2
-     varlen) when this torch has it, and dense causal SDPA at the longest length (a ceiling).
+   - ours, ``impl="auto"``: length-bucketed dense causal SDPA (cuDNN on Hopper) in one autograd
+     node, with the bucket plan cached on the layout (the per-layer cost), with a fresh layout
+     object every call (the per-batch plan cost) and with a new length mix every call (RL
+     batches: a layout's first call runs the varlen kernel while bucket shapes are unbuilt);
+   - ours, ``impl="varlen"`` (torch's flash varlen kernel on the packed stream);
+   - diagnostics: ours with only the flash SDPA backend, and dense causal SDPA at the longest
+     length (a ceiling).
    Useful FLOPs count causal attention without padding: fwd ``4*H*D*sum(L*(L+1)/2)``, fwd+bwd
    3.5x that.  Printed: ms, useful TFLOP/s, ratio vs the baseline.
 2. The DeepSeek-V4-style layer: THD tokens/s vs its own BSHD padded path (``forward_padded``) at
@@ -179,19 +182,20 @@ def run_causal(args, device, dtype, lengths, results):
         print(f"  FlexAttention document mask: FAILED {type(exc).__name__}: {exc}"[:300])
 
     # ours
+    ours_key = "ours: auto = bucketed SDPA/cuDNN (plan cached)"
+    auto = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="auto")  # noqa: E731
     fast = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="fast")  # noqa: E731
-    secs = timed(fwd_bwd(fast, leaves, g), device=device, warmup=args.warmup, iters=args.iters)
-    report("ours: bucketed SDPA (plan cached)", secs)
-    ours_key = "ours: bucketed SDPA (plan cached)"
+    secs = timed(fwd_bwd(auto, leaves, g), device=device, warmup=args.warmup, iters=args.iters)
+    report(ours_key, secs)
 
     def fresh_layout(a, b, c):
-        return causal_thd_attention(a, b, c, PackedLayout(lengths, device), impl="fast")
+        return causal_thd_attention(a, b, c, PackedLayout(lengths, device), impl="auto")
 
     secs = timed(fwd_bwd(fresh_layout, leaves, g), device=device, warmup=1, iters=args.iters)
-    report("ours: bucketed SDPA (new layout every call)", secs)
+    report("ours: auto, new layout object every call", secs)
 
-    # a different length mix (same token count) every call: new bucket shapes each time, so
-    # kernel-side per-shape setup (e.g. cuDNN graph builds) is paid like in training
+    # a different length mix (same token count) every call, as in RL training: a layout's first
+    # call runs on the varlen kernel when its bucket shapes are not built yet
     mixes = iter(
         [
             lognormal_lengths(t, min(lengths), max(lengths), args.mu, 1.2, 1000 + i)
@@ -200,13 +204,18 @@ def run_causal(args, device, dtype, lengths, results):
     )
 
     def new_mix(a, b, c):
-        return causal_thd_attention(a, b, c, PackedLayout(next(mixes), device), impl="fast")
+        return causal_thd_attention(a, b, c, PackedLayout(next(mixes), device), impl="auto")
 
     secs = timed(fwd_bwd(new_mix, leaves, g), device=device, warmup=1, iters=args.iters)
-    report("ours: bucketed SDPA (new length mix every call)", secs, note="(flops: first mix)")
+    report("ours: auto, new length mix every call", secs, note="(flops: first mix)")
 
     if not on_cpu:
-        print_top_kernels(fwd_bwd(fast, leaves, g), "ours")
+        varlen = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="varlen")  # noqa: E731
+        secs = timed(
+            fwd_bwd(varlen, leaves, g), device=device, warmup=args.warmup, iters=args.iters
+        )
+        report("ours: varlen (torch flash varlen kernel)", secs)
+        print_top_kernels(fwd_bwd(fast, leaves, g), "ours (bucketed)")
 
     with torch.no_grad():
         ref = causal_thd_attention(*(x.detach() for x in leaves), layout, impl="fast")
@@ -217,40 +226,14 @@ def run_causal(args, device, dtype, lengths, results):
             print(f"  (no flex cross-check: {type(exc).__name__})")
 
     if not on_cpu:
-        for name, backends in (
-            (
-                "ours, SDPA cuDNN first",
-                ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
-            ),
-            ("ours, SDPA flash only", ("FLASH_ATTENTION",)),
-        ):
-            try:
-                with sdpa_backends(*backends):
-                    secs = timed(
-                        fwd_bwd(fast, leaves, g),
-                        device=device,
-                        warmup=args.warmup,
-                        iters=args.iters,
-                    )
-                report(name, secs)
-            except Exception as exc:
-                print(f"  {name}: FAILED {type(exc).__name__}: {exc}"[:300])
         try:
-            from torch.nn.attention.varlen import varlen_attn
-
-            cu = layout.cu_seqlens.to(torch.int32)
-            params = inspect.signature(varlen_attn).parameters
-            extra = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-
-            def varlen(a, b, c):
-                return varlen_attn(a, b, c, cu, cu, layout.max_seqlen, layout.max_seqlen, **extra)
-
-            secs = timed(
-                fwd_bwd(varlen, leaves, g), device=device, warmup=args.warmup, iters=args.iters
-            )
-            report("torch varlen_attn (FA2 varlen)", secs)
+            with sdpa_backends("FLASH_ATTENTION"):
+                secs = timed(
+                    fwd_bwd(fast, leaves, g), device=device, warmup=args.warmup, iters=args.iters
+                )
+            report("ours: bucketed, SDPA flash only (diagnostic)", secs)
         except Exception as exc:
-            print(f"  torch varlen_attn: not measured ({type(exc).__name__}: {exc})"[:300])
+            print(f"  ours, SDPA flash only: FAILED {type(exc).__name__}: {exc}"[:300])
         # ceiling: dense causal SDPA on max-length rows holding the same number of tokens
         s = max(lengths)
         b = max(1, t // s)

@@ -184,3 +184,49 @@ def test_packed_agrees_with_padded_bshd_sdpa(impl):
     bshd = F.scaled_dot_product_attention(*padded, is_causal=True).transpose(1, 2)
     thd = causal_thd_attention(q, k, v, layout, impl=impl)
     torch.testing.assert_close(thd, pack_padded(bshd, lengths)[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+def test_pieces_sharing_keys_like_load_balanced_cp(impl):
+    # one rank holding two query chunks of the same segment (load-balanced split): both pieces
+    # read the segment's first keys, whose gradients must be summed over the pieces; the last
+    # segment has no local queries, so its keys get exactly zero gradient
+    lengths = [50, 90, 7, 3]
+    q, k, v, _ = make_qkv(sum(lengths), seed=5)
+    chunks = [(10, 20), (40, 50), (50, 140), (140, 147)]  # global query rows [a, b)
+    q_rows = torch.cat([torch.arange(a, b) for a, b in chunks])
+    seg_start = [0, 0, 50, 140]
+    q_len = [b - a for a, b in chunks]
+    k_len = [b - s for (_, b), s in zip(chunks, seg_start, strict=True)]
+    q_start = [0, 10, 20, 110]
+    pieces = AttentionPieces(tuple(q_start), tuple(seg_start), tuple(q_len), tuple(k_len))
+    w = torch.randn(len(q_rows), 4, 6, dtype=torch.float64)
+    got, got_g = out_and_grads(
+        lambda a, b, c: causal_attention_pieces(a[q_rows], b, c, pieces, impl=impl), q, k, v, w
+    )
+    want, want_g = out_and_grads(lambda a, b, c: alone(a, b, c, lengths)[q_rows], q, k, v, w)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_fast_forward_without_grad_builds_no_graph():
+    layout = PackedLayout([30, 5, 64])
+    q, k, v, _ = make_qkv(layout.num_tokens, seed=9)
+    q.requires_grad_(True)
+    with torch.no_grad():
+        out = causal_thd_attention(q, k, v, layout, impl="fast")
+    assert out.grad_fn is None and not out.requires_grad
+    torch.testing.assert_close(out, alone(q.detach(), k, v, layout.lengths), rtol=1e-10, atol=1e-10)
+
+
+def test_varlen_is_cuda_half_only_and_auto_stays_on_fast_on_cpu():
+    layout = PackedLayout([5, 9])
+    q, k, v, _ = make_qkv(14, dtype=torch.float32)
+    with pytest.raises(ValueError, match='use impl="fast"'):
+        causal_thd_attention(q, k, v, layout, impl="varlen")
+    pieces = AttentionPieces((0,), (0,), (14,), (14,))
+    with pytest.raises(ValueError, match="whole segments only"):
+        causal_attention_pieces(q, k, v, pieces, impl="varlen")
+    out = causal_thd_attention(q, k, v, layout, impl="auto")
+    torch.testing.assert_close(out, alone(q, k, v, [5, 9]), rtol=1e-5, atol=1e-5)

@@ -31,7 +31,7 @@ def rel_err(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-@pytest.mark.parametrize("impl", ["fast", "flex"])
+@pytest.mark.parametrize("impl", ["fast", "flex", "varlen"])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(8, 8, 128), (8, 2, 64)])
 def test_matches_reference_bf16_forward_backward(impl, hq, hkv, d):
     gen = torch.Generator().manual_seed(SEED)
@@ -68,3 +68,61 @@ def test_fast_float32_matches_reference_closely():
     fast = causal_thd_attention(q, k, v, layout, impl="fast")
     ref = causal_thd_attention(q, k, v, layout, impl="reference")
     torch.testing.assert_close(fast, ref, rtol=2e-4, atol=2e-4, msg=f"seed {SEED}")
+
+
+def test_fast_bottom_right_pieces_sharing_keys_bf16():
+    # context-parallel shaped pieces (a rank holding two chunks of one long segment, and tails
+    # of segments) through the padded-bucket kernel, against the float32 reference
+    from mizzen_plugins.attention import AttentionPieces, causal_attention_pieces
+
+    gen = torch.Generator().manual_seed(SEED)
+    lengths = [3000, 700, 1500, 9, 20]  # the last segment has no queries here
+    chunks = [(500, 1000), (2500, 3000), (3000, 3700), (4900, 5200), (5200, 5209)]
+    seg_of = [0, 0, 3000, 3700, 5200]
+    q_len = [b - a for a, b in chunks]
+    k_len = [b - s for (_, b), s in zip(chunks, seg_of, strict=True)]
+    q_start = [sum(q_len[:i]) for i in range(len(chunks))]
+    pieces = AttentionPieces(tuple(q_start), tuple(seg_of), tuple(q_len), tuple(k_len))
+    t, tq = sum(lengths), sum(q_len)
+    dev = torch.device("cuda")
+    q = torch.randn(tq, 8, 128, generator=gen).to(dev, torch.bfloat16)
+    k, v = (torch.randn(t, 8, 128, generator=gen).to(dev, torch.bfloat16) for _ in range(2))
+    w = torch.randn(tq, 8, 128, generator=gen).to(dev)
+    results = {}
+    for which in ("reference", "fast"):
+        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+        out = causal_attention_pieces(qq, kk, vv, pieces, impl=which)
+        (out.float() * w).sum().backward()
+        results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+    pairs = zip(("out", "dq", "dk", "dv"), results["fast"], results["reference"], strict=True)
+    for name, a, b in pairs:
+        assert rel_err(a, b) < 2e-2, f"pieces {name}: {rel_err(a, b):.3g} (seed {SEED})"
+    untouched = torch.arange(t, device=dev) >= 5209
+    assert bool((results["fast"][2][untouched] == 0).all())
+
+
+def test_auto_runs_varlen_then_buckets_and_both_match_the_reference():
+    from mizzen_plugins.attention import causal
+
+    gen = torch.Generator().manual_seed(SEED)
+    lengths = [3, *lognormal_lengths(5000, 16, 2048, gen), 64]
+    layout = PackedLayout(lengths, "cuda")
+    t = layout.num_tokens
+    q, k, v, w = (torch.randn(t, 4, 64, generator=gen).to("cuda", torch.bfloat16) for _ in range(4))
+    with torch.no_grad():
+        ref = causal_thd_attention(q, k, v, layout, impl="reference")
+    causal._BUILT_SHAPES.clear()  # every bucket shape unbuilt: the first call goes varlen
+    outs = []
+    for _ in range(3):
+        qq = q.clone().requires_grad_(True)
+        out = causal_thd_attention(qq, k, v, layout, impl="auto")
+        (out.float() * w.float()).sum().backward()
+        outs.append((out.detach(), qq.grad))
+        assert rel_err(out, ref) < 2e-2, f"auto call {len(outs)} (seed {SEED})"
+    plan = next(
+        p for key, p in layout.__dict__["_plan_cache"].items() if key[0] == "causal_bucket_plan"
+    )
+    assert plan.calls[0] == 3  # one varlen call, then two bucketed calls
+    assert {s[:4] for s in causal._BUILT_SHAPES} == {(n, 4, p, 64) for _, n, p in plan.buckets}
+    for name, a, b in (("out", outs[1][0], outs[0][0]), ("dq", outs[1][1], outs[0][1])):
+        assert rel_err(a, b) < 2e-2, f"varlen vs buckets {name} (seed {SEED})"

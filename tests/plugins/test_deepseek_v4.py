@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 
@@ -394,3 +395,50 @@ def test_plugin_builds_a_stack_from_an_hf_style_config():
     with pytest.raises(ValueError, match="compress_ratios"):
         PLUGIN.config_from_hf({"hidden_size": 32})
     assert PLUGIN.config_from_hf({"num_hidden_layers": 3}).compress_ratios == (4, 4, 4)
+
+
+def varlen_window_per_run(plan, q, k, v, scale):
+    """What a flash-style varlen kernel computes: per ext run, causal with a left window."""
+    cu, longest = plan.ext_runs
+    cu = cu.tolist()
+    assert longest == max((b - a for a, b in itertools.pairwise(cu)), default=0)
+    outs, lses = [], []
+    for a, b in itertools.pairwise(cu):
+        i = torch.arange(b - a)
+        allowed = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < plan.window)
+        logits = torch.einsum("thd,sd->hts", q[a:b], k[a:b]) * scale
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        lses.append(torch.logsumexp(logits, -1).transpose(0, 1))
+        outs.append(torch.einsum("hts,sd->thd", torch.softmax(logits, -1), v[a:b]))
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "window", "cp", "split"),
+    [
+        ([7, 33, 1, 20, 3, 1], 4, 1, None),
+        ([7, 33, 1, 20, 3, 1], 4, 2, "contiguous"),
+        ([7, 33, 1, 20, 3, 1], 4, 3, "load_balanced"),
+        ([5, 6], 5, 2, "load_balanced"),  # chunks shorter than the halo
+        ([40], 3, 4, "load_balanced"),
+    ],
+)
+def test_ext_runs_give_every_query_its_whole_window(lengths, window, cp, split):
+    # the flash varlen window kernel restarts at each ext run: every real query row must find its
+    # whole window inside its run, i.e. per-run causal windows equal the blocked kernel's
+    from mizzen_plugins.context_parallel import shard_packed_stream
+    from mizzen_plugins.deepseek_v4.kernels import _BlockedWindow
+
+    layout = PackedLayout(lengths)
+    target = layout if cp == 1 else shard_packed_stream(layout, cp, cp - 1, split)
+    plan = build_stream_plan(target, window, 2, torch.device("cpu"))
+    g = torch.Generator().manual_seed(len(lengths) + cp)
+    te = plan.num_ext
+    q = torch.randn(te, 2, 6, generator=g, dtype=torch.float64)
+    k = torch.randn(te, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(te, 5, generator=g, dtype=torch.float64)
+    want_o, want_lse = _BlockedWindow(plan, 0.4).forward(q, k, v)
+    got_o, got_lse = varlen_window_per_run(plan, q, k, v, 0.4)
+    rows = plan.q_in_ext  # halo rows are not queries: their windows may be cut short
+    torch.testing.assert_close(got_o[rows], want_o[rows], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_lse[rows], want_lse[rows], rtol=1e-12, atol=1e-12)

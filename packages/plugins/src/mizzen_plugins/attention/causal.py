@@ -7,15 +7,23 @@ Implementations (``impl``):
 
 - ``"reference"``: a plain loop over segments with an explicit mask and softmax, computed in
   ``float32`` or wider (``float64`` stays ``float64``).  The ground truth for tests.
-- ``"fast"``: segments are bucketed by length (:func:`mizzen_plugins.thd.plan_length_buckets`),
-  each bucket gathered into a right-padded ``[n, heads, P, dim]`` batch and run through one
-  ``scaled_dot_product_attention(is_causal=True)`` call, then scattered back.  Right padding plus
-  the causal mask means no real query ever sees a pad key, so no mask tensor is needed and torch
-  is free to pick its fastest dense causal kernel (flash / cuDNN on GPU).  Pad rows are copies of
-  real rows; their outputs are dropped, so they receive exactly zero gradient.
+- ``"fast"``: segments are bucketed by length (:func:`mizzen_plugins.thd.plan_length_buckets`,
+  batches split into powers of two), each bucket gathered into a right-padded ``[n, P, heads,
+  dim]`` buffer and run, as a ``[n, heads, P, dim]`` view, through one
+  ``scaled_dot_product_attention(is_causal=True)`` call; output rows are copied back with one
+  multi-tensor copy.  Right padding plus the causal mask means no real query ever sees a pad key,
+  so no mask tensor is needed and torch picks its fastest dense causal kernel (cuDNN on Hopper).
+  Pad rows are copies of real rows; their outputs are dropped and their output gradient is zero,
+  so they send no gradient anywhere.  The whole bucketed computation is one autograd node (no
+  zero-filled full-size gradients, no scatter-adds).  On CUDA a bucket shape the process has not
+  run yet takes the flash kernel during a plan's first call, and from the second call on torch's
+  default choice (cuDNN builds its graph once per shape and process, tens of ms).
+- ``"varlen"``: torch's flash varlen kernel directly on the packed stream (CUDA, half precision;
+  whole segments only).  No copies and nothing to build.
 - ``"flex"``: FlexAttention with a document-causal block mask (compiled on CUDA).  Forward-only
   on CPU (torch does not implement its backward there).
-- ``"auto"``: ``"fast"`` (it runs on every device and dtype).
+- ``"auto"``: ``"fast"``, except the first call of a layout whose bucket shapes are not all built
+  yet runs ``"varlen"`` where it applies (a layout used once never pays for cuDNN builds).
 
 The generalised entry :func:`causal_attention_pieces` serves context parallelism: each *piece*
 pairs a run of query rows with a run of key rows of one segment, aligned bottom-right (the last
@@ -28,6 +36,9 @@ query attends outside its segment or to a later position.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -44,8 +55,8 @@ __all__ = [
     "useful_causal_flops",
 ]
 
-Impl = Literal["auto", "reference", "fast", "flex"]
-_IMPLS = ("auto", "reference", "fast", "flex")
+Impl = Literal["auto", "reference", "fast", "flex", "varlen"]
+_IMPLS = ("auto", "reference", "fast", "flex", "varlen")
 
 # One more SDPA call (forward + backward launches and Python) costs roughly this much time; the
 # bucket planner trades it against padded quadratic work at about this many FLOP/s.
@@ -129,9 +140,12 @@ def causal_thd_attention(
             f"max_seqlen = {max_seqlen} but the longest segment has {layout.max_seqlen} tokens; "
             "pass max(lengths) or leave max_seqlen unset"
         )
+    auto = impl == "auto"
     impl = _resolve_impl(impl)
     if impl == "flex":
         return _flex_document_causal(q, k, v, layout.to(q.device), scale)
+    if impl == "varlen" or (auto and _varlen_first(q, k, v, layout)):
+        return _varlen_causal(q, k, v, layout, scale)
     pieces = AttentionPieces.from_layout(layout)
     return causal_attention_pieces(q, k, v, pieces, scale=scale, impl=impl, plan_owner=layout)
 
@@ -160,9 +174,9 @@ def causal_attention_pieces(
         )
     impl = _resolve_impl(impl)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if impl == "flex":
+    if impl in ("flex", "varlen"):
         raise ValueError(
-            'impl="flex" runs whole segments only (causal_thd_attention); use "fast" or '
+            f'impl="{impl}" runs whole segments only (causal_thd_attention); use "fast" or '
             '"reference" for pieces'
         )
     if q.shape[0] == 0:
@@ -232,101 +246,325 @@ def _reference_pieces(q, k, v, pieces: AttentionPieces, scale: float) -> torch.T
     return out.index_select(0, inverse).to(q.dtype)
 
 
-# -- fast: length-bucketed dense causal SDPA ------------------------------------------------------
+# -- fast: length-bucketed dense causal SDPA, one autograd node ---------------------------------
+# Bucket batch sizes are powers of two, so the set of (n, P) shapes a process ever runs stays
+# small: cuDNN builds one execution graph per shape (tens of ms each), then reuses it.
+POW2_BATCHES = True
+# Shapes already run with torch's default SDPA choice (cuDNN on Hopper) in this process.
+_BUILT_SHAPES: set[tuple] = set()
+
+
 @dataclass(frozen=True)
-class _GatherPlan:
-    q_rows: torch.Tensor  # [N_pad] which q row fills each padded slot
-    k_rows: torch.Tensor  # [N_pad] which k row fills each padded slot
-    out_index: torch.Tensor  # [Tq] slot of the padded output holding each query row
-    buckets: tuple[tuple[int, int], ...]  # (n, P) square buckets, in slot order
-    ragged: tuple[tuple[int, int, int], ...]  # (slot offset, q_len, k_len) bottom-right pieces
+class _BucketPlan:
+    """Where every padded slot of the bucketed batch reads from and writes to.
+
+    The padded batch is one ``[N, heads, dim]`` buffer cut into square buckets ``(offset, n, P)``:
+    ``n`` pieces of ``P`` slots each, viewed as ``[n, heads, P, dim]`` without a copy.  Piece slot
+    ``j`` holds key ``j`` of the piece (pad slots repeat the last key) and, for a piece of
+    ``q_len < k_len`` queries (bottom-right, context parallel), query ``j - (k_len - q_len)``, so a
+    plain top-left causal mask gives every real query exactly its keys.  Pad slots hold copies of
+    real rows (finite values); their outputs are dropped and their incoming gradient is zero, so
+    they send no gradient anywhere.
+    """
+
+    q_src: torch.Tensor  # [N] q row copied into each slot
+    k_src: torch.Tensor  # [N] k/v row copied into each slot
+    pad_q_slots: torch.Tensor  # slots holding no real query (output gradient forced to zero)
+    buckets: tuple[tuple[int, int, int], ...]  # (slot offset, n, P)
+    q_spans: tuple[tuple[int, int, int, int], ...]  # (bucket, local slot, q row, q_len)
+    k_spans: tuple[tuple[int, int, int, int], ...]  # (bucket, local slot, k row, k_len)
+    keys_disjoint: bool  # no key row in two pieces (always, without context parallelism)
+    keys_cover_all: bool  # every key row in some piece
+    calls: list[int]  # [number of forward calls so far] (mutable: backend policy)
 
 
-def _build_gather_plan(pieces: AttentionPieces, call_cost: float, device) -> _GatherPlan:
-    # Square pieces (q_len == k_len, the whole-segment case) are bucketed; the few ragged pieces
-    # (context parallel: a chunk that starts mid-segment) each get one masked call.  Built with
-    # vectorised CPU tensor ops (one host->device copy per index tensor).
-    n = pieces.num_pieces
-    q_start = torch.tensor(pieces.q_start, dtype=torch.long)
-    k_start = torch.tensor(pieces.k_start, dtype=torch.long)
-    q_len = torch.tensor(pieces.q_len, dtype=torch.long)
-    square = [i for i in range(n) if pieces.q_len[i] == pieces.k_len[i] > 0]
-    ragged = [i for i in range(n) if pieces.k_len[i] > pieces.q_len[i] > 0]
-    buckets = plan_length_buckets([pieces.q_len[i] for i in square], align=64, call_cost=call_cost)
-    slot_base = torch.zeros(n, dtype=torch.long)
-    q_rows, k_rows, bucket_shapes = [], [], []
-    slot = 0
-    for b in buckets:
-        p = b.padded_length
-        ids = torch.tensor([square[m] for m in b.members], dtype=torch.long)
-        offs = torch.minimum(torch.arange(p)[None, :], (q_len[ids] - 1)[:, None])  # [n_b, P]
-        q_rows.append((q_start[ids][:, None] + offs).flatten())
-        k_rows.append((k_start[ids][:, None] + offs).flatten())
-        slot_base[ids] = slot + p * torch.arange(len(ids))
-        slot += p * len(ids)
-        bucket_shapes.append((len(ids), p))
-    # after the square part, q_rows and k_rows stop being parallel: each ragged piece appends
-    # its q_len query rows to q_rows and its k_len key rows to k_rows.
-    ragged_specs = []
-    for i in ragged:
-        ql, kl = pieces.q_len[i], pieces.k_len[i]
-        ragged_specs.append((slot, ql, kl))
-        slot_base[i] = slot
-        q_rows.append(pieces.q_start[i] + torch.arange(ql))
-        k_rows.append(pieces.k_start[i] + torch.arange(kl))
-        slot += ql
-    # out_index[r] = slot of query row r: pieces partition the query rows
-    order = torch.argsort(q_start[q_len > 0])
-    live = torch.nonzero(q_len > 0).flatten()[order]
-    piece_of_row = torch.repeat_interleave(live, q_len[live])
-    rows = torch.arange(piece_of_row.numel())
-    out_index = slot_base[piece_of_row] + rows - q_start[piece_of_row]
-    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
-    return _GatherPlan(
-        q_rows=cat(q_rows).to(device),
-        k_rows=cat(k_rows).to(device),
-        out_index=out_index.to(device),
-        buckets=tuple(bucket_shapes),
-        ragged=tuple(ragged_specs),
+def _split_pow2(members: list[int], k_lens: list[int], align: int) -> list[tuple[int, list[int]]]:
+    """Split a bucket into power-of-two batches, longest pieces first, each padded to its max."""
+    members = sorted(members, key=lambda i: -k_lens[i])
+    out, start, n = [], 0, len(members)
+    while start < n:
+        size = 1 << ((n - start).bit_length() - 1)
+        group = members[start : start + size]
+        out.append((math.ceil(k_lens[group[0]] / align) * align, group))
+        start += size
+    return out
+
+
+def _build_bucket_plan(
+    pieces: AttentionPieces, num_q: int, num_k: int, call_cost: float, device
+) -> _BucketPlan:
+    live = [i for i in range(pieces.num_pieces) if pieces.q_len[i] > 0]
+    k_lens = [pieces.k_len[i] for i in live]
+    groups: list[tuple[int, list[int]]] = []
+    for b in plan_length_buckets(k_lens, align=64, call_cost=call_cost):
+        if POW2_BATCHES:
+            groups.extend(_split_pow2(list(b.members), k_lens, 64))
+        else:
+            groups.append((b.padded_length, list(b.members)))
+    # per piece (in slot order): its bucket's P and its first slot; then all slots at once
+    order, piece_p, piece_base, q_spans, k_spans, shapes = [], [], [], [], [], []
+    offset = 0
+    for bucket, (p, members) in enumerate(groups):
+        for m, member in enumerate(members):
+            i = live[member]
+            order.append(i)
+            piece_p.append(p)
+            piece_base.append(offset + m * p)
+            q_len, k_len = pieces.q_len[i], pieces.k_len[i]
+            q_spans.append((bucket, m * p + k_len - q_len, pieces.q_start[i], q_len))
+            k_spans.append((bucket, m * p, pieces.k_start[i], k_len))
+        shapes.append((offset, len(members), p))
+        offset += len(members) * p
+
+    def field(values):
+        return torch.tensor([values[i] for i in order], dtype=torch.long)
+
+    qs, ks, ql, kl = (
+        field(f) for f in (pieces.q_start, pieces.k_start, pieces.q_len, pieces.k_len)
+    )
+    reps = torch.tensor(piece_p, dtype=torch.long)
+    pid = torch.repeat_interleave(torch.arange(len(order)), reps, output_size=offset)
+    j = torch.arange(offset) - torch.tensor(piece_base, dtype=torch.long)[pid]
+    qpos = j - (kl - ql)[pid]  # query index inside the piece held by each slot
+    q_src = qs[pid] + torch.minimum(qpos.clamp(min=0), ql[pid] - 1)
+    k_src = ks[pid] + torch.minimum(j, kl[pid] - 1)
+    pad_q = ((qpos < 0) | (j >= kl[pid])).nonzero().flatten()
+    covered = sorted((k0, k0 + n) for _, _, k0, n in k_spans)
+    disjoint = all(a[1] <= b[0] for a, b in itertools.pairwise(covered))
+    return _BucketPlan(
+        q_src=q_src.to(device),
+        k_src=k_src.to(device),
+        pad_q_slots=pad_q.to(device),
+        buckets=tuple(shapes),
+        q_spans=tuple(sorted(q_spans, key=lambda x: x[2])),
+        k_spans=tuple(sorted(k_spans, key=lambda x: x[2])),
+        keys_disjoint=disjoint,
+        keys_cover_all=disjoint and sum(n for _, _, _, n in k_spans) == num_k,
+        calls=[0],
     )
 
 
-def _fast_pieces(q, k, v, pieces: AttentionPieces, scale: float, plan_owner) -> torch.Tensor:
+def _bucket_views(x: torch.Tensor, offset: int, n: int, p: int) -> torch.Tensor:
+    """Slots ``offset : offset + n*p`` of a ``[N, heads, dim]`` buffer as ``[n, heads, P, dim]``."""
+    return x[offset : offset + n * p].view(n, p, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _flat(xb: torch.Tensor) -> torch.Tensor:
+    """``[n, heads, P, dim]`` -> ``[n*P, heads, dim]`` (a view when memory is ``[n, P, h, d]``)."""
+    n, h, p, d = xb.shape
+    return xb.transpose(1, 2).reshape(n * p, h, d)
+
+
+def _copy_spans(dst: torch.Tensor, srcs: list[torch.Tensor], spans) -> None:
+    """``dst[row : row + n] = srcs[bucket][slot : slot + n]`` for every span, one launch."""
+    if spans:
+        torch._foreach_copy_(
+            [dst[r : r + n] for _, _, r, n in spans],
+            [srcs[b][s : s + n] for b, s, _, n in spans],
+        )
+
+
+def _key_grads(g_buckets: list[torch.Tensor], plan: _BucketPlan, shape, dtype) -> torch.Tensor:
+    make = torch.empty if plan.keys_cover_all else torch.zeros
+    out = make(shape, dtype=dtype, device=g_buckets[0].device)
+    if plan.keys_cover_all:
+        _copy_spans(out, g_buckets, plan.k_spans)
+        return out
+    if plan.keys_disjoint:
+        _copy_spans(out, g_buckets, plan.k_spans)
+    else:  # a key row in several pieces (context parallelism): accumulate piece by piece
+        for b, s, r, n in plan.k_spans:
+            out[r : r + n] += g_buckets[b][s : s + n]
+    return out
+
+
+def _dense_causal(qb, kb, vb, scale: float) -> torch.Tensor:
+    extra = {"enable_gqa": True} if qb.shape[1] != kb.shape[1] else {}
+    return F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, **extra)
+
+
+def _dense_causal_forward(qb, kb, vb, scale: float):
+    """Dense causal SDPA on one bucket; returns ``(out, state)`` for :func:`_dense_causal_backward`.
+
+    Runs ``F.scaled_dot_product_attention`` on detached leaves, so torch picks its fastest dense
+    kernel (cuDNN / flash on GPU, any backend elsewhere) and its own backward is reused.
+    """
+    leaves = [t.detach().requires_grad_(True) for t in (qb, kb, vb)]
+    with torch.enable_grad():
+        ob = _dense_causal(*leaves, scale)
+    return ob.detach(), (leaves, ob)
+
+
+def _dense_causal_backward(state, dob):
+    leaves, ob = state
+    return torch.autograd.grad(ob, leaves, dob)
+
+
+def _backend_for(qb, kb, first_call: bool):
+    """SDPA backend policy per bucket shape (CUDA only).
+
+    A shape this process has not run through torch's default choice yet is run on the flash /
+    memory-efficient kernels during a plan's first call (no cuDNN graph build for a layout that may
+    be used once); from the plan's second call on (the next layers of the same batch) it takes the
+    default choice, which builds the cuDNN graph once for the whole process.
+    """
+    if not qb.is_cuda:
+        return contextlib.nullcontext()
+    shape = (*qb.shape, kb.shape[1], kb.shape[-1], qb.dtype, qb.device)
+    if shape in _BUILT_SHAPES:
+        return contextlib.nullcontext()
+    if first_call:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(
+            [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        )
+    _BUILT_SHAPES.add(shape)
+    return contextlib.nullcontext()
+
+
+class _BucketedCausal(torch.autograd.Function):
+    """Gather into padded buckets, dense causal SDPA per bucket, copy rows back; one graph node.
+
+    Passes over the ``[tokens, heads, dim]`` data: forward gathers q, k, v (one each) and copies
+    the real output rows out (one); backward gathers the output gradient (one, pad slots zeroed)
+    and copies dq, dk, dv out (one each).  No zero-filled full-size gradients, no scatter-adds
+    (except for key rows shared by two pieces under context parallelism).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: _BucketPlan, scale: float, need_grad: bool):
+        first_call = plan.calls[0] == 0
+        plan.calls[0] += 1
+        q_pad = q.index_select(0, plan.q_src)
+        k_pad = k.index_select(0, plan.k_src)
+        v_pad = v.index_select(0, plan.k_src)
+        outs, states = [], []
+        for off, n, p in plan.buckets:
+            views = [_bucket_views(x, off, n, p) for x in (q_pad, k_pad, v_pad)]
+            with _backend_for(views[0], views[1], first_call):
+                if need_grad:
+                    ob, state = _dense_causal_forward(*views, scale)
+                    states.append(state)
+                else:
+                    ob = _dense_causal(*views, scale)
+            outs.append(_flat(ob))
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+        _copy_spans(out, outs, plan.q_spans)
+        ctx.plan, ctx.states = plan, states
+        ctx.kv_meta = ((k.shape, k.dtype), (v.shape, v.dtype))
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        plan: _BucketPlan = ctx.plan
+        do_pad = dout.index_select(0, plan.q_src)
+        if plan.pad_q_slots.numel():
+            do_pad.index_fill_(0, plan.pad_q_slots, 0)
+        grads: list[list[torch.Tensor]] = [[], [], []]
+        for (off, n, p), state in zip(plan.buckets, ctx.states, strict=True):
+            bucket_grads = _dense_causal_backward(state, _bucket_views(do_pad, off, n, p))
+            for acc, g in zip(grads, bucket_grads, strict=True):
+                acc.append(_flat(g))
+        ctx.states = None  # free the per-bucket graphs
+        dq = dout.new_empty(dout.shape[0], dout.shape[1], grads[0][0].shape[-1])
+        _copy_spans(dq, grads[0], plan.q_spans)
+        (k_shape, k_dtype), (v_shape, v_dtype) = ctx.kv_meta
+        dk = _key_grads(grads[1], plan, k_shape, k_dtype)
+        dv = _key_grads(grads[2], plan, v_shape, v_dtype)
+        return dq, dk, dv, None, None, None
+
+
+def _bucket_plan(q, k, pieces: AttentionPieces, plan_owner) -> _BucketPlan:
     hq, d = q.shape[1], q.shape[2]
     call_cost = _CALL_OVERHEAD_S * _ASSUMED_FLOPS / (7.0 * hq * d)
-    key = ("causal_gather_plan", pieces, round(call_cost), q.device)
-    build = lambda: _build_gather_plan(pieces, call_cost, q.device)  # noqa: E731
-    plan = plan_owner.cached(key, build) if plan_owner is not None else build()
-    gqa = q.shape[1] != k.shape[1]
-    n_square = sum(n * p for n, p in plan.buckets)
-    q_sq = q.index_select(0, plan.q_rows[:n_square])
-    k_sq = k.index_select(0, plan.k_rows[:n_square])
-    v_sq = v.index_select(0, plan.k_rows[:n_square])
-    outs = []
-    off = 0
-    for n, p in plan.buckets:
-        sl = slice(off, off + n * p)
-        # contiguous [n, H, P, D]: the layout dense causal SDPA kernels are tuned for
-        qb = q_sq[sl].view(n, p, hq, d).transpose(1, 2).contiguous()
-        kb = k_sq[sl].view(n, p, k.shape[1], d).transpose(1, 2).contiguous()
-        vb = v_sq[sl].view(n, p, v.shape[1], v.shape[2]).transpose(1, 2).contiguous()
-        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
-        outs.append(ob.transpose(1, 2).reshape(n * p, hq, v.shape[2]))
-        off += n * p
-    # ragged (bottom-right) pieces: queries and keys stored back to back after the buckets
-    q_pos = n_square
-    k_pos = n_square
-    for _slot, ql, kl in plan.ragged:
-        qi = q.index_select(0, plan.q_rows[q_pos : q_pos + ql]).transpose(0, 1)[None]
-        ki = k.index_select(0, plan.k_rows[k_pos : k_pos + kl]).transpose(0, 1)[None]
-        vi = v.index_select(0, plan.k_rows[k_pos : k_pos + kl]).transpose(0, 1)[None]
-        mask = torch.ones(ql, kl, dtype=torch.bool, device=q.device).tril(diagonal=kl - ql)
-        oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        outs.append(oi[0].transpose(0, 1))
-        q_pos += ql
-        k_pos += kl
-    out_pad = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]
-    return out_pad.index_select(0, plan.out_index)
+    key = ("causal_bucket_plan", pieces, q.shape[0], k.shape[0], round(call_cost), POW2_BATCHES)
+
+    def build():
+        return _build_bucket_plan(pieces, q.shape[0], k.shape[0], call_cost, q.device)
+
+    return plan_owner.cached((*key, q.device), build) if plan_owner is not None else build()
+
+
+def _fast_pieces(q, k, v, pieces: AttentionPieces, scale: float, plan_owner) -> torch.Tensor:
+    plan = _bucket_plan(q, k, pieces, plan_owner)
+    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _BucketedCausal.apply(q, k, v, plan, scale, need_grad)
+
+
+# -- varlen: torch's flash varlen kernel on the packed stream ------------------------------------
+def _varlen_usable(q, k, v) -> bool:
+    d = q.shape[-1]
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.dtype == k.dtype == v.dtype
+        and d == v.shape[-1]
+        and d % 8 == 0
+        and d <= 256
+        and hasattr(torch.ops.aten, "_flash_attention_forward")
+    )
+
+
+def _varlen_first(q, k, v, layout: PackedLayout) -> bool:
+    """``"auto"``: run a layout's first call on the varlen kernel when buckets would need builds.
+
+    The bucketed path is faster once torch has built (cuDNN) its kernels for the bucket shapes;
+    building costs tens of ms per new shape, which a layout used once never earns back.  The
+    first call of a layout with unbuilt shapes therefore runs on the varlen kernel (no copies, no
+    builds); its second call (the next layer) takes the bucketed path and builds what is missing.
+    """
+    if q.shape[0] == 0 or not _varlen_usable(q, k, v):
+        return False
+    plan = _bucket_plan(q, k, AttentionPieces.from_layout(layout), layout)
+    if plan.calls[0] > 0:
+        return False
+    hq, hk, d = q.shape[1], k.shape[1], q.shape[2]
+    shapes = {(n, hq, p, d, hk, v.shape[-1], q.dtype, q.device) for _, n, p in plan.buckets}
+    if shapes <= _BUILT_SHAPES:
+        return False
+    plan.calls[0] += 1
+    return True
+
+
+class _VarlenCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu, max_len: int, scale: float):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
+        ctx.max_len, ctx.scale = max_len, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
+        m = ctx.max_len
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            dout.contiguous(), q, k, v, out, lse, cu, cu, m, m, 0.0, True, rng, unused,
+            scale=ctx.scale,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None
+
+
+def _varlen_causal(q, k, v, layout: PackedLayout, scale) -> torch.Tensor:
+    if not _varlen_usable(q, k, v):
+        raise ValueError(
+            f'impl="varlen" runs torch\'s flash varlen kernel: CUDA, float16/bfloat16, equal q/v '
+            f"head dims (a multiple of 8, <= 256); got {q.device}, {q.dtype}, dims "
+            f'{q.shape[-1]}/{v.shape[-1]}; use impl="fast"'
+        )
+    if q.shape[0] == 0:
+        return q.new_zeros(0, q.shape[1], v.shape[-1])
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    cu = layout.cached(
+        ("cu_seqlens_int32", q.device), lambda: layout.to(q.device).cu_seqlens.to(torch.int32)
+    )
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _VarlenCausal.apply(q, k, v, cu, max(layout.max_seqlen, 1), scale)
 
 
 # -- flex ----------------------------------------------------------------------------------------

@@ -74,6 +74,26 @@ class StreamPlan:
         return inside & same & (dist >= 0) & (dist < w)
 
     @functools.cached_property
+    def ext_runs(self) -> tuple[torch.Tensor, int]:
+        """Runs of extended rows that are one segment *and* consecutive in global index.
+
+        ``(cu_seqlens int32 [R + 1], longest run)``, for kernels that restart at each run
+        (flash-style varlen).  A query's whole window lies in its own run: the halo gives every
+        chunk the ``window - 1`` rows before it, so a gap in global index is wider than a window.
+        One host sync, cached.
+        """
+        te = self.num_ext
+        if te == 0:
+            return torch.zeros(1, dtype=torch.int32, device=self.ext_gidx.device), 0
+        brk = torch.ones(te, dtype=torch.bool, device=self.ext_gidx.device)
+        brk[1:] = (self.ext_seg[1:] != self.ext_seg[:-1]) | (
+            self.ext_gidx[1:] != self.ext_gidx[:-1] + 1
+        )
+        starts = brk.nonzero().flatten()
+        cu = torch.cat([starts, starts.new_full((1,), te)])
+        return cu.to(torch.int32), int((cu[1:] - cu[:-1]).max())
+
+    @functools.cached_property
     def segment_runs(self) -> tuple[tuple[int, int, int, int, int], ...]:
         """``(segment, q0, q1, e0, e1)``: query rows ``q0:q1`` and ext rows ``e0:e1`` of a segment."""
 
