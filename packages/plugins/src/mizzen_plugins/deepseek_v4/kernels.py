@@ -12,11 +12,15 @@ The output is the probability-weighted sum of the raw values ``v[s]`` and compre
 
 - ``reference``: loops over segments, a dense ``[H, Lq, Le + G_s + 1]`` logit matrix each, in
   float32 or wider (float64 stays float64).
-- ``fast``: vectorised over the stream.  Extended rows are cut into blocks of ``window``; block
-  ``n``'s queries see keys of blocks ``n-1`` and ``n`` (``2 * window`` candidates, masked by the
-  plan), computed with two batched matmuls over ``unfold`` views; the selected compressed entries
-  are gathered per query; one softmax over ``[2W + topk + 1]`` logits.  Any device, any dtype
-  (half inputs are computed in float32).
+- ``fast``: one autograd node (:class:`_SparseAttention`).  The window branch runs a window
+  kernel that returns its output and log-sum-exp: torch's flash varlen kernel with
+  ``window_size_left = W - 1`` over runs of extended rows (half precision on CUDA), else a blocked
+  kernel (blocks of ``W``: block ``n``'s queries see blocks ``n-1, n``; any device, float32 or
+  wider).  The ``k`` selected compressed entries are gathered per query (in row chunks of bounded
+  memory), and window, compressed logits and sink meet in one float32 softmax over ``[1 + k + 1]``
+  terms.  Backward calls the window kernel's own backward with the output gradient scaled by the
+  window's weight and the *merged* output (exact: its ``rowsum(dO * O)`` is then the merged
+  softmax's), and computes the compressed and sink parts directly.
 - ``flex``: the window branch through FlexAttention (block mask over segment and global index,
   compiled on CUDA) returning its log-sum-exp; the compressed branch and the sink are merged in
   exactly by log-sum-exp weights.  Forward-only on CPU.
