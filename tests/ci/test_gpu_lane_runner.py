@@ -99,11 +99,17 @@ def make_repo(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def lane(root: Path, *args: str, env: dict[str, str] | None = None, fake_gpus: int = 2):
+def lane(
+    root: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    fake_gpus: int = 2,
+    cwd: Path | None = None,
+):
     return subprocess.run(
         [sys.executable, "-m", "mizzen_ci", "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
          "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args],
-        cwd=root,
+        cwd=cwd or root,
         env={
             **os.environ,
             "PYTHONPATH": str(CI_SRC),
@@ -364,7 +370,16 @@ def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tm
     """What the H200 run of the planted tree shows (see its README), here with a pretend GPU."""
     common = ["--root", str(PLANTED), "--report-dir", str(tmp_path / "r"), "--no-history",
               "--flake-record", str(tmp_path / "flakes.jsonl")]  # fmt: skip
-    out = lane(tmp_path, *common, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, fake_gpus=1)
+    # The H200 invocation: no entry points, PYTHONPATH relative to the checkout, files run in
+    # another root.  (This venv also has mizzen_ci installed, so the child finds it either way;
+    # on the GPU image the lane's own absolute path is what lets it load the plugin.)
+    out = lane(
+        tmp_path,
+        *common,
+        env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": "ci/src"},
+        fake_gpus=1,
+        cwd=REPO,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "[1/2] PASS tests/test_planted_pass.py" in out.stdout or (
         "[2/2] PASS tests/test_planted_pass.py" in out.stdout

@@ -43,13 +43,13 @@ def test_two_slots_on_two_ranks_as_tp2_and_dp2(tmp_path):
     for layout, dp_size, shards in (("tp2", 1, 2), ("dp2", 2, 1)):
         results = [rank[layout] for rank in ranks]
         assert [r["dp_size"] for r in results] == [dp_size, dp_size]
-        # Every rank computes the same losses up to float rounding: on CUDA the token gather's
-        # backward (index_add) uses atomics, so TP-replicated adapter factors can differ in the
-        # last bits between ranks after a step (seen on the H200: 5.087456226 vs 5.087456703).
+        # Every rank computes the same losses up to float rounding only: CUDA reductions with
+        # atomics (the loss sum, the token gather's index_add backward) differ in the last bits
+        # between ranks, even at step 0 (seen on the H200: 5.473610878 vs 5.473609924).
         # Decisions, which must be identical, are compared exactly below.
         for slot in ("0", "1"):
             a, b = results[0]["losses"][slot], results[1]["losses"][slot]
-            assert len(a) == len(b) and a[0] == b[0], f"{layout}: ranks disagree at step 0"
+            assert len(a) == len(b), f"{layout}: ranks ran different step counts"
             assert all(abs(x - y) <= 1e-5 * abs(y) for x, y in zip(a, b, strict=True)), (
                 f"{layout}: ranks disagree on slot {slot} losses: {a} vs {b}"
             )

@@ -177,7 +177,12 @@ class GpuLaneRunner:
 
     def _child_env(self, gpus: tuple[Gpu, ...]) -> dict[str, str]:
         env = dict(os.environ)
-        path = [*self.config.pythonpath, *filter(None, env.get("PYTHONPATH", "").split(":"))]
+        # The child loads this package's pytest plugin (`-p mizzen_ci.pytest_plugin`) and runs in
+        # the lane's root: put the running mizzen_ci on its path, and make inherited entries
+        # absolute so a relative PYTHONPATH keeps meaning what it meant here.
+        own = str(Path(__file__).resolve().parents[1])
+        inherited = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(":") if p]
+        path = [*self.config.pythonpath, own, *inherited]
         env.update(
             CUDA_VISIBLE_DEVICES=",".join(g.visible_id for g in gpus),
             CUDA_DEVICE_ORDER="PCI_BUS_ID",
