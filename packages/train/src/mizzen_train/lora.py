@@ -26,8 +26,8 @@ Invariants:
   gradient depends only on them.
 - Tokens move between megatron's order and the packed slot blocks by gathers in both directions
   (:class:`_RouteRows`): each token has one packed row, so the backward of a gather is the gather
-  by the inverse map — no ``index_add``, whose CUDA atomics on bf16 made every mixed-slot
-  micro-batch about a quarter slower on the H200.
+  by the inverse map — no atomic ``index_add``, so gradients are deterministic and the
+  TP-replicated factors cannot drift apart between ranks through reduction order.
 - Plain ``state_dict`` keys of a wrapped layer gain ``.base``; ``sharded_state_dict`` (megatron
   distributed checkpoints) keeps the base layer's keys.  Load base weights before wrapping.
 """
