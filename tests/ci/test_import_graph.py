@@ -360,7 +360,9 @@ def test_cache_from_another_format_is_ignored(tmp_path):
     g = ImportGraph.build(tmp_path, [tmp_path / "src"], cache=c)
     assert [e.target for e in g.edges("a")] == ["x"] and c.parsed == 1
     path.write_text("not json")
-    assert FactsCache(path).facts_for(tmp_path / "src" / "a.py", "src/a.py").imports
+    assert FactsCache(path).facts_for(tmp_path / "src" / "a.py", "src/a.py").imports == (
+        ("x", 0, (), 1, "module", False, "import"),
+    )
 
 
 def test_chains_to_agrees_with_chain_on_random_graphs_with_cycles(tmp_path):
@@ -398,7 +400,7 @@ def test_chains_to_agrees_with_chain_on_random_graphs_with_cycles(tmp_path):
 
 
 def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
-    import mizzen_ci.import_graph as ig
+    import mizzen_ci.source_facts as sf
 
     files = {"src/p/__init__.py": "from . import m0\n"}
     for i in range(12):
@@ -407,10 +409,37 @@ def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
         )
     write_tree(tmp_path, files)
     serial = ImportGraph.build(tmp_path, [tmp_path / "src"], workers=1)
-    monkeypatch.setattr(ig, "PARALLEL_MIN", 2)
+    monkeypatch.setattr(sf, "PARALLEL_MIN", 2)
     cache = FactsCache(None)
     parallel = ImportGraph.build(tmp_path, [tmp_path / "src"], cache=cache, workers=2)
     assert cache.parsed == 13
     assert {n: parallel.edges(n) for n in parallel.files} == {
         n: serial.edges(n) for n in serial.files
     }
+
+
+def test_import_word_lines_match_the_regex_they_replace():
+    """``_keyword_lines`` (a ``bytes.find`` loop) gives what ``re`` ``\\bimport\\b`` gives."""
+    import random
+    import re
+
+    from mizzen_ci.import_graph import _keyword_lines
+
+    word = re.compile(rb"\bimport\b")
+
+    def reference(source: bytes) -> list[int]:
+        lines, line, pos = [], 1, 0
+        for m in word.finditer(source):
+            line += source.count(b"\n", pos, m.start())
+            pos = m.start()
+            if not lines or lines[-1] != line:
+                lines.append(line)
+        return lines
+
+    rng = random.Random(0)
+    parts = [b"import", b" ", b"\n", b"x", b"_", b"importimport", b"1", b"\xc3\xa9", b".", b"#"]
+    for _ in range(5000):
+        source = b"".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        assert _keyword_lines(source) == reference(source), source
+    for path in sorted((REPO / "ci" / "src" / "mizzen_ci").glob("*.py")):
+        assert _keyword_lines(path.read_bytes()) == reference(path.read_bytes()), path

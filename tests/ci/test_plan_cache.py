@@ -1,66 +1,270 @@
-"""The planner's caches give exactly the uncached answers: the registry read through its cache
-(fresh, warm, after an edit, two files with the same bytes) and the fast discovery walk."""
+"""The planner's index (:mod:`mizzen_ci.plan_index`) gives exactly the uncached answers.
+
+On a generated workspace (modules with absolute, relative, lazy, guarded, ``TYPE_CHECKING``,
+``importlib`` and PEP 562 imports, a file that does not parse, valid and invalid registrations, a
+test file outside ``tests/``, conftests and helpers), through a sequence of runs sharing one cache
+(cold, warm, edits, additions, deletions, a rename, a fleet change, a touched file, a broken
+cache), the index must equal the references built without any cache:
+
+- the registry: :func:`mizzen_ci.registry.read_registry` (registrations, errors, order);
+- the reach index: :func:`mizzen_ci.impact.reach_of_graph` over ``ImportGraph.build``;
+
+and the impact search over it must find what ``ImportGraph.importers`` finds.  A warm run with
+nothing changed reads no file.
+"""
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import time
 from pathlib import Path
 
+import pytest
+
+import mizzen_ci.source_facts as source_facts
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.registry import discover, read_registry, registry_excludes
-from mizzen_ci.registry_cache import _read_many, discover_fast, read_registry_cached
+from mizzen_ci.impact import Analyser, build_graph, reach_of_graph, scan_tests_dir
+from mizzen_ci.plan_index import CACHE_FILE, build_index
+from mizzen_ci.registry import read_registry
 
-register_cpu_ci(est_time=6, labels=["ci"])
+register_cpu_ci(est_time=20, labels=["ci"])
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "ci" / "fixtures" / "registry"
+FLEET = (REPO / "tests" / "ci" / "fixtures" / "registry" / "fleet.toml").read_text()
+HEADER = "from mizzen_ci import register_cpu_ci, register_cuda_ci\n"
+REGISTRATIONS = [
+    "register_cpu_ci(est_time=5, labels=['ci'])",
+    "register_cpu_ci(est_time=5, labels=['ci'], nightly=True)",
+    "register_cuda_ci(est_time=60, hardware=['hopper'], labels=['lora'])",
+    "register_cuda_ci(est_time=60, hardware=['hopper'], num_gpus=2, labels=['rollout'])",
+    "register_cpu_ci(est_time=0)",  # error: est_time
+    "register_cuda_ci(est_time=60, labels=['lora'])",  # error: hardware required
+    "register_cpu_ci(est_time=5, labels=['nope'])",  # error: unknown label
+    "register_cpu_ci(est_time=f'{1}')",  # error: f-string
+]
 
 
-def same(a, b) -> bool:
-    return a.registrations == b.registrations and [str(e) for e in a.errors] == [
-        str(e) for e in b.errors
-    ]
+def make_workspace(root: Path, seed: int = 0, modules: int = 30, tests: int = 24) -> None:
+    rng = random.Random(seed)
+    files: dict[str, str] = {
+        "pyproject.toml": '[project]\nname = "ws"\nversion = "0"\n\n'
+        '[tool.uv.workspace]\nmembers = ["packages/*"]\n',
+        "ci/fleet.toml": FLEET,
+    }
+    names: list[str] = []
+    for pkg in ("alpha", "beta"):
+        files[f"packages/{pkg}/pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "0"\n'
+        files[f"packages/{pkg}/src/{pkg}/__init__.py"] = '"""A package."""\n'
+        files[f"packages/{pkg}/src/{pkg}/sub/__init__.py"] = ""
+        names += [pkg, f"{pkg}.sub"]
+    for k in range(modules):
+        pkg = "alpha" if k % 2 else "beta"
+        sub = ".sub" if k % 3 == 0 else ""
+        name = f"{pkg}{sub}.m{k}"
+        lines = []
+        for _ in range(rng.randint(0, 4)):
+            target = rng.choice(names)
+            how = rng.randrange(7)
+            if how == 0:
+                lines.append(f"import {target}")
+            elif how == 1 and "." in target:
+                parent, _, leaf = target.rpartition(".")
+                lines.append(f"from {parent} import {leaf}")
+            elif how == 2:
+                lines.append(f"def f{len(lines)}():\n    import {target}")
+            elif how == 3:
+                lines.append(f"try:\n    import {target}\nexcept ImportError:\n    pass")
+            elif how == 4:
+                lines.append(f"import importlib\nimportlib.import_module({target!r})")
+            elif how == 5:
+                lines.append(
+                    f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import {target}"
+                )
+            else:
+                lines.append("from . import m0" if sub else "from .sub import helper_name")
+        if k == 7:
+            lines.append(f"def __getattr__(name):\n    import {rng.choice(names)}\n    return 1")
+        if k == 11:
+            lines.append("def broken(:")
+        files[f"packages/{pkg}/src/{pkg}{sub.replace('.', '/')}/m{k}.py"] = "\n".join(lines) + "\n"
+        names.append(name)
+    for t in range(tests):
+        area = f"tests/area{t % 3}"
+        imports = [f"import {rng.choice(names)}" for _ in range(rng.randint(0, 3))]
+        if t % 4 == 0:
+            imports.append(f"def test_lazy():\n    import {rng.choice(names)}")
+        reg = REGISTRATIONS[t % len(REGISTRATIONS)]
+        files[f"{area}/test_t{t}.py"] = "\n".join([*imports, HEADER + reg]) + "\n"
+        files[f"{area}/conftest.py"] = "import pytest\n"
+    files["tests/area1/helper.py"] = f"import {names[5]}\n"
+    files["tests/area2/test_no_registration.py"] = "def test_x():\n    pass\n"
+    files["tools/test_outside.py"] = HEADER + REGISTRATIONS[0] + "\n"
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
 
 
-def test_fast_discovery_finds_what_the_registry_discovers():
-    for root in (REPO, FIXTURES / "bad", FIXTURES / "good"):
-        assert discover_fast(root, registry_excludes(root)) == list(
-            discover(root, registry_excludes(root))
-        )
+def age_all(root: Path) -> None:
+    """Move every mtime 10 s into the past, out of the racy window (as time passing would)."""
+    past = time.time() - 10
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            os.utime(os.path.join(d, f), (past, past))
 
 
-def test_cached_registry_equals_the_registry_through_edits(tmp_path):
-    root = tmp_path / "tree"
-    shutil.copytree(FIXTURES / "bad", root)
-    fleet = load_fleet(FIXTURES / "fleet.toml")
-    cache = tmp_path / "cache" / "registry.json"
-    # two files with the same bytes at different paths: answers must not be shared
-    twin = root / "tests" / "twin"
-    twin.mkdir()
-    shutil.copy(root / "tests" / "test_comment_only.py", twin / "test_comment_only.py")
-
-    first = read_registry_cached(root, fleet, cache)
-    assert cache.is_file()
-    assert same(first, read_registry(root, fleet))
-    assert same(read_registry_cached(root, fleet, cache), first)  # warm
-
-    edited = root / "tests" / "test_comment_only.py"
-    edited.write_text(
-        "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=3, labels=['ci'])\n"
-    )
-    future = time.time() + 10  # a different mtime even on coarse clocks
-    os.utime(edited, (future, future))
-    after = read_registry_cached(root, fleet, cache)
-    assert same(after, read_registry(root, fleet))
-    assert any(r.path == "tests/test_comment_only.py" for r in after.registrations)
-    assert not any(r.path == "tests/test_comment_only.py" for r in first.registrations)
+def references(root: Path):
+    fleet = load_fleet(root / "ci" / "fleet.toml")
+    tree = scan_tests_dir(root, ())
+    graph, source_dirs = build_graph(root, tree)
+    return read_registry(root, fleet), reach_of_graph(graph), graph, source_dirs, tree
 
 
-def test_parallel_read_equals_serial():
-    root, fleet = FIXTURES / "bad", load_fleet(FIXTURES / "fleet.toml")
-    rels = list(discover(root, registry_excludes(root))) * 12  # over PARALLEL_MIN: a pool
-    assert len(rels) >= 400
-    assert same(_read_many(root, fleet, rels, workers=2), read_registry(root, fleet, rels))
+READS = [0]  # files the facts cache read (not only stat-ed), while the `reads` fixture is on
+
+
+def check(root: Path, cache: Path | None, workers: int | None = 1):
+    """The index of ``root`` (through ``cache``), checked against the references; READS[0] is
+    what building the index read."""
+    fleet = load_fleet(root / "ci" / "fleet.toml")
+    before = READS[0]
+    index = build_index(root, fleet, cache, workers=workers)
+    reads = READS[0] - before
+    registry, reach, *_ = references(root)
+    READS[0] = before + reads
+    assert index.registry.registrations == registry.registrations
+    assert [str(e) for e in index.registry.errors] == [str(e) for e in registry.errors]
+    assert index.reach.same_as(reach)
+    return index
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """How many files were read (not only stat-ed) by the facts cache."""
+    real = source_facts._read_one
+
+    def counting(*args):
+        READS[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(source_facts, "_read_one", counting)
+    READS[0] = 0
+    return READS
+
+
+def test_index_equals_the_uncached_answers_through_edits(tmp_path, reads):
+    root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
+    make_workspace(root)
+    age_all(root)
+    cold = check(root, cache)
+    assert cache.is_file() and (cache.parent / ".gitignore").read_text().endswith("*\n")
+    files = cold.stats["parsed"] + cold.stats["cached"]  # cached: files with a twin's bytes
+    assert cold.stats["parsed"] > 50 and cold.stats["derived"] == files
+
+    reads[0] = 0
+    warm = check(root, cache)
+    assert reads[0] == 0, "a warm run with nothing changed must not read any file"
+    assert warm.stats == {"parsed": 0, "cached": files, "derived": 0}
+
+    # A module changes its imports, a module appears, one disappears, a test is renamed and
+    # another re-registered, a helper changes.
+    alpha = root / "packages" / "alpha" / "src" / "alpha"
+    (alpha / "m1.py").write_text("import beta.m2\nfrom .sub import m3\n")
+    (alpha / "sub" / "m_new.py").write_text("from .. import m1\n")
+    (alpha / "m5.py").unlink()
+    (root / "tests/area0/test_t0.py").rename(root / "tests/area0/test_renamed.py")
+    (root / "tests/area1/test_t1.py").write_text(HEADER + REGISTRATIONS[2] + "\nimport alpha.m1\n")
+    (root / "tests/area1/helper.py").write_text("import alpha.sub.m_new\n")
+    reads[0] = 0
+    edited = check(root, cache)
+    assert reads[0] == 5  # the changed and the new files; nothing else
+    assert edited.stats["parsed"] == 4  # the renamed test's bytes are known
+
+    # A touched file with the same bytes is re-hashed, not re-parsed.
+    age_all(root)
+    check(root, cache)
+    os.utime(root / "tests/area2/test_t2.py")
+    touched = check(root, cache)
+    assert touched.stats["parsed"] == 0
+
+    # A fleet change re-validates every registration but parses nothing.
+    fleet = root / "ci" / "fleet.toml"
+    fleet.write_text(fleet.read_text().replace('"lora",', '"lora", "extra",'))
+    refleet = check(root, cache)
+    assert refleet.stats["parsed"] == 0 and refleet.stats["derived"] > 0
+
+    # A cache that cannot be read is ignored.
+    cache.write_bytes(b"not a cache")
+    again = check(root, cache)
+    assert again.stats["parsed"] > 50  # parsed afresh, and still the same answers
+
+
+def test_same_size_and_mtime_edit_inside_the_racy_window_is_seen(tmp_path):
+    root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
+    make_workspace(root)
+    check(root, cache)  # every file is younger than the save: inside the racy window
+    target = root / "tests/area0/test_t3.py"
+    st = target.stat()
+    text = target.read_text()
+    flipped = text.replace("est_time=", "est_time=9", 1).replace("\n", "", 1)
+    assert len(flipped) == len(text)
+    target.write_text(flipped)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    check(root, cache)
+
+
+def test_parallel_cold_build_equals_serial(tmp_path, monkeypatch):
+    root = tmp_path / "ws"
+    make_workspace(root, seed=1, modules=40, tests=30)
+    monkeypatch.setattr(source_facts, "PARALLEL_MIN", 8)
+    parallel = check(root, tmp_path / "c" / CACHE_FILE, workers=2)
+    assert parallel.stats["parsed"] > 8
+    serial = check(root, None, workers=1)
+    assert parallel.reach.same_as(serial.reach)
+    # the parallel run's cache serves a warm run
+    assert check(root, tmp_path / "c" / CACHE_FILE).stats["parsed"] == 0
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_impact_search_finds_what_the_graph_finds(tmp_path, seed):
+    root = tmp_path / "ws"
+    make_workspace(root, seed=seed, modules=40, tests=30)
+    index = check(root, None)
+    _, _, graph, source_dirs, tree = references(root)
+    analyser = Analyser(index.tree, index.modules, index.source_dirs, index.reach)
+    assert index.source_dirs == source_dirs and index.tree == tree
+    rng = random.Random(seed)
+    for _ in range(25):
+        changed = rng.sample(sorted(graph.modules), rng.randint(1, 3))
+        if rng.random() < 0.3:
+            changed.append("alpha.gone")  # a module that no longer exists
+        found = set(analyser.importers_with_origin({m: m for m in changed}))
+        assert found == graph.importers(changed, "all") - set(changed)
+
+
+def test_index_without_reach_reads_only_the_registry(tmp_path, reads):
+    root = tmp_path / "ws"
+    make_workspace(root)
+    fleet = load_fleet(root / "ci" / "fleet.toml")
+    index = build_index(root, fleet, None, workers=1, with_reach=False)
+    n_reads = reads[0]
+    registry = read_registry(root, fleet)
+    assert index.registry.registrations == registry.registrations
+    assert [str(e) for e in index.registry.errors] == [str(e) for e in registry.errors]
+    assert n_reads == len(registry.registrations) + len({e.path for e in registry.errors}) - 1
+    assert index.reach.named == {} and index.modules == {}
+
+
+def test_copied_tree_with_the_same_cache_gives_its_own_answers(tmp_path):
+    """Answers are keyed by path and content: the same cache on a copy with different paths
+    gives that copy's answers (errors name the copy's own files)."""
+    root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
+    make_workspace(root)
+    check(root, cache)
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    (copy / "tests/area0/test_t0.py").rename(copy / "tests/area0/test_moved.py")
+    check(copy, cache)

@@ -4,6 +4,7 @@ errors."""
 
 from __future__ import annotations
 
+import ast
 import string
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mizzen_ci import register_cpu_ci
+from mizzen_ci import register_cpu_ci, registry
 from mizzen_ci.fleet import load_fleet
 from mizzen_ci.registry import (
     SIGNATURES,
@@ -251,3 +252,27 @@ def test_random_source_is_accepted_or_rejected_with_file_and_line(source: str):
 def test_hostile_inputs_become_registry_errors(source):
     registration, errors = read_source(source, "tests/test_x.py", FLEET)
     assert registration is None and errors and all(isinstance(e, RegistryError) for e in errors)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=_source)
+def test_the_use_scan_skips_the_tree_walk_only_when_a_walk_finds_nothing_more(source: str):
+    """The registry walks the whole tree for nested or aliased uses only when the source spells a
+    register name more often than its top-level statements explain; the answer is the same."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return
+    for text in (source, source.encode()):
+        assert registry._tree_syntax(tree, text) == registry._tree_syntax(tree, text, walk=True)
+
+
+def test_validate_of_plain_syntax_equals_read_source():
+    """What a cache keeps (``RegistrationSyntax.plain()``) validates to the same answer."""
+    for path in sorted((FIXTURES / "bad" / "tests").rglob("test_*.py")):
+        source = path.read_bytes()
+        rel = path.relative_to(FIXTURES / "bad").as_posix()
+        plain = registry.registration_syntax(source).plain()
+        got = registry.validate(plain, rel, FLEET)
+        want = read_source(source, rel, FLEET)
+        assert got[0] == want[0] and [str(e) for e in got[1]] == [str(e) for e in want[1]]

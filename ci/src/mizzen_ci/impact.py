@@ -1,7 +1,8 @@
 """Impact analysis: which test files a change reaches, and why.
 
-Built on :mod:`mizzen_ci.import_graph` (the one import graph of the repository); the path rules
-come from :mod:`mizzen_ci.change_rules`.
+Built on the one import graph of the repository, read as a :class:`~mizzen_ci.reach_index.
+ReachIndex` (who names what, all scopes, inverted; the planner keeps it warm in
+:mod:`mizzen_ci.plan_index`); the path rules come from :mod:`mizzen_ci.change_rules`.
 
 A test file is impacted when
 - it changed itself;
@@ -19,25 +20,22 @@ Invariants:
 - Renamed and deleted modules are looked up by name among the *targets* of imports, so a test
   still importing a module that is gone is impacted.
 - Every impacted test carries one reason naming the changed path that reached it.
+- The reverse search visits only what reaches a changed module (one index lookup per step); its
+  answer equals the importers that :meth:`ImportGraph.importers` finds over all scopes.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .change import Change
 from .change_rules import EVERYTHING, NOTHING, PACKAGE_DATA, PYTHON, RULES, TESTS, Rule, rule_for
-from .import_graph import (
-    FactsCache,
-    GraphProblem,
-    ImportGraph,
-    iter_source_modules,
-    workspace_source_dirs,
-)
+from .import_graph import ImportGraph, direct_names, package_of, workspace_source_dirs
+from .reach_index import ReachIndex, parents_of
 from .registry import TESTS_DIR, is_excluded
 
 SCOPE = "all"  # tests run function bodies: lazy imports count
@@ -72,73 +70,60 @@ class TestTree:
 
 
 def scan_tests_dir(root: Path, excludes: Iterable[str]) -> TestTree:
-    """Every ``.py`` file under ``root/tests`` outside the registry's excluded trees, sorted."""
+    """Every ``.py`` file under ``root/tests`` outside the registry's excluded trees, in walk
+    order (a directory's files sorted, then its subdirectories sorted, depth first; hidden and
+    ``__pycache__`` directories skipped, symlinked directories not entered)."""
     excludes = tuple(excludes)
-    tests, conftests, helpers = [], [], []
-    base = root / TESTS_DIR
-    for dirpath, dirnames, filenames in os.walk(base):
-        rel_dir = Path(dirpath).relative_to(root).as_posix()
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if not d.startswith(".")
-            and d != "__pycache__"
-            and not is_excluded(f"{rel_dir}/{d}", excludes)
-        )
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
+    tree = TestTree([], [], [])
+
+    def walk(path: str, rel_dir: str) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError:
+            return
+        subdirs = []
+        for e in entries:
+            name = e.name
             rel = f"{rel_dir}/{name}"
-            if is_excluded(rel, excludes):
-                continue
-            if name == "conftest.py":
-                conftests.append(rel)
-            elif name.startswith("test_"):
-                tests.append(rel)
-            else:
-                helpers.append(rel)
-    return TestTree(tests, conftests, helpers)
+            if e.is_dir():
+                if name.startswith(".") or name == "__pycache__":
+                    continue
+                if (excludes and is_excluded(rel, excludes)) or e.is_symlink():
+                    continue
+                subdirs.append((e.path, rel))
+            elif name.endswith(".py") and not (excludes and is_excluded(rel, excludes)):
+                if name == "conftest.py":
+                    tree.conftests.append(rel)
+                elif name.startswith("test_"):
+                    tree.tests.append(rel)
+                else:
+                    tree.helpers.append(rel)
+        for sub in subdirs:
+            walk(*sub)
+
+    walk(os.path.join(root, TESTS_DIR), TESTS_DIR)
+    return tree
 
 
-def build_graph(
-    root: Path, tree: TestTree, cache: FactsCache | None = None
-) -> tuple[ImportGraph, list[str]]:
+def build_graph(root: Path, tree: TestTree, cache=None) -> tuple[ImportGraph, list[str]]:
     """The import graph of the workspace's source dirs plus the Python files under tests/, and
-    the source dirs (root-relative) it was built from.
-
-    This is :meth:`ImportGraph.build` (same discovery, facts cache with its parallel parse,
-    problems and constructor) except that the extra files' root-relative paths are taken as
-    given instead of resolving each one, which costs seconds on 10,000 test files.  It should
-    fold back into ``ImportGraph.build`` once that skips the per-file ``resolve()``."""
+    the source dirs (root-relative) it was built from (for benchmarks and brute-force checks;
+    the planner reads the same facts through :mod:`mizzen_ci.plan_index`)."""
     root = root.resolve()
-    cache = cache if cache is not None else FactsCache(None)
-    prefix = str(root) + os.sep
-    source_dirs = [d if d.is_absolute() else root / d for d in workspace_source_dirs(root)]
-    modules: dict[str, str] = {}
-    files: dict[str, str] = {}
-    problems: list[GraphProblem] = []
-    wanted: list[tuple[str, str, str]] = []  # (node, path, root-relative path)
-    for sd in source_dirs:
-        for name, path in iter_source_modules(sd):
-            path = os.fspath(path)
-            rel = path[len(prefix) :].replace(os.sep, "/") if path.startswith(prefix) else path
-            if name in modules:
-                problems.append(
-                    GraphProblem(rel, 1, f"module {name} is also defined by {modules[name]}")
-                )
-                continue
-            modules[name] = files[name] = rel
-            wanted.append((name, path, rel))
-    for rel in tree.all:
-        files[rel] = rel
-        wanted.append((rel, prefix + rel, rel))
-    found = cache.facts_for_many([(path, rel) for _, path, rel in wanted])
-    facts = {node: f for (node, _, _), f in zip(wanted, found, strict=True)}
-    for node, f in facts.items():
-        if f.error is not None:
-            problems.append(GraphProblem(files[node], f.error_line, f"cannot parse: {f.error}"))
-    graph = ImportGraph(root, modules, files, facts, problems)
+    source_dirs = workspace_source_dirs(root)
+    graph = ImportGraph.build(root, source_dirs, tree.all, cache)
     return graph, [_rel(d, root) for d in source_dirs]
+
+
+def reach_of_graph(graph: ImportGraph) -> ReachIndex:
+    """The :class:`ReachIndex` of a built graph (every node, all scopes)."""
+    nodes = {}
+    for node, facts in graph.facts.items():
+        rel = graph.modules.get(node)
+        package = package_of(node, rel.endswith("__init__.py")) if rel is not None else ""
+        names = direct_names(facts.imports, package)
+        nodes[node] = (names, parents_of(names))
+    return ReachIndex.build(nodes)
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -170,83 +155,54 @@ def _under(path_dir: str, ancestor: str) -> bool:
 
 
 class Analyser:
-    """Impact analysis over one graph; reusable for several changes (benchmarks, brute force)."""
+    """Impact analysis over one tree; reusable for several changes (benchmarks, brute force).
+
+    ``modules``: ``{module name: root-relative file}`` of the workspace's source dirs;
+    ``reach``: the :class:`ReachIndex` of those modules and of every Python file of ``tree``."""
 
     def __init__(
         self,
-        root: Path,
-        graph: ImportGraph,
-        source_dirs: list[str],
         tree: TestTree,
+        modules: Mapping[str, str],
+        source_dirs: list[str],
+        reach: ReachIndex,
         excludes: Iterable[str] = (),
     ):
-        self.root = root
         self.excludes = tuple(excludes)
-        self.graph = graph
+        self.modules = modules
+        self.reach = reach
         self.source_dirs = source_dirs
         self.tree = tree
         self.test_set = set(tree.tests)
         self.tests_by_dir: dict[str, list[str]] = {}
         for t in tree.tests:
             self.tests_by_dir.setdefault(_dir(t), []).append(t)
-        self._reached: dict[str, frozenset[str]] = {}
-        self._index: dict[str, list[str]] | None = None
+
+    @classmethod
+    def of_graph(
+        cls, graph: ImportGraph, source_dirs: list[str], tree: TestTree, excludes=()
+    ) -> Analyser:
+        return cls(tree, graph.modules, source_dirs, reach_of_graph(graph), excludes)
 
     # -- graph
-
-    def reached(self, node: str) -> frozenset[str]:
-        """Every name importing ``node``'s code can run directly, over all its imports (lazy ones
-        too): each resolved target with the parent packages it runs first
-        (:meth:`ImportGraph.with_parents`) and, for ``from pkg import name``, ``pkg.name`` (a
-        submodule, or one that is gone)."""
-        got = self._reached.get(node)
-        if got is None:
-            graph, names = self.graph, set()
-            for edge in graph.edges(node):
-                names.update(graph.with_parents(edge.target))
-                if edge.kind == "from":
-                    for n in edge.names:
-                        if n != "*":
-                            names.update(graph.with_parents(f"{edge.target}.{n}"))
-            got = self._reached[node] = frozenset(names)
-        return got
-
-    def _mentions(self) -> dict[str, list[str]]:
-        """``{name component: nodes whose imports, as written, could resolve to a name ending in
-        it}``: every component of each written module and imported name, plus the importer's own
-        package for relative imports.  A superset; :meth:`reached` decides."""
-        if self._index is None:
-            index: dict[str, list[str]] = {}
-            for node, facts in self.graph.facts.items():
-                keys: set[str] = set()
-                relative = False
-                for imp in facts.imports:
-                    if imp.module:
-                        keys.update(imp.module.split("."))
-                    keys.update(imp.names)
-                    relative = relative or imp.level > 0
-                if relative and node in self.graph.modules:
-                    keys.update(node.split("."))
-                for k in keys:
-                    index.setdefault(k, []).append(node)
-            self._index = index
-        return self._index
 
     def importers_with_origin(self, changed: dict[str, str]) -> dict[str, str]:
         """``{node: why}`` for every node whose closure (all imports, lazy ones too) reaches a
         name in ``changed`` (``{module name: why it changed}``): a reverse breadth-first search
-        that resolves only the nodes whose written imports could name the frontier."""
-        mentions = self._mentions()
+        over the reach index, visiting only nodes that reach the frontier.  A node reached from
+        several changed modules takes the why of the first in ``changed`` order at the least
+        depth (independent of the index's list order)."""
+        importers, modules = self.reach.importers, self.modules
         origin: dict[str, str] = {}
         queue = deque(changed.items())
         seen = set(changed)
         while queue:
             name, why = queue.popleft()
-            for node in mentions.get(name.rpartition(".")[2], ()):
-                if node not in seen and name in self.reached(node):
+            for node in importers(name, modules):
+                if node not in seen:
                     seen.add(node)
                     origin[node] = why
-                    if node in self.graph.modules:  # an extra file is imported by no one
+                    if node in modules:  # a file under tests/ is imported by no one
                         queue.append((node, why))
         return origin
 
@@ -317,7 +273,7 @@ class Analyser:
                 select(self.tests_for_test_path(path), why)
             elif rule.effect == PACKAGE_DATA:
                 package_dir = "/".join(path.split("/")[:2]) + "/"
-                modules = [m for m, f in self.graph.modules.items() if f.startswith(package_dir)]
+                modules = [m for m, f in self.modules.items() if f.startswith(package_dir)]
                 if not modules:
                     impact.everything = True
                     impact.everything_because.append(
@@ -341,11 +297,11 @@ def analyse(
     root: Path | str,
     change: Change,
     excludes: Iterable[str] = (),
-    cache: FactsCache | None = None,
+    cache=None,
 ) -> Impact:
     """Impact of ``change`` on the test files under ``root`` (one-shot convenience)."""
     root = Path(root).resolve()
     excludes = tuple(excludes)
     tree = scan_tests_dir(root, excludes)
     graph, source_dirs = build_graph(root, tree, cache)
-    return Analyser(root, graph, source_dirs, tree, excludes).analyse(change)
+    return Analyser.of_graph(graph, source_dirs, tree, excludes).analyse(change)

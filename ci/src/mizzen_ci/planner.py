@@ -1,8 +1,9 @@
 """The PR planner: from a change, an event and the registry to jobs on matching runners.
 
-``build_plan`` runs the pipeline: request (:mod:`plan_request`) → registry → impact analysis
-(:mod:`impact`, on the import graph) → selection (:mod:`selection`) → estimates
-(:mod:`history`) → packing per pool (:mod:`packing`) → a :class:`Plan`.
+``build_plan`` runs the pipeline: request (:mod:`plan_request`) → the tree's index
+(:mod:`plan_index`: registry and reverse import index, one parse per file, warm from its cache) →
+impact analysis (:mod:`impact`) → selection (:mod:`selection`) → estimates (:mod:`history`) →
+packing per pool (:mod:`packing`) → a :class:`Plan`.
 
 The plan JSON (``version`` 1; fields may be added, never renamed)::
 
@@ -34,7 +35,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Iterable
@@ -44,12 +44,10 @@ from pathlib import Path
 from . import history
 from .change import Change
 from .fleet import Fleet
-from .impact import Analyser, Impact, build_graph, scan_tests_dir
-from .import_graph import FactsCache
+from .impact import Analyser, Impact
 from .packing import Item, pack
+from .plan_index import CACHE_FILE, PlanIndex, build_index
 from .plan_request import Inputs, Request, build_request
-from .registry import registry_excludes
-from .registry_cache import read_registry_cached
 from .selection import NotScheduled, Selected, select
 
 PLAN_VERSION = 1
@@ -127,10 +125,15 @@ def build_plan(
     """The plan for ``change`` under ``inputs`` (see the module docstring)."""
     root = Path(root).resolve()
     request = build_request(inputs, fleet)
-    registry = read_registry_cached(
-        root, fleet, options.cache_dir / "registry.json" if options.cache_dir else None
+    everything = request.cpu_all and request.gpu_all
+    index = build_index(
+        root,
+        fleet,
+        options.cache_dir / CACHE_FILE if options.cache_dir else None,
+        with_reach=not everything,
     )
-    impact = _impact(root, change, request, options)
+    registry = index.registry
+    impact = _impact(index, change, request)
     selected, not_scheduled = select(
         registry.registrations, registry.errors, fleet, request, impact
     )
@@ -157,17 +160,11 @@ def build_plan(
     return plan
 
 
-def _impact(root: Path, change: Change, request: Request, options: PlanOptions) -> Impact:
+def _impact(index: PlanIndex, change: Change, request: Request) -> Impact:
     if request.cpu_all and request.gpu_all:
         return Impact(everything=True, everything_because=[f"{request.cadence} run: everything"])
-    cache = FactsCache(options.cache_dir / "import-facts.json") if options.cache_dir else None
-    excludes = registry_excludes(root)
-    tree = scan_tests_dir(root, excludes)
-    graph, source_dirs = build_graph(root, tree, cache)
-    if cache is not None:
-        with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
-            cache.save()
-    return Analyser(root, graph, source_dirs, tree, excludes).analyse(change)
+    analyser = Analyser(index.tree, index.modules, index.source_dirs, index.reach, index.excludes)
+    return analyser.analyse(change)
 
 
 def _estimator(options: PlanOptions, plan: Plan) -> history.Estimator:

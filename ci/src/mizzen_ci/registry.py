@@ -10,6 +10,14 @@ Invariants:
 - Reading never raises for bad input: every problem becomes a :class:`RegistryError` naming
   ``file:line``, the rule broken and the fix, and all errors of a run are reported, not the first.
 - A file has exactly one registration, a direct module-level call with literal arguments.
+- Reading is two steps: :func:`registration_syntax` (what the syntax tree says: a pure function of
+  the source, no path, no fleet; it takes a tree parsed by the caller, so a file is parsed once
+  for everything the CI reads from it, and a content-hash cache may keep its plain-data result)
+  and :func:`validate` (the rules that need the fleet, then the path attached).
+  :func:`read_source` is both; the split changes no error and no order of errors.
+- The nested/aliased-use scan walks the whole tree only when the source spells a register name
+  more often than its top-level call and imports account for (or is not ASCII); otherwise no
+  other node can name one, and the result is the same.
 - Discovery walks the tree for ``test_*.py`` (skipping hidden, virtualenv and build directories and
   the ``exclude`` globs of ``[tool.mizzen.registry]`` in the root ``pyproject.toml``); such a file
   outside ``tests/`` is an error.
@@ -21,10 +29,12 @@ import ast
 import fnmatch
 import inspect
 import math
+import os
 import tomllib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from . import register_cpu_ci, register_cuda_ci
 from .fleet import Fleet
@@ -239,7 +249,55 @@ SIGNATURES = {name: _signature_table(f) for name, f in REGISTER_FUNCTIONS.items(
 
 
 # --------------------------------------------------------------------------------------------
-# Reading one file.
+# Reading one file: first what its syntax tree says (a pure function of the source, with no path
+# and no fleet: what a content-hash cache keeps), then the rules that need the fleet.
+
+Problem = tuple[int, str, str, str]  # (line, rule, message, fix): a RegistryError before its path
+PARSE_ERRORS = (SyntaxError, ValueError, MemoryError, RecursionError)
+_NAMES_STR = tuple(REGISTER_FUNCTIONS)
+_NAMES_BYTES = tuple(n.encode() for n in REGISTER_FUNCTIONS)
+assert all(n.startswith(b"register_c") for n in _NAMES_BYTES)  # see _walk_needed
+
+
+class CallSyntax(NamedTuple):
+    """The first module-level register call, as written (values are literals, not yet checked).
+
+    ``given`` holds ``(name, value, line, ok)`` per argument in source order; ``ok`` is False when
+    the argument was already reported (not a literal, unknown, duplicated).  ``problems`` are those
+    reports, in the order the reader makes them."""
+
+    function: str
+    line: int
+    given: tuple[tuple[str, object, int, bool], ...]
+    unpacked: bool  # a ``*`` or ``**`` argument: the reader cannot know what is missing
+    problems: tuple[Problem, ...]
+
+
+class RegistrationSyntax(NamedTuple):
+    """What a file's syntax tree says about its registration: the structural problems (no
+    registration, syntax, aliased or nested use, a second call) and the first module-level call.
+    Plain data (tuples of literals) so that a cache can keep it by content hash."""
+
+    problems: tuple[Problem, ...]
+    call: CallSyntax | None
+
+    def plain(self) -> tuple:
+        """The same data as plain tuples (for ``marshal``); :func:`validate` accepts either."""
+        return (self.problems, None if self.call is None else tuple(self.call))
+
+
+NO_REGISTRATION = RegistrationSyntax(
+    (
+        (
+            1,
+            "no-registration",
+            "test file has no registration",
+            "add `from mizzen_ci import register_cpu_ci` and a module-level "
+            "`register_cpu_ci(est_time=...)` (or register_cuda_ci for a GPU test)",
+        ),
+    ),
+    None,
+)
 
 
 def _call_name(func: ast.expr) -> str | None:
@@ -257,7 +315,12 @@ def _call_name(func: ast.expr) -> str | None:
 
 
 def _literal(node: ast.expr, name: str) -> object:
-    if isinstance(node, ast.JoinedStr):
+    t = type(node)  # fast paths giving what ast.literal_eval gives for these nodes
+    if t is ast.Constant:
+        return node.value
+    if t is ast.List and all(type(e) is ast.Constant for e in node.elts):
+        return [e.value for e in node.elts]
+    if t is ast.JoinedStr:
         raise _Bad("not-literal", f"`{name}` is an f-string", "write a plain literal")
     try:
         return ast.literal_eval(node)
@@ -270,16 +333,15 @@ def _literal(node: ast.expr, name: str) -> object:
         ) from None
 
 
-def _read_call(
-    call: ast.Call, fname: str, rel: str, fleet: Fleet
-) -> tuple[Registration | None, list[RegistryError]]:
-    errors: list[RegistryError] = []
+def _call_syntax(call: ast.Call, fname: str) -> CallSyntax:
+    """The arguments of one register call as written, with the problems visible in syntax."""
+    problems: list[Problem] = []
 
     def bad(rule: str, message: str, fix: str, line: int | None = None):
-        errors.append(RegistryError(rel, line or call.lineno, rule, message, fix))
+        problems.append((line or call.lineno, rule, message, fix))
 
     positional, params = SIGNATURES[fname]
-    given: dict[str, object] = {}
+    given: dict[str, tuple[object, int] | None] = {}
     unpacked = any(isinstance(a, ast.Starred) for a in call.args) or any(
         k.arg is None for k in call.keywords
     )
@@ -327,7 +389,29 @@ def _read_call(
         except _Bad as b:
             bad(b.rule, b.message, b.fix, kw.value.lineno)
             given[kw.arg] = None
+    return CallSyntax(
+        fname,
+        call.lineno,
+        tuple(
+            (name, v[0], v[1], True) if v is not None else (name, None, 0, False)
+            for name, v in given.items()
+        ),
+        unpacked,
+        tuple(problems),
+    )
 
+
+def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[RegistryError]]:
+    """The rules that need the fleet (and the path) over a :class:`CallSyntax`: the
+    registration's field values in order (None on error) and the errors."""
+    fname, call_line, given_items, unpacked, call_problems = call
+    errors = [RegistryError(rel, *p) for p in call_problems]
+
+    def bad(rule: str, message: str, fix: str, line: int | None = None):
+        errors.append(RegistryError(rel, line or call_line, rule, message, fix))
+
+    params = SIGNATURES[fname][1]
+    given = {name: ((value, line) if ok else None) for name, value, line, ok in given_items}
     values: dict[str, object] = {}
     for name, default in params.items():
         if name not in given:
@@ -384,79 +468,108 @@ def _read_call(
             )
         if errors:
             return None, errors
-    return (
-        Registration(
-            path=rel,
-            line=call.lineno,
-            backend=backend,
-            est_time=values["est_time"],
-            labels=tuple(values["labels"]),
-            nightly=values["nightly"],
-            disabled=values["disabled"],
-            hardware=tuple(values.get("hardware", ())),
-            num_gpus=values.get("num_gpus", 0),
-            needs=tuple(values.get("needs", ())),
+    return (  # Registration's fields, in order
+        (
+            rel,
+            call_line,
+            backend,
+            values["est_time"],
+            tuple(values["labels"]),
+            values["nightly"],
+            values["disabled"],
+            tuple(values.get("hardware", ())),
+            values.get("num_gpus", 0),
+            tuple(values.get("needs", ())),
         ),
         [],
     )
 
 
-def read_source(
-    source: bytes | str, rel: str, fleet: Fleet
-) -> tuple[Registration | None, list[RegistryError]]:
-    """Read the registration of one test file's source; never raises for bad input."""
-    if not any(
-        name in (source if isinstance(source, str) else source.decode("latin-1"))
-        for name in REGISTER_FUNCTIONS
-    ):
-        return None, [
-            RegistryError(
-                rel,
-                1,
-                "no-registration",
-                "test file has no registration",
-                "add `from mizzen_ci import register_cpu_ci` and a module-level "
-                "`register_cpu_ci(est_time=...)` (or register_cuda_ci for a GPU test)",
-            )
-        ]
-    try:
-        tree = ast.parse(source, filename=rel)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
-        return None, [
-            RegistryError(
-                rel,
-                getattr(e, "lineno", None) or 1,
-                "syntax",
-                f"the file does not parse: {e.__class__.__name__}: {getattr(e, 'msg', e)}",
-                "fix the syntax; the registry reads the file's syntax tree",
-            )
-        ]
+def _mentions_register(source: bytes | str) -> bool:
+    names = _NAMES_STR if isinstance(source, str) else _NAMES_BYTES
+    return any(name in source for name in names)
 
-    errors: list[RegistryError] = []
+
+def registration_syntax(
+    source: bytes | str,
+    tree: ast.Module | None = None,
+    parse_error: BaseException | None = None,
+) -> RegistrationSyntax:
+    """What ``source`` declares, from its syntax tree; never raises for bad input.
+
+    A caller that parsed the source already passes ``tree`` (or the ``parse_error`` that parsing
+    raised, one of :data:`PARSE_ERRORS`) so that each file is parsed once; otherwise it is parsed
+    here.  A source that never spells a register function is reported without being parsed."""
+    if not _mentions_register(source):
+        return NO_REGISTRATION
+    if tree is None and parse_error is None:
+        try:
+            tree = ast.parse(source)
+        except PARSE_ERRORS as e:
+            parse_error = e
+    if parse_error is not None:
+        e = parse_error
+        return RegistrationSyntax(
+            (
+                (
+                    getattr(e, "lineno", None) or 1,
+                    "syntax",
+                    f"the file does not parse: {e.__class__.__name__}: {getattr(e, 'msg', e)}",
+                    "fix the syntax; the registry reads the file's syntax tree",
+                ),
+            ),
+            None,
+        )
+    return _tree_syntax(tree, source)
+
+
+def _tree_syntax(
+    tree: ast.Module, source: bytes | str, walk: bool | None = None
+) -> RegistrationSyntax:
+    problems: list[Problem] = []
     module_calls: list[tuple[ast.Call, str]] = []
     allowed: set[int] = set()  # ids of Name/Attribute nodes that are fine (module-level call funcs)
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-            name = _call_name(stmt.value.func)
-            if name:
-                module_calls.append((stmt.value, name))
-                allowed.add(id(stmt.value.func))
-                if isinstance(stmt.value.func, ast.Attribute):
-                    allowed.add(id(stmt.value.func.value))
+    accounted = 0  # spellings of a register name that these top-level statements explain
+    top_imports: list[ast.ImportFrom] = []
+    for stmt in tree.body:  # (parser-made nodes: exact type checks are isinstance checks)
+        t = type(stmt)
+        if t is ast.Expr:
+            call = stmt.value
+            if type(call) is ast.Call:
+                name = _call_name(call.func)
+                if name:
+                    module_calls.append((call, name))
+                    allowed.add(id(call.func))
+                    if type(call.func) is ast.Attribute:
+                        allowed.add(id(call.func.value))
+                    accounted += 1
+        elif t is ast.ImportFrom:
+            top_imports.append(stmt)
+            if stmt.module == "mizzen_ci":
+                for alias in stmt.names:
+                    accounted += (alias.name in REGISTER_FUNCTIONS) + (
+                        alias.asname in REGISTER_FUNCTIONS
+                    )
 
-    try:
-        nodes = list(ast.walk(tree))
-    except RecursionError:
-        nodes = []
+    if walk is None:
+        walk = _walk_needed(source, accounted)
+    if walk:
+        try:
+            nodes = list(ast.walk(tree))
+        except RecursionError:
+            nodes = []
+    else:
+        # Every spelling of a register name is one of the statements above, so no other node
+        # can mention one: only the top-level imports can break a rule (same order as a walk).
+        nodes = top_imports
     for node in nodes:
         if id(node) in allowed:
             continue
         if isinstance(node, ast.ImportFrom) and node.module == "mizzen_ci":
             for alias in node.names:
                 if alias.name in REGISTER_FUNCTIONS and alias.asname not in (None, alias.name):
-                    errors.append(
-                        RegistryError(
-                            rel,
+                    problems.append(
+                        (
                             node.lineno,
                             "aliased-call",
                             f"{alias.name} is imported as `{alias.asname}`",
@@ -468,9 +581,8 @@ def read_source(
             isinstance(node, ast.Attribute) and node.attr in REGISTER_FUNCTIONS
         )
         if mention:
-            errors.append(
-                RegistryError(
-                    rel,
+            problems.append(
+                (
                     node.lineno,
                     "nested-call",
                     f"`{getattr(node, 'id', None) or node.attr}` is used other than as a direct "
@@ -482,30 +594,75 @@ def read_source(
 
     if len(module_calls) > 1:
         for call, _ in module_calls[1:]:
-            errors.append(
-                RegistryError(
-                    rel,
+            problems.append(
+                (
                     call.lineno,
                     "multiple-registrations",
                     f"second registration (the first is on line {module_calls[0][0].lineno})",
                     "a file is either a CPU or a GPU test: keep one call, split the file",
                 )
             )
-    registration = None
+    call_syntax = None
     if module_calls:
-        registration, call_errors = _read_call(*module_calls[0], rel, fleet)
-        errors.extend(call_errors)
-    elif not errors:
-        errors.append(
-            RegistryError(
-                rel,
+        call_syntax = _call_syntax(*module_calls[0])
+    elif not problems:
+        problems.append(
+            (
                 1,
                 "no-registration",
                 "test file has no module-level registration",
                 "add a module-level `register_cpu_ci(est_time=...)` or `register_cuda_ci(...)`",
             )
         )
-    return (registration if not errors else None), errors
+    return RegistrationSyntax(tuple(problems), call_syntax)
+
+
+def _walk_needed(source: bytes | str, accounted: int) -> bool:
+    """Whether a full walk of the tree could find more than the top-level statements did: only
+    when the source spells a register name more often than those statements explain (each AST
+    name is spelled in the source; a non-ASCII source may spell one through NFKC folding, so it
+    is always walked)."""
+    if not source.isascii():
+        return True
+    if isinstance(source, str):
+        return sum(source.count(n) for n in _NAMES_STR) != accounted
+    # Both names start with "register_c": when that prefix is spelled no more often than the
+    # statements account for, neither name is (one count instead of two, the common case).
+    if source.count(b"register_c") == accounted:
+        return False
+    return sum(source.count(n) for n in _NAMES_BYTES) != accounted
+
+
+def validate(syntax, rel: str, fleet: Fleet) -> tuple[Registration | None, list[RegistryError]]:
+    """The registration of the file at ``rel`` from its :class:`RegistrationSyntax` (or its
+    :meth:`~RegistrationSyntax.plain` form): the rules that need the fleet, then every error
+    with ``rel`` attached.  A file with any error has no registration."""
+    row, errors = validate_row(syntax, rel, fleet)
+    return (Registration(*row) if row is not None else None), errors
+
+
+def validate_row(syntax, rel: str, fleet: Fleet) -> tuple[tuple | None, list[RegistryError]]:
+    """:func:`validate` with the registration as its field values in order (plain data, for a
+    cache: ``Registration(*row)`` is the registration)."""
+    problems, call = syntax
+    errors = [RegistryError(rel, *p) for p in problems]
+    row = None
+    if call is not None:
+        row, call_errors = _validate_call(call, rel, fleet)
+        errors.extend(call_errors)
+    return (row if not errors else None), errors
+
+
+def unreadable(e: OSError) -> RegistrationSyntax:
+    """What the registry says of a test file it cannot read."""
+    return RegistrationSyntax(((1, "unreadable", str(e), "make the file readable"),), None)
+
+
+def read_source(
+    source: bytes | str, rel: str, fleet: Fleet
+) -> tuple[Registration | None, list[RegistryError]]:
+    """Read the registration of one test file's source; never raises for bad input."""
+    return validate(registration_syntax(source), rel, fleet)
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,32 +686,51 @@ def is_excluded(rel: str, excludes: Iterable[str]) -> bool:
     )
 
 
-def discover(root: Path, excludes: Iterable[str] = ()) -> Iterator[str]:
-    """Repository-relative paths of every ``test_*.py`` under ``root``, sorted."""
+def discover(root: Path, excludes: Iterable[str] = ()) -> list[str]:
+    """Repository-relative paths of every ``test_*.py`` under ``root``, sorted.
+
+    Skipped: hidden directories, :data:`SKIP_DIRS`, ``*.egg-info``, virtual environments (a
+    directory holding ``pyvenv.cfg``) and the ``excludes`` globs.  Walked with ``os.scandir`` on
+    strings (pathlib costs a second on a tree of 15,000 files)."""
     excludes = tuple(excludes)
     found: list[str] = []
-    stack = [root]
+    stack = [(os.fspath(root), "")]
     while stack:
-        d = stack.pop()
+        path, rel_dir = stack.pop()
         try:
-            entries = list(d.iterdir())
+            entries = list(os.scandir(path))
         except OSError:
             continue
-        for p in entries:
-            rel = p.relative_to(root).as_posix()
-            if p.is_dir():
-                if p.name.startswith(".") or p.name in SKIP_DIRS or p.name.endswith(".egg-info"):
+        for e in entries:
+            name = e.name
+            rel = rel_dir + name
+            if e.is_dir():
+                if name.startswith(".") or name in SKIP_DIRS or name.endswith(".egg-info"):
                     continue
-                if is_excluded(rel, excludes) or (p / "pyvenv.cfg").exists():
+                if (excludes and is_excluded(rel, excludes)) or os.path.exists(
+                    os.path.join(e.path, "pyvenv.cfg")
+                ):
                     continue
-                stack.append(p)
+                stack.append((e.path, rel + "/"))
             elif (
-                p.name.startswith("test_")
-                and p.name.endswith(".py")
-                and not is_excluded(rel, excludes)
+                name.startswith("test_")
+                and name.endswith(".py")
+                and not (excludes and is_excluded(rel, excludes))
             ):
                 found.append(rel)
-    yield from sorted(found)
+    found.sort()
+    return found
+
+
+def outside_tests(rel: str) -> RegistryError:
+    """The error for a discovered test file that is not under ``tests/``."""
+    return RegistryError(
+        rel,
+        1,
+        "outside-tests",
+        f"test file outside `{TESTS_DIR}/`",
+        f"move it under {TESTS_DIR}/ (mirrored by concern), or rename it if it is not a test",
+    )
 
 
 def read_registry(root: Path, fleet: Fleet, paths: Iterable[str] | None = None) -> Registry:
@@ -565,22 +741,12 @@ def read_registry(root: Path, fleet: Fleet, paths: Iterable[str] | None = None) 
     for rel in rels:
         parts = Path(rel).parts
         if not parts or parts[0] != TESTS_DIR:
-            registry.errors.append(
-                RegistryError(
-                    rel,
-                    1,
-                    "outside-tests",
-                    f"test file outside `{TESTS_DIR}/`",
-                    f"move it under {TESTS_DIR}/ (mirrored by concern), or rename it if it is not a test",
-                )
-            )
+            registry.errors.append(outside_tests(rel))
             continue
         try:
             source = (root / rel).read_bytes()
         except OSError as e:
-            registry.errors.append(
-                RegistryError(rel, 1, "unreadable", str(e), "make the file readable")
-            )
+            registry.errors.extend(validate(unreadable(e), rel, fleet)[1])
             continue
         registration, errors = read_source(source, rel, fleet)
         registry.errors.extend(errors)

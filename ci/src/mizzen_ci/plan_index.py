@@ -1,0 +1,211 @@
+"""The planner's index of a tree: its registry and who imports what, kept warm between runs.
+
+``build_index(root, fleet, cache_path=None, workers=None) -> PlanIndex``:
+
+1. Discovery, once of each kind: the registry's test files (:func:`mizzen_ci.registry.discover`),
+   the Python files under ``tests/`` (:func:`mizzen_ci.impact.scan_tests_dir`) and the workspace's
+   modules (:func:`mizzen_ci.import_graph.source_modules`).
+2. One pass over those files through :class:`mizzen_ci.source_facts.FactsCache`: each file is
+   parsed at most once (in worker processes on a cold run), and from its facts the planner derives
+   per file what it needs: the names its imports name directly (with their parent packages) and,
+   for a test file, its validated registration.  Derived values are kept in the cache by path,
+   content hash and fleet, so a warm run with nothing changed costs the walks, one ``stat`` per
+   file and one cache load: no file is read, parsed or resolved.
+3. The registry, assembled in discovery order from the derived registrations.
+4. The :class:`~mizzen_ci.reach_index.ReachIndex` (who reaches what), kept in the cache as a
+   section and updated only for the files whose names changed (built in full when there is none).
+
+Invariants:
+- ``index.registry`` equals :func:`mizzen_ci.registry.read_registry` of the same tree (same
+  registrations, same errors, same order); ``index.reach`` equals, as a relation,
+  :func:`mizzen_ci.impact.reach_of_graph` of ``ImportGraph.build`` over the same files.
+- The cache context is the fleet table's bytes and the code of this module and of the reach
+  index: a change to either re-derives (re-validates, re-resolves) without re-parsing.
+- Without a cache path nothing is kept; a cache that cannot be written leaves the answer as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import reach_index as _reach_index_module
+from .fleet import Fleet
+from .impact import TestTree, scan_tests_dir
+from .import_graph import direct_names, package_of, source_modules, workspace_source_dirs
+from .reach_index import ReachIndex, parents_of
+from .registry import (
+    TESTS_DIR,
+    Registration,
+    Registry,
+    RegistryError,
+    discover,
+    outside_tests,
+    registry_excludes,
+    validate_row,
+)
+from .source_facts import FactsCache, FileFacts
+
+CACHE_FILE = "plan-facts.marshal"
+_REACH_SECTION = "reach"
+
+
+@dataclass
+class PlanIndex:
+    """What the planner knows about a tree (see the module docstring)."""
+
+    root: Path
+    registry: Registry
+    tree: TestTree
+    source_dirs: list[str]  # root-relative POSIX (absolute when outside the root)
+    modules: dict[str, str]  # module name -> root-relative file
+    reach: ReachIndex
+    excludes: tuple[str, ...]
+    stats: dict[str, int]  # files parsed, files answered from the cache, files derived afresh
+
+
+def _context(fleet: Fleet) -> str:
+    h = hashlib.sha256()
+    for path in (fleet.path, Path(__file__), Path(_reach_index_module.__file__)):
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError:
+            h.update(str(path).encode())
+    return h.hexdigest()
+
+
+def _derive(fleet: Fleet, key: str, arg: tuple, facts: FileFacts) -> tuple:
+    """``(kept, extra)`` of one file (``arg``: (package or None, is_test)): ``kept`` is a test
+    file's encoded registration (None otherwise), kept in the cache; ``extra`` is a graph node's
+    ``(names, parents)``, for this run's reach index only (None otherwise)."""
+    package, is_test = arg
+    kept = extra = None
+    if is_test:
+        row, errors = validate_row(facts.registration, key, fleet)
+        kept = (row, tuple([(e.line, e.rule, e.message, e.fix) for e in errors]))
+    if package is not None:
+        names = direct_names(facts.imports, package)
+        extra = (names, parents_of(names))
+    return kept, extra
+
+
+def _names(facts: FileFacts | None, package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    names = direct_names(facts.imports, package) if facts is not None else ()
+    return names, parents_of(names)
+
+
+def build_index(
+    root: Path | str,
+    fleet: Fleet,
+    cache_path: Path | None = None,
+    workers: int | None = None,
+    with_reach: bool = True,
+) -> PlanIndex:
+    """The index of ``root`` (see the module docstring).  ``with_reach=False`` (a run that
+    selects everything) reads only the registry's test files and leaves ``reach`` empty."""
+    # Tens of thousands of small tuples and no reference cycles: the cyclic GC would only
+    # rescan them (a tenth of a warm run); it is back on when the index is built.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_index(Path(root).resolve(), fleet, cache_path, workers, with_reach)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _build_index(
+    root: Path, fleet: Fleet, cache_path: Path | None, workers: int | None, with_reach: bool
+) -> PlanIndex:
+    excludes = registry_excludes(root)
+    test_files = discover(root, excludes)
+    registry_tests = {rel for rel in test_files if rel.startswith(TESTS_DIR + "/")}
+    prefix = str(root) + os.sep
+
+    # One item per file: (path, key, (package or None, is_test)); key: module name or rel path.
+    items: list[tuple[str, str, tuple]] = []
+    modules: dict[str, str] = {}
+    tree = TestTree([], [], [])
+    dirs: list[Path] = []
+    if with_reach:
+        tree = scan_tests_dir(root, excludes)
+        dirs = workspace_source_dirs(root)
+        found_modules, _ = source_modules(root, dirs)  # duplicates: the graph reports them
+        for name, path, rel in found_modules:
+            modules[name] = rel
+            items.append((path, name, (package_of(name, rel.endswith("__init__.py")), False)))
+        for rel in tree.all:
+            items.append((prefix + rel, rel, ("", rel in registry_tests)))
+    in_tree = set(tree.all)
+    for rel in sorted(registry_tests - in_tree):  # read by the registry, not part of the graph
+        items.append((prefix + rel, rel, (None, True)))
+
+    cache = FactsCache(cache_path, context=_context(fleet))
+    values = cache.derive_many(items, functools.partial(_derive, fleet), workers)
+    answers: dict[str, tuple] = {}
+    nodes: dict[str, tuple] = {}  # graph node -> (package, (names, parents) or None if reused)
+    for (_, key, (package, is_test)), (kept, extra) in zip(items, values, strict=True):
+        if is_test:
+            answers[key] = kept
+        if package is not None:
+            nodes[key] = (package, extra)
+
+    registry = Registry(root)
+    for rel in test_files:
+        if rel not in registry_tests:
+            registry.errors.append(outside_tests(rel))
+            continue
+        row, errors = answers[rel]
+        if row is not None:
+            registry.registrations.append(Registration(*row))
+        registry.errors.extend(RegistryError(rel, *e) for e in errors)
+
+    reach = _update_reach(cache, nodes) if with_reach else ReachIndex()
+    if cache_path is not None:
+        with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
+            cache.save()
+    source_dirs = [_rel(str(d if d.is_absolute() else root / d), root) for d in dirs]
+    stats = {"parsed": cache.parsed, "cached": cache.hits, "derived": len(cache.recomputed)}
+    return PlanIndex(root, registry, tree, source_dirs, modules, reach, tuple(excludes), stats)
+
+
+def _update_reach(cache: FactsCache, nodes: dict[str, tuple]) -> ReachIndex:
+    """The reach index: the cached one with the changed files' names swapped (their old names
+    come from the facts of their old content), or a new one."""
+    index = ReachIndex.from_data(cache.section(_REACH_SECTION))
+    if index is not None:
+        previous = cache.previous_derived()
+        changed = cache.recomputed | (previous.keys() - nodes.keys())
+        for key in sorted(changed):
+            old = previous.get(key)
+            if old is not None and old[1][0] is not None:
+                facts = cache.facts_of(old[0])
+                if facts is None:  # the old names are unknown: build afresh
+                    index = None
+                    break
+                index.remove(key, *_names(facts, old[1][0]))
+            if key in nodes:
+                package, extra = nodes[key]
+                index.add(key, *(extra or _names(cache.facts_of(cache.sha_of(key)), package)))
+        else:
+            cache.set_section(_REACH_SECTION, index.to_data(), modified=bool(changed))
+            return index
+    built = {}
+    for key, (package, extra) in nodes.items():
+        sha = cache.sha_of(key)
+        built[key] = extra or _names(cache.facts_of(sha) if sha else None, package)
+    index = ReachIndex.build(built)
+    cache.set_section(_REACH_SECTION, index.to_data())
+    return index
+
+
+def _rel(path: str, root: Path) -> str:
+    path = os.path.realpath(path)
+    prefix = str(root) + os.sep
+    rel = path[len(prefix) :] if path.startswith(prefix) else path
+    return rel.replace(os.sep, "/")

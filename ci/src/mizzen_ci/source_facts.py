@@ -1,0 +1,499 @@
+"""One parse per file: everything the CI reads from a Python file's syntax tree, kept by content.
+
+``extract(source, filename) -> FileFacts`` parses the source once and reads from that one tree
+
+- its imports (:func:`mizzen_ci.import_graph.facts_of_tree`, what the import graph, the
+  lazy-import check and the planner's impact analysis build on), and
+- its registration as written (:func:`mizzen_ci.registry.registration_syntax`, which the
+  registry then validates against the fleet),
+
+so no file is parsed twice however many readers it has.  :class:`FileFacts` is plain data (tuples,
+strings, numbers), a pure function of the file's bytes.
+
+``FactsCache(path=None, context="")`` keeps FileFacts by the sha256 of the file's bytes:
+
+- ``facts_for(path, key)`` / ``facts_for_many([(path, key), ...])``: the facts of files; ``key``
+  names the file in the stat index (e.g. its root-relative path).
+- ``derive_many([(path, key, arg), ...], derive)``: per file ``derive(key, arg, facts) ->
+  (kept, extra)``, for a caller with per-file results of its own (the planner: a test file's
+  validated registration is ``kept``, a module's resolved import names are ``extra``).  ``kept``
+  is stored and reused by a later run for the same key, bytes, ``arg`` and cache ``context``
+  without looking at the facts at all (then ``extra`` is None); ``extra`` lives for this run
+  only.  With nothing changed a run costs one ``stat`` per file and one cache load.
+  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the last run kept
+  and ``facts_of(sha)`` the facts of any content it saw (to update an aggregate incrementally).
+- ``section(name)`` / ``set_section(name, value)``: one aggregate value per name kept with the
+  cache (the planner's reverse import index).  Saved only when set in this run and every kept
+  value of the run is saved, so a section always agrees with the derived values beside it.
+- Stat fast path: a file whose size and mtime_ns match the index and whose mtime is older than the
+  previous save by more than 2 s (git's racy-timestamp rule) is trusted without reading; any
+  other file is read and hashed, and parsed only when its content is new.
+- Files to read are read, hashed and parsed in ``workers`` forked processes (default: the CPU
+  count) when there are at least :data:`PARALLEL_MIN` of them (a cold run), else in this process.
+- ``save()`` writes one ``marshal`` file atomically (temporary file + rename), and only when
+  something changed; facts and kept values are stored as blobs decoded only when a run needs
+  them.  A directory the cache creates gets a ``.gitignore`` of ``*``.
+
+Invariants:
+- FileFacts depend only on the bytes; a kept value only on (key, bytes, ``arg``, ``context``).
+  A cache written by another format, another Python minor or another version of the extraction
+  code (the sha256 of the modules that extract facts) is ignored, and its kept values and
+  sections when its ``context`` differs: a stale answer is never served.
+- A cache that cannot be read is ignored (the answer is the same, only slower); a value ``marshal``
+  cannot store is simply not kept.  Building never raises for bad source: parse errors are facts.
+- The cache file is local state (``marshal`` is not meant for data from strangers): never commit
+  it or restore it from an untrusted source.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import gc
+import hashlib
+import marshal
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from . import __file__ as _package_init
+from . import import_graph, registry
+from .import_graph import ModuleFacts, RawImport, facts_of_parse_error, imports_of_tree
+from .registry import PARSE_ERRORS, registration_syntax
+
+PARALLEL_MIN = 400  # files to read before worker processes pay for their start-up
+_FORMAT = 3
+_RACY_WINDOW_NS = 2_000_000_000
+
+
+class FileFacts(NamedTuple):
+    """What one file's syntax tree says, as plain data (see the module docstring)."""
+
+    imports: tuple[tuple, ...]  # RawImport fields as plain tuples, in source order
+    error: str | None  # "line N: message" when the file does not parse (or cannot be read)
+    error_line: int
+    bound: frozenset[str] | None  # see ModuleFacts.bound
+    registration: tuple  # registry.RegistrationSyntax.plain()
+
+    def module_facts(self) -> ModuleFacts:
+        """The import facts as :class:`~mizzen_ci.import_graph.ModuleFacts`."""
+        return ModuleFacts(
+            tuple(RawImport._make(i) for i in self.imports), self.error, self.error_line, self.bound
+        )
+
+
+def extract(source: bytes, filename: str = "<unknown>") -> FileFacts:
+    """The facts of one file's source, from one parse; never raises for bad input."""
+    try:
+        tree = ast.parse(source, filename)
+    except PARSE_ERRORS as e:
+        m = facts_of_parse_error(e)
+        reg = registration_syntax(source, parse_error=e)
+        return FileFacts((), m.error, m.error_line, None, reg.plain())
+    imports, bound = imports_of_tree(tree, source)
+    return FileFacts(imports, None, 0, bound, registration_syntax(source, tree).plain())
+
+
+def unreadable(e: OSError) -> FileFacts:
+    """The facts of a file that cannot be read (never cached: there are no bytes to key them)."""
+    return FileFacts(
+        (), f"line 1: cannot read: {e.strerror}", 1, None, registry.unreadable(e).plain()
+    )
+
+
+_CODE_KEY: str | None = None
+
+
+def _code_key() -> str:
+    """sha256 of the modules whose code decides the facts (a change to any of them re-reads)."""
+    global _CODE_KEY
+    if _CODE_KEY is None:
+        h = hashlib.sha256()
+        for path in (__file__, import_graph.__file__, registry.__file__, _package_init):
+            try:
+                with open(path, "rb") as f:
+                    h.update(f.read())
+            except OSError:
+                h.update(str(path).encode())
+        _CODE_KEY = h.hexdigest()
+    return _CODE_KEY
+
+
+Derive = Callable[[str, object, FileFacts], tuple[object, object]]
+_Item = tuple[str | Path, str, object]  # (path, key, arg)
+_JOB: tuple | None = None  # (cache, items, todo, derive): inherited by forked workers
+
+
+def _loads(blob: bytes | None, kind: type) -> object | None:
+    if blob is None:
+        return None
+    try:
+        value = marshal.loads(blob)
+    except (ValueError, EOFError, TypeError):
+        return None
+    return value if isinstance(value, kind) else None
+
+
+class FactsCache:
+    """FileFacts keyed by content hash, a stat index by key, kept derived values and sections;
+    see the module docstring.  ``hits`` / ``parsed`` count what the lookups needed."""
+
+    def __init__(self, path: Path | str | None = None, context: str = ""):
+        self.path = Path(path) if path is not None else None
+        self.context = context
+        self.hits = 0
+        self.parsed = 0
+        self.recomputed: set[str] = set()  # keys derived afresh in this run
+        self._stat: dict[str, tuple] = {}  # key -> (size, mtime_ns, sha) as last saved
+        self._written_ns = 0
+        self._facts_blob: bytes | None = None  # marshal of {sha: marshal of FileFacts}
+        self._stored: dict[str, bytes] | None = None  # that blob, decoded on first need
+        self._facts: dict[str, FileFacts] = {}  # sha -> facts in memory
+        self._raw: dict[str, bytes] = {}  # sha -> marshalled facts parsed by a worker this run
+        self._derived_blob: bytes | None = None  # marshal of {key: (sha, arg, kept)}
+        self._derived: dict[str, tuple] | None = None  # that blob, decoded on first need
+        self._sections: dict[str, object] = {}  # as last saved
+        self._seen: dict[str, tuple] = {}  # key -> (size, mtime_ns, sha) in this run
+        self._new_derived: dict[str, tuple] = {}
+        self._new_sections: dict[str, object] = {}
+        self._dirty = False
+        if self.path is not None:
+            self._load()
+
+    # ---- loading
+
+    def _load(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                data = marshal.loads(f.read())
+        except (OSError, ValueError, EOFError, TypeError):
+            return
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != _FORMAT
+            or data.get("python") != tuple(sys.version_info[:2])
+            or data.get("code") != _code_key()
+        ):
+            return
+        files, facts, written = data.get("files"), data.get("facts"), data.get("written_ns")
+        if not (isinstance(files, dict) and isinstance(facts, bytes) and isinstance(written, int)):
+            return
+        self._stat, self._facts_blob, self._written_ns = files, facts, written
+        if data.get("context") == self.context:
+            derived, sections = data.get("derived"), data.get("sections")
+            self._derived_blob = derived if isinstance(derived, bytes) else None
+            self._sections = sections if isinstance(sections, dict) else {}
+
+    def _stored_facts(self) -> dict[str, bytes]:
+        if self._stored is None:
+            self._stored = _loads(self._facts_blob, dict) or {}
+        return self._stored
+
+    def previous_derived(self) -> dict[str, tuple]:
+        """``{key: (sha, arg, kept)}`` as the last run saved them (same context), read-only."""
+        if self._derived is None:
+            self._derived = _loads(self._derived_blob, dict) or {}
+        return self._derived
+
+    def facts_of(self, sha: str) -> FileFacts | None:
+        """The facts of content ``sha`` if this cache has them (seen in this or the last run)."""
+        facts = self._facts.get(sha)
+        if facts is None:
+            raw = self._raw.get(sha) or self._stored_facts().get(sha)
+            if raw is None:
+                return None
+            try:
+                facts = FileFacts._make(marshal.loads(raw))
+            except (ValueError, EOFError, TypeError):
+                return None
+            self._facts[sha] = facts
+        return facts
+
+    def sha_of(self, key: str) -> str | None:
+        """The content hash of ``key`` as this run saw it (None: not seen or unreadable)."""
+        entry = self._seen.get(key)
+        return entry[2] if entry is not None else None
+
+    # ---- lookups
+
+    def facts_for(self, path: Path | str, key: str) -> FileFacts:
+        return self.facts_for_many([(path, key)])[0]
+
+    def facts_for_many(
+        self, items: Sequence[tuple[Path | str, str]], workers: int | None = None
+    ) -> list[FileFacts]:
+        """The facts of each ``(path, key)``; unknown contents are parsed once each."""
+        return self._run([(path, key, None) for path, key in items], None, workers)
+
+    def derive_many(
+        self, items: Sequence[_Item], derive: Derive, workers: int | None = None
+    ) -> list[tuple[object, object]]:
+        """``(kept, extra)`` of each ``(path, key, arg)``: from ``derive(key, arg, facts)``, or
+        ``(kept, None)`` reused from the last run when the key's content, ``arg`` and the cache
+        context are the same.  ``derive`` runs where the facts are (in a worker process on a
+        cold run): it must be a pure function of its arguments."""
+        return self._run(items, derive, workers)
+
+    def section(self, name: str) -> object | None:
+        """The aggregate ``name`` as the last run saved it (same context), or None."""
+        return self._sections.get(name)
+
+    def set_section(self, name: str, value: object, *, modified: bool = True) -> None:
+        """Keep ``value`` as section ``name`` (``modified=False``: the loaded value, unchanged,
+        kept without forcing a write)."""
+        self._new_sections[name] = value
+        if modified:
+            self._dirty = True
+
+    def _run(self, items: Sequence[_Item], derive: Derive | None, workers: int | None) -> list:
+        out: list = [None] * len(items)
+        todo: list[int] = []
+        if not self._stat:  # nothing known (a cold run): every file is read, no stat first
+            todo = list(range(len(items)))
+            items_to_check: Sequence[_Item] = ()
+        else:
+            items_to_check = items
+        stat_get, facts_of = self._stat.get, self.facts_of
+        derived_get = self.previous_derived().get if derive is not None and items_to_check else None
+        seen, new_derived = self._seen, self._new_derived
+        trusted_before = self._written_ns - _RACY_WINDOW_NS
+        hits = 0
+        for i, (path, key, arg) in enumerate(items_to_check):
+            try:
+                st = os.stat(path)
+            except OSError:
+                todo.append(i)  # reported as unreadable where it is read
+                continue
+            old = stat_get(key)
+            if (
+                old is None
+                or old[0] != st.st_size
+                or old[1] != st.st_mtime_ns
+                or st.st_mtime_ns >= trusted_before
+            ):
+                todo.append(i)
+                continue
+            sha = old[2]
+            if derived_get is not None:
+                d = derived_get(key)
+                if d is not None and d[0] == sha and d[1] == arg:
+                    out[i] = (d[2], None)
+                    seen[key] = old
+                    new_derived[key] = d
+                    hits += 1
+                    continue
+            facts = facts_of(sha)
+            if facts is None:
+                todo.append(i)
+                continue
+            seen[key] = old
+            hits += 1
+            if derive is None:
+                out[i] = facts
+            else:
+                value = out[i] = derive(key, arg, facts)
+                new_derived[key] = (sha, arg, value[0])
+                self.recomputed.add(key)
+                self._dirty = True
+        self.hits += hits
+        if todo:
+            self._read_many(items, todo, derive, workers, out)
+        return out
+
+    def _read_many(
+        self,
+        items: Sequence[_Item],
+        todo: list[int],
+        derive: Derive | None,
+        workers: int | None,
+        out: list,
+    ) -> None:
+        """Read, hash and (for new content) parse ``items[i]`` for ``i`` in ``todo``; results
+        are recorded as they come (from workers, in any order; here, before the next read)."""
+        results = _in_workers(self, items, todo, derive, workers)
+        if results is None:
+            results = ((i, _read_one(self, *items[i], derive)) for i in todo)
+        for i, (entry, parsed, value, reused) in results:
+            _, key, arg = items[i]
+            if entry is None:  # unreadable: nothing to key it by, so nothing is kept
+                out[i] = value if derive is not None else parsed
+                if derive is not None:
+                    self.recomputed.add(key)
+                self._dirty = True
+                continue
+            sha = entry[2]
+            if self._stat.get(key) != entry:
+                self._dirty = True
+            self._seen[key] = entry
+            if parsed is not None and sha not in self._facts and sha not in self._raw:
+                if type(parsed) is bytes:  # from a worker: kept marshalled until needed
+                    self._raw[sha] = parsed
+                else:
+                    self._facts[sha] = parsed
+                self.parsed += 1
+            else:
+                self.hits += 1
+            if derive is None:
+                out[i] = self.facts_of(sha)
+            else:
+                out[i] = value
+                if reused:
+                    self._new_derived[key] = self.previous_derived()[key]
+                else:
+                    self._new_derived[key] = (sha, arg, value[0])
+                    self.recomputed.add(key)
+                    self._dirty = True
+
+    # ---- saving
+
+    def save(self) -> None:
+        """Write the cache (atomically) if it has a path and something changed."""
+        if self.path is None:
+            return
+        if not self._dirty and self._seen.keys() == self._stat.keys():
+            return
+        stored = self._stored_facts()
+        facts: dict[str, bytes] = {}
+        files: dict[str, tuple] = {}
+        for key, entry in self._seen.items():
+            sha = entry[2]
+            if sha not in facts:
+                raw = self._raw.get(sha) or (stored.get(sha) if sha not in self._facts else None)
+                if raw is None:
+                    f = self.facts_of(sha)
+                    try:
+                        raw = marshal.dumps(tuple(f)) if f is not None else None
+                    except ValueError:  # a literal marshal cannot store: re-read next time
+                        raw = None
+                if raw is None:
+                    continue
+                facts[sha] = raw
+            files[key] = entry
+        derived = {k: v for k, v in self._new_derived.items() if k in files}
+        sections = self._new_sections
+        try:
+            derived_blob = marshal.dumps(derived)
+        except ValueError:  # a kept value marshal cannot store: keep none (re-derived next time)
+            derived, derived_blob = {}, marshal.dumps({})
+        if len(derived) != len(self._new_derived):
+            sections = {}  # a section may aggregate every kept value: keep it only with all
+        data = {
+            "format": _FORMAT,
+            "python": tuple(sys.version_info[:2]),
+            "code": _code_key(),
+            "written_ns": time.time_ns(),
+            "files": files,
+            "facts": marshal.dumps(facts),
+            "context": self.context,
+            "derived": derived_blob,
+            "sections": sections,
+        }
+        try:
+            blob = marshal.dumps(data)
+        except ValueError:  # a section marshal cannot store: keep the rest
+            data["sections"] = sections = {}
+            blob = marshal.dumps(data)
+        if not self.path.parent.is_dir():
+            # A directory we create holds only caches: keep it out of git from the start.
+            self.path.parent.mkdir(parents=True)
+            (self.path.parent / ".gitignore").write_text("# created by mizzen-ci\n*\n")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._stat, self._written_ns, self._dirty = files, data["written_ns"], False
+        self._facts_blob, self._stored, self._raw = data["facts"], facts, {}
+        self._derived_blob, self._derived, self._sections = derived_blob, derived, sections
+
+
+# --------------------------------------------------------------------------------------------
+# Reading files, here or in forked workers.
+
+
+def _read_one(
+    cache: FactsCache, path: Path | str, key: str, arg: object, derive: Derive | None
+) -> tuple[tuple | None, FileFacts | None, object, bool]:
+    """``(stat entry or None if unreadable, facts if parsed here or unreadable, (kept, extra) or
+    None, whether kept is the last run's)`` of one file."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            source = f.read()
+    except OSError as e:
+        facts = unreadable(e)
+        return None, facts, derive(key, arg, facts) if derive is not None else None, False
+    sha = hashlib.sha256(source).hexdigest()
+    entry = (st.st_size, st.st_mtime_ns, sha)
+    if derive is not None and cache._stat:
+        d = cache.previous_derived().get(key)
+        if d is not None and d[0] == sha and d[1] == arg:
+            return entry, None, (d[2], None), True
+    facts = cache.facts_of(sha)
+    parsed = None
+    if facts is None:
+        facts = parsed = extract(source, os.fspath(path))
+    return entry, parsed, derive(key, arg, facts) if derive is not None else None, False
+
+
+def _read_chunk(bounds: tuple[int, int]) -> tuple[int, list]:
+    """In a worker: ``_read_one`` of ``todo[start:end]`` of the job, as ``(start, results)``;
+    new facts are sent back marshalled (the form the cache stores; cheaper to send)."""
+    cache, items, todo, derive = _JOB
+    out = []
+    for i in todo[bounds[0] : bounds[1]]:
+        entry, parsed, value, reused = _read_one(cache, *items[i], derive)
+        if parsed is not None and entry is not None:
+            with contextlib.suppress(ValueError):  # unmarshallable literal: send the object
+                parsed = marshal.dumps(tuple(parsed))
+        out.append((entry, parsed, value, reused))
+    return bounds[0], out
+
+
+def _in_workers(
+    cache: FactsCache,
+    items: Sequence[_Item],
+    todo: list[int],
+    derive: Derive | None,
+    workers: int | None,
+) -> Iterator[tuple[int, tuple]] | None:
+    """``(i, _read_one(items[i]))`` for each ``i`` of ``todo``, from forked worker processes as
+    they finish; None when there are too few files to pay for the processes or no processes can
+    be had (then the caller reads them itself)."""
+    global _JOB
+    workers = workers or os.cpu_count() or 1
+    if workers < 2 or len(todo) < PARALLEL_MIN:
+        return None
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None  # the workers inherit the job; without fork, read here
+    _JOB = (cache, items, todo, derive)
+    try:
+        # Workers skip the cyclic GC: parse trees are acyclic and freed by reference counting,
+        # and a collection would touch (copy) every page inherited from this process.
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=gc.disable)
+    except (OSError, RuntimeError):  # no processes to be had (sandbox, limits): read here
+        _JOB = None
+        return None
+    step = max(32, -(-len(todo) // (workers * 16)))  # small chunks: no long single-core tail
+    chunks = [(i, min(i + step, len(todo))) for i in range(0, len(todo), step)]
+    return _collect(pool, chunks, todo)
+
+
+def _collect(pool, chunks: list[tuple[int, int]], todo: list[int]) -> Iterator[tuple[int, tuple]]:
+    global _JOB
+    try:
+        for start, part in pool.imap_unordered(_read_chunk, chunks):
+            for k, result in enumerate(part, start):
+                yield todo[k], result
+    finally:
+        pool.terminate()
+        pool.join()
+        _JOB = None
