@@ -75,24 +75,49 @@ class GitError(RuntimeError):
 
 
 def _git(root: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env["GIT_OPTIONAL_LOCKS"] = "0"  # planning must never take the index lock from a running git
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), *args],
-            capture_output=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise GitError("git is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise GitError(f"`git {' '.join(args)}` timed out") from None
-    if out.returncode != 0:
-        msg = out.stderr.decode(errors="replace").strip().splitlines()
-        raise GitError(f"`git {' '.join(args)}` failed: {msg[-1] if msg else out.returncode}")
-    return out.stdout.decode("utf-8", errors="surrogateescape")
+    return _git_start(root, *args).result()
+
+
+class _GitRun:
+    """One git command started in the background; :meth:`result` waits for its output."""
+
+    def __init__(self, root: Path, args: tuple[str, ...]):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env["GIT_OPTIONAL_LOCKS"] = "0"  # planning must never take the index lock from a git
+        self.args = args
+        try:
+            self.proc = subprocess.Popen(
+                ["git", "-C", str(root), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+        except FileNotFoundError:
+            raise GitError("git is not installed") from None
+
+    def result(self) -> str:
+        try:
+            out, err = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise GitError(f"`git {' '.join(self.args)}` timed out") from None
+        if self.proc.returncode != 0:
+            msg = err.decode(errors="replace").strip().splitlines()
+            raise GitError(
+                f"`git {' '.join(self.args)}` failed: {msg[-1] if msg else self.proc.returncode}"
+            )
+        return out.decode("utf-8", errors="surrogateescape")
+
+    def discard(self) -> None:
+        """Stop waiting for it (after another command failed)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+def _git_start(root: Path, *args: str) -> _GitRun:
+    return _GitRun(root, args)
 
 
 def resolve(root: Path, rev: str) -> str:
@@ -152,15 +177,25 @@ def git_change(
     try:
         if base is not None and set(base) == {"0"}:
             return Change.unusable(f"base {base} is the null commit (a new branch)", base, head)
-        base_sha = resolve(root, base) if base else default_base(root, main_branches)
         if head is None:
-            head_sha = resolve(root, "HEAD")
-            diff = _git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", base_sha)
+            # The untracked files and HEAD do not depend on the base: ask git for them while
+            # the base and the diff are computed (the same answers, in a fraction of the time).
+            untracked_run = _git_start(root, "ls-files", "--others", "--exclude-standard", "-z")
+            head_run = _git_start(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+            try:
+                base_sha = resolve(root, base) if base else default_base(root, main_branches)
+                diff = _git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", base_sha)
+                head_sha = head_run.result().strip()
+                untracked = untracked_run.result()
+            except GitError:
+                untracked_run.discard()
+                head_run.discard()
+                raise
             entries = parse_name_status(diff)
             known = {e.path for e in entries}
-            untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z")
             entries += [Entry("A", p) for p in untracked.split("\0") if p and p not in known]
             return replace(Change.from_entries(base_sha, head_sha, entries), worktree=True)
+        base_sha = resolve(root, base) if base else default_base(root, main_branches)
         head_sha = resolve(root, head)
         diff = _git(root, "diff", "--name-status", "-z", "-M", "--no-ext-diff", base_sha, head_sha)
         return Change.from_entries(base_sha, head_sha, parse_name_status(diff))

@@ -5,6 +5,8 @@ Invariants:
   stdlib-only.
 - One table, :data:`COMMANDS`, maps a command to the module that implements it; such a module
   provides ``add_arguments(command, parser)`` and ``run(command, args) -> int``.
+- Only the module of the command being run is imported (a start costs what that command needs,
+  not every command's imports); ``mizzen-ci --help`` lists every command from the table alone.
 - Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input.
 """
 
@@ -42,17 +44,29 @@ def resolve_root_and_fleet(args: argparse.Namespace):
     return root, load_fleet(args.fleet.resolve() if args.fleet else root / FLEET_RELATIVE_PATH)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; the arguments of ``command`` only when it is given (the
+    others' modules are not imported: their subparsers parse only ``--help``)."""
     parser = argparse.ArgumentParser(prog="mizzen-ci", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(name, p)
+        if command is None or name == command:
+            importlib.import_module(module).add_arguments(name, p)
     return parser
 
 
+def _command_of(argv: list[str]) -> str:
+    """The command named in ``argv`` ("" when none is: the parser then reports the usage)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else ""
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return module.run(args.command, args)

@@ -146,26 +146,35 @@ def _build_index(
         items.append((prefix + rel, rel, (None, True)))
 
     cache = FactsCache(cache_path, context=_context(fleet))
-    values = cache.derive_many(items, functools.partial(_derive, fleet), workers)
+    loaded = ReachIndex.from_data(cache.section(_REACH_SECTION)) if with_reach else None
+    fresh = ReachIndex() if with_reach and loaded is None else None
     answers: dict[str, tuple] = {}
     nodes: dict[str, tuple] = {}  # graph node -> (package, (names, parents) or None if reused)
-    for (_, key, (package, is_test)), (kept, extra) in zip(items, values, strict=True):
+    # Each value is used as soon as it is ready: on a cold run this overlaps the parse workers.
+    for i, (kept, extra) in cache.derive_iter(items, functools.partial(_derive, fleet), workers):
+        _, key, (package, is_test) = items[i]
         if is_test:
-            answers[key] = kept
+            row, errors = kept
+            answers[key] = (Registration(*row) if row is not None else None, errors)
         if package is not None:
             nodes[key] = (package, extra)
+            if fresh is not None and extra is not None:
+                fresh.add(key, *extra)
 
     registry = Registry(root)
     for rel in test_files:
         if rel not in registry_tests:
             registry.errors.append(outside_tests(rel))
             continue
-        row, errors = answers[rel]
-        if row is not None:
-            registry.registrations.append(Registration(*row))
-        registry.errors.extend(RegistryError(rel, *e) for e in errors)
+        registration, errors = answers[rel]
+        if registration is not None:
+            registry.registrations.append(registration)
+        if errors:
+            registry.errors.extend(RegistryError(rel, *e) for e in errors)
 
-    reach = _update_reach(cache, nodes) if with_reach else ReachIndex()
+    reach = ReachIndex()
+    if with_reach:
+        reach = _update_reach(cache, nodes, loaded, fresh)
     if cache_path is not None:
         with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
             cache.save()
@@ -174,11 +183,13 @@ def _build_index(
     return PlanIndex(root, registry, tree, source_dirs, modules, reach, tuple(excludes), stats)
 
 
-def _update_reach(cache: FactsCache, nodes: dict[str, tuple]) -> ReachIndex:
-    """The reach index: the cached one with the changed files' names swapped (their old names
-    come from the facts of their old content), or a new one."""
-    index = ReachIndex.from_data(cache.section(_REACH_SECTION))
-    if index is not None:
+def _update_reach(
+    cache: FactsCache, nodes: dict[str, tuple], loaded: ReachIndex | None, fresh: ReachIndex | None
+) -> ReachIndex:
+    """The reach index: the ``loaded`` one with the changed files' names swapped (their old names
+    come from the facts of their old content), or ``fresh`` (built from the names derived in
+    this run) completed with the names of the files whose derived value was reused."""
+    if loaded is not None:
         previous = cache.previous_derived()
         changed = cache.recomputed | (previous.keys() - nodes.keys())
         for key in sorted(changed):
@@ -186,22 +197,21 @@ def _update_reach(cache: FactsCache, nodes: dict[str, tuple]) -> ReachIndex:
             if old is not None and old[1][0] is not None:
                 facts = cache.facts_of(old[0])
                 if facts is None:  # the old names are unknown: build afresh
-                    index = None
                     break
-                index.remove(key, *_names(facts, old[1][0]))
+                loaded.remove(key, *_names(facts, old[1][0]))
             if key in nodes:
                 package, extra = nodes[key]
-                index.add(key, *(extra or _names(cache.facts_of(cache.sha_of(key)), package)))
+                loaded.add(key, *(extra or _names(cache.facts_of(cache.sha_of(key)), package)))
         else:
-            cache.set_section(_REACH_SECTION, index.to_data(), modified=bool(changed))
-            return index
-    built = {}
+            cache.set_section(_REACH_SECTION, loaded.to_data(), modified=bool(changed))
+            return loaded
+        fresh = ReachIndex.build({k: e for k, (_, e) in nodes.items() if e is not None})
     for key, (package, extra) in nodes.items():
-        sha = cache.sha_of(key)
-        built[key] = extra or _names(cache.facts_of(sha) if sha else None, package)
-    index = ReachIndex.build(built)
-    cache.set_section(_REACH_SECTION, index.to_data())
-    return index
+        if extra is None:
+            sha = cache.sha_of(key)
+            fresh.add(key, *_names(cache.facts_of(sha) if sha else None, package))
+    cache.set_section(_REACH_SECTION, fresh.to_data())
+    return fresh
 
 
 def _rel(path: str, root: Path) -> str:

@@ -29,13 +29,16 @@ from collections.abc import Iterable, Mapping
 
 
 def parents_of(names: Iterable[str]) -> tuple[str, ...]:
-    """The strict dotted prefixes of ``names`` (``a`` and ``a.b`` for ``a.b.c``), each once."""
+    """The strict dotted prefixes of ``names`` (``a.b`` and ``a`` for ``a.b.c``), each once."""
     out: dict[str, None] = {}
     for n in names:
-        i = n.find(".")
+        i = n.rfind(".")
         while i != -1:
-            out[n[:i]] = None
-            i = n.find(".", i + 1)
+            n = n[:i]
+            if n in out:
+                break  # its own prefixes are in already
+            out[n] = None
+            i = n.rfind(".")
     return tuple(out)
 
 

@@ -63,9 +63,15 @@ def select(
     selected: list[Selected] = []
     skipped: list[NotScheduled] = []
     policy = DispatchPolicy(mode=request.arch_mode, arches=request.arches)
+    homes: dict[tuple, str | None] = {}  # home_arch depends only on what a test declares
 
     for reg in registrations:
-        home = home_arch(reg, fleet) if reg.backend == "cuda" else None
+        home = None
+        if reg.backend == "cuda":
+            declared = (reg.hardware, reg.num_gpus, reg.needs)
+            home = homes.get(declared, homes)
+            if home is homes:
+                home = homes[declared] = home_arch(reg, fleet)
         if not reg.enabled:
             skipped.append(NotScheduled(reg.path, home, DISABLED, f"disabled: {reg.disabled}"))
             continue
@@ -125,8 +131,10 @@ def select(
         if policy.mode is Mode.EXPLICIT and not placements and not unplaced:
             skipped.append(NotScheduled(reg.path, home, NOT_HOSTABLE, "no arch could host it"))
 
-    for path in sorted({e.path for e in errors}):
-        first = next(e for e in errors if e.path == path)
+    first_error: dict[str, RegistryError] = {}
+    for e in errors:
+        first_error.setdefault(e.path, e)
+    for path, first in sorted(first_error.items()):
         skipped.append(
             NotScheduled(
                 path, None, REGISTRY_ERROR, f"registry error: [{first.rule}] {first.message}"

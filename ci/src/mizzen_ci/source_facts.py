@@ -226,7 +226,10 @@ class FactsCache:
         self, items: Sequence[tuple[Path | str, str]], workers: int | None = None
     ) -> list[FileFacts]:
         """The facts of each ``(path, key)``; unknown contents are parsed once each."""
-        return self._run([(path, key, None) for path, key in items], None, workers)
+        out: list = [None] * len(items)
+        for i, facts in self._run([(path, key, None) for path, key in items], None, workers):
+            out[i] = facts
+        return out
 
     def derive_many(
         self, items: Sequence[_Item], derive: Derive, workers: int | None = None
@@ -235,6 +238,17 @@ class FactsCache:
         ``(kept, None)`` reused from the last run when the key's content, ``arg`` and the cache
         context are the same.  ``derive`` runs where the facts are (in a worker process on a
         cold run): it must be a pure function of its arguments."""
+        out: list = [None] * len(items)
+        for i, value in self.derive_iter(items, derive, workers):
+            out[i] = value
+        return out
+
+    def derive_iter(
+        self, items: Sequence[_Item], derive: Derive, workers: int | None = None
+    ) -> Iterator[tuple[int, tuple[object, object]]]:
+        """:meth:`derive_many` as ``(index in items, (kept, extra))`` pairs in the order they
+        are ready (workers finish in any order), so that a caller can use each while the rest
+        is being parsed.  Every index comes once; consume it to the end."""
         return self._run(items, derive, workers)
 
     def section(self, name: str) -> object | None:
@@ -248,8 +262,11 @@ class FactsCache:
         if modified:
             self._dirty = True
 
-    def _run(self, items: Sequence[_Item], derive: Derive | None, workers: int | None) -> list:
-        out: list = [None] * len(items)
+    def _run(
+        self, items: Sequence[_Item], derive: Derive | None, workers: int | None
+    ) -> Iterator[tuple[int, object]]:
+        """``(i, facts or (kept, extra))`` for every item, as ready: first those the stat index
+        vouches for, then those read here or in workers."""
         todo: list[int] = []
         if not self._stat:  # nothing known (a cold run): every file is read, no stat first
             todo = list(range(len(items)))
@@ -260,7 +277,6 @@ class FactsCache:
         derived_get = self.previous_derived().get if derive is not None and items_to_check else None
         seen, new_derived = self._seen, self._new_derived
         trusted_before = self._written_ns - _RACY_WINDOW_NS
-        hits = 0
         for i, (path, key, arg) in enumerate(items_to_check):
             try:
                 st = os.stat(path)
@@ -280,37 +296,31 @@ class FactsCache:
             if derived_get is not None:
                 d = derived_get(key)
                 if d is not None and d[0] == sha and d[1] == arg:
-                    out[i] = (d[2], None)
                     seen[key] = old
                     new_derived[key] = d
-                    hits += 1
+                    self.hits += 1
+                    yield i, (d[2], None)
                     continue
             facts = facts_of(sha)
             if facts is None:
                 todo.append(i)
                 continue
             seen[key] = old
-            hits += 1
+            self.hits += 1
             if derive is None:
-                out[i] = facts
+                yield i, facts
             else:
-                value = out[i] = derive(key, arg, facts)
+                value = derive(key, arg, facts)
                 new_derived[key] = (sha, arg, value[0])
                 self.recomputed.add(key)
                 self._dirty = True
-        self.hits += hits
+                yield i, value
         if todo:
-            self._read_many(items, todo, derive, workers, out)
-        return out
+            yield from self._read_many(items, todo, derive, workers)
 
     def _read_many(
-        self,
-        items: Sequence[_Item],
-        todo: list[int],
-        derive: Derive | None,
-        workers: int | None,
-        out: list,
-    ) -> None:
+        self, items: Sequence[_Item], todo: list[int], derive: Derive | None, workers: int | None
+    ) -> Iterator[tuple[int, object]]:
         """Read, hash and (for new content) parse ``items[i]`` for ``i`` in ``todo``; results
         are recorded as they come (from workers, in any order; here, before the next read)."""
         results = _in_workers(self, items, todo, derive, workers)
@@ -319,10 +329,10 @@ class FactsCache:
         for i, (entry, parsed, value, reused) in results:
             _, key, arg = items[i]
             if entry is None:  # unreadable: nothing to key it by, so nothing is kept
-                out[i] = value if derive is not None else parsed
                 if derive is not None:
                     self.recomputed.add(key)
                 self._dirty = True
+                yield i, (value if derive is not None else parsed)
                 continue
             sha = entry[2]
             if self._stat.get(key) != entry:
@@ -337,15 +347,15 @@ class FactsCache:
             else:
                 self.hits += 1
             if derive is None:
-                out[i] = self.facts_of(sha)
+                yield i, self.facts_of(sha)
+                continue
+            if reused:
+                self._new_derived[key] = self.previous_derived()[key]
             else:
-                out[i] = value
-                if reused:
-                    self._new_derived[key] = self.previous_derived()[key]
-                else:
-                    self._new_derived[key] = (sha, arg, value[0])
-                    self.recomputed.add(key)
-                    self._dirty = True
+                self._new_derived[key] = (sha, arg, value[0])
+                self.recomputed.add(key)
+                self._dirty = True
+            yield i, value
 
     # ---- saving
 
@@ -423,9 +433,7 @@ def _read_one(
     """``(stat entry or None if unreadable, facts if parsed here or unreadable, (kept, extra) or
     None, whether kept is the last run's)`` of one file."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            source = f.read()
+        source, st = _read_bytes(path)
     except OSError as e:
         facts = unreadable(e)
         return None, facts, derive(key, arg, facts) if derive is not None else None, False
@@ -440,6 +448,25 @@ def _read_one(
     if facts is None:
         facts = parsed = extract(source, os.fspath(path))
     return entry, parsed, derive(key, arg, facts) if derive is not None else None, False
+
+
+def _read_bytes(path: Path | str) -> tuple[bytes, os.stat_result]:
+    """The bytes of a file and its stat (taken before reading), with plain ``os`` calls; an
+    error names the file, as ``open()`` does."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            chunks = []
+            while data := os.read(fd, max(st.st_size + 1, 65536)):
+                chunks.append(data)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks), st
 
 
 def _read_chunk(bounds: tuple[int, int]) -> tuple[int, list]:
