@@ -27,8 +27,9 @@ import mizzen_ci.source_facts as source_facts
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import load_fleet
 from mizzen_ci.impact import Analyser, build_graph, reach_of_graph, scan_tests_dir
-from mizzen_ci.plan_index import CACHE_FILE, build_index
+from mizzen_ci.plan_index import CACHE_FILE, build_index, cache_context
 from mizzen_ci.registry import read_registry
+from mizzen_ci.source_facts import FactsCache
 
 register_cpu_ci(est_time=20, labels=["ci"])
 
@@ -268,3 +269,23 @@ def test_copied_tree_with_the_same_cache_gives_its_own_answers(tmp_path):
     shutil.copytree(root, copy)
     (copy / "tests/area0/test_t0.py").rename(copy / "tests/area0/test_moved.py")
     check(copy, cache)
+
+
+def test_a_registry_only_run_keeps_the_graphs_cache(tmp_path, reads):
+    """A run that selects everything reads only the registry's test files; it must not drop the
+    cached facts of the modules (the next pull-request plan stays warm)."""
+    root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
+    make_workspace(root)
+    age_all(root)
+    fleet = load_fleet(root / "ci" / "fleet.toml")
+    check(root, cache)
+    nightly = build_index(root, fleet, cache, workers=1, with_reach=False)
+    assert nightly.stats["parsed"] == 0 and nightly.stats["derived"] == 0
+    assert FactsCache(cache, context=cache_context(fleet)).section("reach") is not None
+    reads[0] = 0
+    again = check(root, cache)
+    assert reads[0] == 0 and again.stats == {
+        "parsed": 0,
+        "cached": again.stats["cached"],
+        "derived": 0,
+    }

@@ -2,7 +2,8 @@
 
 Invariants:
 - Stdlib only; git is run as a subprocess (``git -C ROOT ...``) with ``-z`` output, so any path
-  (spaces, unicode, newlines) round-trips exactly.
+  (spaces, unicode, newlines) round-trips exactly.  Commands that do not depend on each other
+  (HEAD, the untracked files, the base and its diff) run side by side; the first error wins.
 - Default range: the merge-base of ``HEAD`` with the main branch (``main``, else ``origin/main``)
   against the *working tree*, untracked files included (``git ls-files --others
   --exclude-standard``): what a pull request made from this checkout would change.

@@ -1,24 +1,31 @@
 """The planner's index of a tree: its registry and who imports what, kept warm between runs.
 
-``build_index(root, fleet, cache_path=None, workers=None) -> PlanIndex``:
+``build_index(root, fleet, cache_path=None, workers=None, with_reach=True) -> PlanIndex``:
 
-1. Discovery, once of each kind: the registry's test files (:func:`mizzen_ci.registry.discover`),
-   the Python files under ``tests/`` (:func:`mizzen_ci.impact.scan_tests_dir`) and the workspace's
-   modules (:func:`mizzen_ci.import_graph.source_modules`).
+1. Discovery, once of each kind: the workspace's modules
+   (:func:`mizzen_ci.import_graph.source_modules`) and the Python files under ``tests/``
+   (:func:`mizzen_ci.impact.scan_tests_dir`) first, so that on a cold run their reading starts
+   while the registry's own walk (:func:`mizzen_ci.registry.discover`) runs.
 2. One pass over those files through :class:`mizzen_ci.source_facts.FactsCache`: each file is
    parsed at most once (in worker processes on a cold run), and from its facts the planner derives
-   per file what it needs: the names its imports name directly (with their parent packages) and,
-   for a test file, its validated registration.  Derived values are kept in the cache by path,
-   content hash and fleet, so a warm run with nothing changed costs the walks, one ``stat`` per
-   file and one cache load: no file is read, parsed or resolved.
-3. The registry, assembled in discovery order from the derived registrations.
+   per file what it needs: a test file's validated registration (kept in the cache by path,
+   content hash and :func:`cache_context`) and the names a file's imports name directly, with
+   their parent packages (for this run's index only).  A warm run with nothing changed costs the
+   walks, one ``stat`` per file and one cache load: no file is read, parsed or resolved.  Each
+   answer is used as soon as it is ready (a cold run overlaps the parse workers).
+3. The registry, assembled in discovery order from the registrations.
 4. The :class:`~mizzen_ci.reach_index.ReachIndex` (who reaches what), kept in the cache as a
-   section and updated only for the files whose names changed (built in full when there is none).
+   section and updated only for the files whose content changed (their old names come from the
+   facts of their old content), or built in full when there is none.
+
+``with_reach=False`` (a run that selects everything) reads only the registry's test files and
+keeps the cached facts of the others for the next run.
 
 Invariants:
 - ``index.registry`` equals :func:`mizzen_ci.registry.read_registry` of the same tree (same
   registrations, same errors, same order); ``index.reach`` equals, as a relation,
-  :func:`mizzen_ci.impact.reach_of_graph` of ``ImportGraph.build`` over the same files.
+  :func:`mizzen_ci.impact.reach_of_graph` of ``ImportGraph.build`` over the same files (tested
+  through edits, additions, deletions, renames and fleet changes in ``test_plan_cache.py``).
 - The cache context is the fleet table's bytes and the code of this module and of the reach
   index: a change to either re-derives (re-validates, re-resolves) without re-parsing.
 - Without a cache path nothing is kept; a cache that cannot be written leaves the answer as is.
@@ -30,6 +37,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +77,9 @@ class PlanIndex:
     stats: dict[str, int]  # files parsed, files answered from the cache, files derived afresh
 
 
-def _context(fleet: Fleet) -> str:
+def cache_context(fleet: Fleet) -> str:
+    """What the cached per-file answers depend on besides the files: the fleet table and the
+    code of this module and of the reach index (a change re-derives, without re-parsing)."""
     h = hashlib.sha256()
     for path in (fleet.path, Path(__file__), Path(_reach_index_module.__file__)):
         try:
@@ -123,11 +133,13 @@ def _build_index(
     root: Path, fleet: Fleet, cache_path: Path | None, workers: int | None, with_reach: bool
 ) -> PlanIndex:
     excludes = registry_excludes(root)
-    test_files = discover(root, excludes)
-    registry_tests = {rel for rel in test_files if rel.startswith(TESTS_DIR + "/")}
     prefix = str(root) + os.sep
+    cache = FactsCache(cache_path, context=cache_context(fleet))
+    derive = functools.partial(_derive, fleet)
 
     # One item per file: (path, key, (package or None, is_test)); key: module name or rel path.
+    # The graph's files first: on a cold run their reading starts while the registry's own
+    # discovery walks the tree.
     items: list[tuple[str, str, tuple]] = []
     modules: dict[str, str] = {}
     tree = TestTree([], [], [])
@@ -139,19 +151,34 @@ def _build_index(
         for name, path, rel in found_modules:
             modules[name] = rel
             items.append((path, name, (package_of(name, rel.endswith("__init__.py")), False)))
+        tests = set(tree.tests)
         for rel in tree.all:
-            items.append((prefix + rel, rel, ("", rel in registry_tests)))
-    in_tree = set(tree.all)
-    for rel in sorted(registry_tests - in_tree):  # read by the registry, not part of the graph
-        items.append((prefix + rel, rel, (None, True)))
+            items.append((prefix + rel, rel, ("", rel in tests)))
+    results = cache.derive_iter(items, derive, workers)
+    test_files = discover(root, excludes)
+    registry_tests = {rel for rel in test_files if rel.startswith(TESTS_DIR + "/")}
+    in_tree = set(tree.tests)
+    # Not part of the graph: the registry's test files outside the scanned tree (symlinked
+    # directories, …), or all of them without the graph (with the graph's own `arg`, so that
+    # a run with and a run without the graph reuse each other's answers).
+    other = None if with_reach else ""
+    more = [(prefix + rel, rel, (other, True)) for rel in sorted(registry_tests - in_tree)]
+    if more:  # test files the registry reads that are not part of the graph (symlinked dirs, …)
+        start = len(items)
+        items += more
 
-    cache = FactsCache(cache_path, context=_context(fleet))
+        def after_the_graph():  # (read when the first batch is done: one batch at a time)
+            for i, value in cache.derive_iter(more, derive, workers):
+                yield start + i, value
+
+        results = itertools.chain(results, after_the_graph())
+
     loaded = ReachIndex.from_data(cache.section(_REACH_SECTION)) if with_reach else None
     fresh = ReachIndex() if with_reach and loaded is None else None
     answers: dict[str, tuple] = {}
     nodes: dict[str, tuple] = {}  # graph node -> (package, (names, parents) or None if reused)
     # Each value is used as soon as it is ready: on a cold run this overlaps the parse workers.
-    for i, (kept, extra) in cache.derive_iter(items, functools.partial(_derive, fleet), workers):
+    for i, (kept, extra) in results:
         _, key, (package, is_test) = items[i]
         if is_test:
             row, errors = kept
@@ -177,7 +204,7 @@ def _build_index(
         reach = _update_reach(cache, nodes, loaded, fresh)
     if cache_path is not None:
         with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
-            cache.save()
+            cache.save(keep_unseen=not with_reach)  # a registry-only run keeps the graph's files
     source_dirs = [_rel(str(d if d.is_absolute() else root / d), root) for d in dirs]
     stats = {"parsed": cache.parsed, "cached": cache.hits, "derived": len(cache.recomputed)}
     return PlanIndex(root, registry, tree, source_dirs, modules, reach, tuple(excludes), stats)

@@ -20,8 +20,10 @@ strings, numbers), a pure function of the file's bytes.
   is stored and reused by a later run for the same key, bytes, ``arg`` and cache ``context``
   without looking at the facts at all (then ``extra`` is None); ``extra`` lives for this run
   only.  With nothing changed a run costs one ``stat`` per file and one cache load.
-  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the last run kept
-  and ``facts_of(sha)`` the facts of any content it saw (to update an aggregate incrementally).
+  ``derive_iter`` gives the same pairs as they are ready (a cold run's workers start before it
+  returns).  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the
+  last run kept, ``sha_of(key)`` a file's content hash in this run and ``facts_of(sha)`` the facts
+  of any content this or the last run saw (to update an aggregate incrementally).
 - ``section(name)`` / ``set_section(name, value)``: one aggregate value per name kept with the
   cache (the planner's reverse import index).  Saved only when set in this run and every kept
   value of the run is saved, so a section always agrees with the derived values beside it.
@@ -32,7 +34,10 @@ strings, numbers), a pure function of the file's bytes.
   count) when there are at least :data:`PARALLEL_MIN` of them (a cold run), else in this process.
 - ``save()`` writes one ``marshal`` file atomically (temporary file + rename), and only when
   something changed; facts and kept values are stored as blobs decoded only when a run needs
-  them.  A directory the cache creates gets a ``.gitignore`` of ``*``.
+  them.  Files not looked at are dropped (``save(keep_unseen=True)``: kept as they were).  A
+  directory the cache creates gets a ``.gitignore`` of ``*``.
+- Workers are forked (they inherit the job, nothing is pickled to them), skip the cyclic GC, take
+  small chunks (no long single-core tail) and send results back marshalled.
 
 Invariants:
 - FileFacts depend only on the bytes; a kept value only on (key, bytes, ``arg``, ``context``).
@@ -248,7 +253,8 @@ class FactsCache:
     ) -> Iterator[tuple[int, tuple[object, object]]]:
         """:meth:`derive_many` as ``(index in items, (kept, extra))`` pairs in the order they
         are ready (workers finish in any order), so that a caller can use each while the rest
-        is being parsed.  Every index comes once; consume it to the end."""
+        is being parsed.  On a cold cache the reading starts before this returns, so the
+        caller can do other work first.  Every index comes once; consume it to the end."""
         return self._run(items, derive, workers)
 
     def section(self, name: str) -> object | None:
@@ -267,17 +273,19 @@ class FactsCache:
     ) -> Iterator[tuple[int, object]]:
         """``(i, facts or (kept, extra))`` for every item, as ready: first those the stat index
         vouches for, then those read here or in workers."""
+        if not self._stat:  # nothing known (a cold run): read every file, starting now
+            return self._read_many(items, list(range(len(items))), derive, workers)
+        return self._vouch_then_read(items, derive, workers)
+
+    def _vouch_then_read(
+        self, items: Sequence[_Item], derive: Derive | None, workers: int | None
+    ) -> Iterator[tuple[int, object]]:
         todo: list[int] = []
-        if not self._stat:  # nothing known (a cold run): every file is read, no stat first
-            todo = list(range(len(items)))
-            items_to_check: Sequence[_Item] = ()
-        else:
-            items_to_check = items
         stat_get, facts_of = self._stat.get, self.facts_of
-        derived_get = self.previous_derived().get if derive is not None and items_to_check else None
+        derived_get = self.previous_derived().get if derive is not None else None
         seen, new_derived = self._seen, self._new_derived
         trusted_before = self._written_ns - _RACY_WINDOW_NS
-        for i, (path, key, arg) in enumerate(items_to_check):
+        for i, (path, key, arg) in enumerate(items):
             try:
                 st = os.stat(path)
             except OSError:
@@ -321,18 +329,29 @@ class FactsCache:
     def _read_many(
         self, items: Sequence[_Item], todo: list[int], derive: Derive | None, workers: int | None
     ) -> Iterator[tuple[int, object]]:
-        """Read, hash and (for new content) parse ``items[i]`` for ``i`` in ``todo``; results
-        are recorded as they come (from workers, in any order; here, before the next read)."""
+        """Read, hash and (for new content) parse ``items[i]`` for ``i`` in ``todo`` (the
+        workers, when there are enough files for them, start at once); results are recorded as
+        they come (from workers, in any order; here, before the next read)."""
         results = _in_workers(self, items, todo, derive, workers)
         if results is None:
             results = ((i, _read_one(self, *items[i], derive)) for i in todo)
+        return self._record(items, results, derive)
+
+    def _record(
+        self, items: Sequence[_Item], results: Iterator, derive: Derive | None
+    ) -> Iterator[tuple[int, object]]:
         for i, (entry, parsed, value, reused) in results:
             _, key, arg = items[i]
             if entry is None:  # unreadable: nothing to key it by, so nothing is kept
                 if derive is not None:
                     self.recomputed.add(key)
+                    yield i, value
+                else:
+                    yield (
+                        i,
+                        FileFacts._make(marshal.loads(parsed) if type(parsed) is bytes else parsed),
+                    )
                 self._dirty = True
-                yield i, (value if derive is not None else parsed)
                 continue
             sha = entry[2]
             if self._stat.get(key) != entry:
@@ -359,16 +378,28 @@ class FactsCache:
 
     # ---- saving
 
-    def save(self) -> None:
-        """Write the cache (atomically) if it has a path and something changed."""
+    def save(self, keep_unseen: bool = False) -> None:
+        """Write the cache (atomically) if it has a path and something changed.  Files not
+        looked at in this run are dropped, or kept as they were with ``keep_unseen`` (a run
+        that looked at a part of the tree only); sections are kept only when set in this run."""
         if self.path is None:
             return
-        if not self._dirty and self._seen.keys() == self._stat.keys():
+        if not self._dirty and (
+            self._seen.keys() == self._stat.keys()
+            or (keep_unseen and self._seen.keys() <= self._stat.keys())
+        ):
             return
         stored = self._stored_facts()
         facts: dict[str, bytes] = {}
         files: dict[str, tuple] = {}
-        for key, entry in self._seen.items():
+        seen = self._seen
+        if keep_unseen:
+            previous = self.previous_derived()
+            seen = {**{k: v for k, v in self._stat.items() if k not in seen}, **seen}
+            for key in seen.keys() - self._seen.keys():
+                if key in previous:
+                    self._new_derived.setdefault(key, previous[key])
+        for key, entry in seen.items():
             sha = entry[2]
             if sha not in facts:
                 raw = self._raw.get(sha) or (stored.get(sha) if sha not in self._facts else None)
@@ -384,8 +415,8 @@ class FactsCache:
             files[key] = entry
         derived = {k: v for k, v in self._new_derived.items() if k in files}
         sections = self._new_sections
-        try:
-            derived_blob = marshal.dumps(derived)
+        try:  # version 2: no reference table (its values are mostly distinct; twice as fast)
+            derived_blob = marshal.dumps(derived, 2)
         except ValueError:  # a kept value marshal cannot store: keep none (re-derived next time)
             derived, derived_blob = {}, marshal.dumps({})
         if len(derived) != len(self._new_derived):
@@ -469,18 +500,22 @@ def _read_bytes(path: Path | str) -> tuple[bytes, os.stat_result]:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks), st
 
 
-def _read_chunk(bounds: tuple[int, int]) -> tuple[int, list]:
-    """In a worker: ``_read_one`` of ``todo[start:end]`` of the job, as ``(start, results)``;
-    new facts are sent back marshalled (the form the cache stores; cheaper to send)."""
+def _read_chunk(bounds: tuple[int, int]) -> tuple[int, bytes | list]:
+    """In a worker: ``_read_one`` of ``todo[start:end]`` of the job, as ``(start, results)``.
+    New facts go back marshalled (the form the cache stores), and the whole list too when
+    ``marshal`` can hold it (cheaper than pickling it); else the list itself."""
     cache, items, todo, derive = _JOB
     out = []
     for i in todo[bounds[0] : bounds[1]]:
         entry, parsed, value, reused = _read_one(cache, *items[i], derive)
-        if parsed is not None and entry is not None:
-            with contextlib.suppress(ValueError):  # unmarshallable literal: send the object
+        if parsed is not None:
+            with contextlib.suppress(ValueError):  # an unmarshallable literal: send the object
                 parsed = marshal.dumps(tuple(parsed))
         out.append((entry, parsed, value, reused))
-    return bounds[0], out
+    try:
+        return bounds[0], marshal.dumps(out)
+    except ValueError:
+        return bounds[0], out
 
 
 def _in_workers(
@@ -511,13 +546,15 @@ def _in_workers(
         return None
     step = max(32, -(-len(todo) // (workers * 16)))  # small chunks: no long single-core tail
     chunks = [(i, min(i + step, len(todo))) for i in range(0, len(todo), step)]
-    return _collect(pool, chunks, todo)
+    return _collect(pool, pool.imap_unordered(_read_chunk, chunks), todo)  # submitted now
 
 
-def _collect(pool, chunks: list[tuple[int, int]], todo: list[int]) -> Iterator[tuple[int, tuple]]:
+def _collect(pool, parts: Iterator, todo: list[int]) -> Iterator[tuple[int, tuple]]:
     global _JOB
     try:
-        for start, part in pool.imap_unordered(_read_chunk, chunks):
+        for start, part in parts:
+            if type(part) is bytes:
+                part = marshal.loads(part)
             for k, result in enumerate(part, start):
                 yield todo[k], result
     finally:

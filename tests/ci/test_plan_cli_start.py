@@ -1,0 +1,73 @@
+"""``mizzen-ci`` starts only what the command needs: ``plan`` never imports the GPU lane or the
+lazy-import checks, ``--help`` lists every command without importing any, and each command still
+parses its own arguments (``python3 -S``, only ``ci/src`` on the path, as on a bare runner)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mizzen_ci import register_cpu_ci
+from mizzen_ci.cli import COMMANDS, build_parser
+
+register_cpu_ci(est_time=10, labels=["ci"])
+
+CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
+
+PROBE = """
+import json, sys
+from mizzen_ci.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+loaded = sorted(m for m in sys.modules if m.startswith("mizzen_ci."))
+print(json.dumps({"code": code, "loaded": loaded}), file=sys.stderr)
+"""
+
+
+def start(*argv: str) -> tuple[dict, str]:
+    """(the probe's report, stdout) of ``mizzen-ci ARGV`` under ``python3 -S``."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", PROBE, *argv], env=env, capture_output=True, text=True
+    )
+    return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
+
+
+def test_plan_help_imports_only_the_plan_command():
+    report, stdout = start("plan", "--help")
+    assert report["code"] == 0
+    assert "--budget-minutes" in stdout and "--cache-dir" in stdout
+    loaded = set(report["loaded"])
+    assert "mizzen_ci.plan_cli" in loaded
+    for other in ("mizzen_ci.gpu_lane", "mizzen_ci.lazy_imports", "mizzen_ci.registry_cli"):
+        assert other not in loaded, f"`plan` imported {other}"
+
+
+def test_top_level_help_lists_every_command_and_imports_none():
+    report, stdout = start("--help")
+    assert report["code"] == 0
+    for name in COMMANDS:
+        assert name in stdout
+    modules = {m for m, _ in COMMANDS.values()}
+    assert not modules & set(report["loaded"])
+
+
+def test_each_command_still_parses_its_own_arguments():
+    for name in COMMANDS:
+        report, stdout = start(name, "--help")
+        assert report["code"] == 0 and "--root" in stdout, name
+    report, _ = start("plan", "--no-such-option")
+    assert report["code"] == 2
+
+
+def test_the_full_parser_is_still_available():
+    parser = build_parser()
+    args = parser.parse_args(["list", "--json"])
+    assert args.command == "list" and args.json
