@@ -400,7 +400,7 @@ def test_chains_to_agrees_with_chain_on_random_graphs_with_cycles(tmp_path):
 
 
 def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
-    import mizzen_ci.source_facts as sf
+    import mizzen_ci.facts_cache as sf
 
     files = {"src/p/__init__.py": "from . import m0\n"}
     for i in range(12):

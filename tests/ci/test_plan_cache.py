@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-import mizzen_ci.source_facts as source_facts
+import mizzen_ci.facts_cache as facts_cache
 from mizzen_ci import register_cpu_ci
+from mizzen_ci.facts_cache import FactsCache
 from mizzen_ci.fleet import load_fleet
 from mizzen_ci.impact import Analyser, build_graph, reach_of_graph, scan_tests_dir
 from mizzen_ci.plan_index import CACHE_FILE, build_index, cache_context
 from mizzen_ci.registry import read_registry
-from mizzen_ci.source_facts import FactsCache
 
 register_cpu_ci(est_time=20, labels=["ci"])
 
@@ -145,13 +145,13 @@ def check(root: Path, cache: Path | None, workers: int | None = 1):
 @pytest.fixture
 def reads(monkeypatch):
     """How many files were read (not only stat-ed) by the facts cache."""
-    real = source_facts._read_one
+    real = facts_cache._read_one
 
     def counting(*args):
         READS[0] += 1
         return real(*args)
 
-    monkeypatch.setattr(source_facts, "_read_one", counting)
+    monkeypatch.setattr(facts_cache, "_read_one", counting)
     READS[0] = 0
     return READS
 
@@ -220,7 +220,7 @@ def test_same_size_and_mtime_edit_inside_the_racy_window_is_seen(tmp_path):
 def test_parallel_cold_build_equals_serial(tmp_path, monkeypatch):
     root = tmp_path / "ws"
     make_workspace(root, seed=1, modules=40, tests=30)
-    monkeypatch.setattr(source_facts, "PARALLEL_MIN", 8)
+    monkeypatch.setattr(facts_cache, "PARALLEL_MIN", 8)
     parallel = check(root, tmp_path / "c" / CACHE_FILE, workers=2)
     assert parallel.stats["parsed"] > 8
     serial = check(root, None, workers=1)

@@ -112,7 +112,7 @@ def build_graph(root: Path, tree: TestTree, cache=None) -> tuple[ImportGraph, li
     root = root.resolve()
     source_dirs = workspace_source_dirs(root)
     graph = ImportGraph.build(root, source_dirs, tree.all, cache)
-    return graph, [_rel(d, root) for d in source_dirs]
+    return graph, relative_dirs(source_dirs, root)
 
 
 def reach_of_graph(graph: ImportGraph) -> ReachIndex:
@@ -126,11 +126,16 @@ def reach_of_graph(graph: ImportGraph) -> ReachIndex:
     return ReachIndex.build(nodes)
 
 
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+def relative_dirs(dirs: Iterable[Path], root: Path) -> list[str]:
+    """Source dirs as :func:`module_of` takes them: root-relative POSIX paths (as given when
+    outside ``root``)."""
+    out = []
+    for d in dirs:
+        try:
+            out.append(d.resolve().relative_to(root.resolve()).as_posix())
+        except ValueError:
+            out.append(d.as_posix())
+    return out
 
 
 def module_of(path: str, source_dirs: Iterable[str]) -> str | None:

@@ -34,7 +34,7 @@ Per file, **facts** parsed from the source alone (independent of where the file 
 ``facts_of_tree(tree, source_bytes)`` is the same from a tree the caller parsed already (one parse
 per file for everything the CI reads: :mod:`mizzen_ci.source_facts`).
 
-**FactsCache**\\ (path or None): the content-hash cache of :mod:`mizzen_ci.source_facts` (also
+**FactsCache**\\ (path or None): the content-hash cache of :mod:`mizzen_ci.facts_cache` (also
 importable from here): facts keyed by the sha256 of the file's bytes, optionally kept in a file; a
 stat fast path (size + mtime_ns, with a 2 s racy-timestamp window re-hashed) means a warm build
 costs one ``stat`` per file plus one cache load; a touched but unchanged file costs a hash, never
@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .source_facts import FactsCache
+    from .facts_cache import FactsCache
 
 SCOPES = ("module", "function", "type-checking", "getattr")
 GETATTR_SUFFIX = ":__getattr__"  # virtual node: a module's PEP 562 __getattr__ run by an importer
@@ -668,7 +668,7 @@ class ImportGraph:
     ) -> ImportGraph:
         root = Path(root).resolve()
         if cache is None:
-            from .source_facts import FactsCache  # the cache module builds on this one
+            from .facts_cache import FactsCache  # the cache module builds on this one
 
             cache = FactsCache(None)
         found_modules, problems = source_modules(root, source_dirs)
@@ -1019,10 +1019,10 @@ def workspace_source_dirs(root: Path) -> list[Path]:
 
 
 def __getattr__(name: str):
-    """``FactsCache`` lives in :mod:`mizzen_ci.source_facts` (it builds on this module); it stays
+    """``FactsCache`` lives in :mod:`mizzen_ci.facts_cache` (it builds on this module); it stays
     importable from here, loaded on first use (PEP 562)."""
     if name == "FactsCache":
-        from .source_facts import FactsCache
+        from .facts_cache import FactsCache
 
         return FactsCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

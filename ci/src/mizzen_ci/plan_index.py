@@ -6,7 +6,7 @@
    (:func:`mizzen_ci.import_graph.source_modules`) and the Python files under ``tests/``
    (:func:`mizzen_ci.impact.scan_tests_dir`) first, so that on a cold run their reading starts
    while the registry's own walk (:func:`mizzen_ci.registry.discover`) runs.
-2. One pass over those files through :class:`mizzen_ci.source_facts.FactsCache`: each file is
+2. One pass over those files through :class:`mizzen_ci.facts_cache.FactsCache`: each file is
    parsed at most once (in worker processes on a cold run), and from its facts the planner derives
    per file what it needs: a test file's validated registration (kept in the cache by path,
    content hash and :func:`cache_context`) and the names a file's imports name directly, with
@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import reach_index as _reach_index_module
+from .facts_cache import FactsCache
 from .fleet import Fleet
-from .impact import TestTree, scan_tests_dir
+from .impact import TestTree, relative_dirs, scan_tests_dir
 from .import_graph import direct_names, package_of, source_modules, workspace_source_dirs
 from .reach_index import ReachIndex, parents_of
 from .registry import (
@@ -57,7 +58,7 @@ from .registry import (
     registry_excludes,
     validate_row,
 )
-from .source_facts import FactsCache, FileFacts
+from .source_facts import FileFacts
 
 CACHE_FILE = "plan-facts.marshal"
 _REACH_SECTION = "reach"
@@ -205,7 +206,7 @@ def _build_index(
     if cache_path is not None:
         with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
             cache.save(keep_unseen=not with_reach)  # a registry-only run keeps the graph's files
-    source_dirs = [_rel(str(d if d.is_absolute() else root / d), root) for d in dirs]
+    source_dirs = relative_dirs(dirs, root)
     stats = {"parsed": cache.parsed, "cached": cache.hits, "derived": len(cache.recomputed)}
     return PlanIndex(root, registry, tree, source_dirs, modules, reach, tuple(excludes), stats)
 
@@ -239,10 +240,3 @@ def _update_reach(
             fresh.add(key, *_names(cache.facts_of(sha) if sha else None, package))
     cache.set_section(_REACH_SECTION, fresh.to_data())
     return fresh
-
-
-def _rel(path: str, root: Path) -> str:
-    path = os.path.realpath(path)
-    prefix = str(root) + os.sep
-    rel = path[len(prefix) :] if path.startswith(prefix) else path
-    return rel.replace(os.sep, "/")
