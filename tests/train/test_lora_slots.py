@@ -3,6 +3,7 @@ weights, and the same at TP=2 as at TP=1 (losses, gradients, stepped weights).""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mizzen_ci import register_cpu_ci
@@ -10,7 +11,18 @@ from mizzen_ci import register_cpu_ci
 register_cpu_ci(est_time=45, labels=["lora", "megatron", "distributed"])
 
 
-def _layer_scenario() -> dict[str, float]:
+# slot ids per row ([b, s] with s = 5) and the routing kind they must take
+LAYER_CASES = {
+    # a row ending in base-only tokens, and a base-only row
+    "rows_with_base_tokens": ([[0] * 5, [1, 1, 1, -1, -1], [-1] * 5], "rows"),
+    # slot 1's rows not contiguous, a base-only row between them
+    "rows_not_contiguous": ([[1] * 5, [0] * 5, [-1] * 5, [1] * 5], "rows"),
+    # one slot, every token
+    "single": ([[0] * 5, [0] * 5], "single"),
+}
+
+
+def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -34,8 +46,8 @@ def _layer_scenario() -> dict[str, float]:
         ),
     }
     max_rank, ranks, scales = 6, {0: 3, 1: 6}, {0: 2.0, 1: 0.5}
-    # rows: slot 0, slot 1 with a base-only tail, base only
-    slot_ids = torch.tensor([[0] * 5, [1, 1, 1, -1, -1], [-1] * 5])
+    slot_ids = torch.tensor(slot_rows)
+    rows = slot_ids.shape[0]
     errors = {}
     for mode, base in bases.items():
         routing_state = RoutingState()
@@ -48,8 +60,9 @@ def _layer_scenario() -> dict[str, float]:
             lora_b[:, :rank] = torch.randn(lora_b.shape[0], rank)
             factors[slot] = (torch.nn.Parameter(lora_a), torch.nn.Parameter(lora_b))
             layer.attach(slot, *factors[slot])
-        x = torch.randn(5, 3, layer.a_local_shape[1], requires_grad=True)  # [s, b, in]
+        x = torch.randn(5, rows, layer.a_local_shape[1], requires_grad=True)  # [s, b, in]
         routing = build_routing(slot_ids, scales, dtype=torch.float32, device=torch.device("cpu"))
+        assert routing.kind == kind, (routing.kind, kind)
         with routing_state.use(routing):
             out, bias = layer(x)
         if bias is not None:
@@ -66,7 +79,7 @@ def _layer_scenario() -> dict[str, float]:
         weight = base.weight.detach().double()
         ref = torch.einsum("sbi,oi->sbo", x64, weight) + base.bias.detach().double()
         deltas = torch.zeros_like(ref)
-        for row in range(3):
+        for row in range(rows):
             for pos in range(5):
                 slot = int(slot_ids[row, pos])
                 if slot < 0:
@@ -78,6 +91,11 @@ def _layer_scenario() -> dict[str, float]:
         errors[f"{mode}.out"] = (out.double() - ref).abs().max().item()
         errors[f"{mode}.grad_x"] = (x.grad.double() - x64.grad).abs().max().item()
         for slot, (lora_a, lora_b) in factors.items():
+            if slot not in slot_ids:  # an attached slot the batch does not use: no gradient
+                errors[f"{mode}.unused{slot}"] = float(lora_a.grad is not None) + float(
+                    lora_b.grad is not None
+                )
+                continue
             ref_a, ref_b = ref_factors[slot]
             errors[f"{mode}.grad_A{slot}"] = (lora_a.grad.double() - ref_a.grad).abs().max().item()
             errors[f"{mode}.grad_B{slot}"] = (lora_b.grad.double() - ref_b.grad).abs().max().item()
@@ -89,13 +107,22 @@ def _layer_scenario() -> dict[str, float]:
     return errors
 
 
-def test_slotted_layers_match_dense_reference(kit):
-    (errors,) = kit.run_ranks(_layer_scenario)
+def test_a_row_holding_two_slots_is_refused_by_routing():
+    from mizzen_train.routing import build_routing
+
+    slot_ids = torch.tensor([[0, 0, -1], [1, 0, 1]])
+    with pytest.raises(ValueError, match="row 1 holds more than one slot"):
+        build_routing(slot_ids, {0: 1.0, 1: 1.0}, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_slotted_layers_match_dense_reference(kit, case):
+    (errors,) = kit.run_ranks(_layer_scenario, args=LAYER_CASES[case])
     assert errors, "scenario produced no comparisons"
     for name, error in errors.items():
         assert error < 1e-4, f"{name}: max error {error}"
-        if "pad_grad" in name:
-            assert error == 0.0, f"{name}: padding got gradient {error}"
+        if "pad_grad" in name or "unused" in name:
+            assert error == 0.0, f"{name}: padding or an unused slot got gradient {error}"
 
 
 def _merged_reference_scenario(kit) -> dict[str, float]:

@@ -7,18 +7,29 @@ import gc
 import math
 import weakref
 
+import pytest
 import torch
 
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=40, labels=["lora", "train", "distributed"])
 
-# DP=2, micro-batches of 3 rows: rank 0 runs one micro-batch mixing both slots (so slot 0's
-# packed block is padded), rank 1 only slot 1's rows.
+# DP=2, micro-batches of 3 rows: rank 0 runs one micro-batch holding both slots, rank 1 only
+# slot 1's rows.  With ``base_tokens`` row 1 (slot 0) ends in base-only tokens, so the routing
+# masks tokens too.
 ROWS = [0, 0, 1, 1, 1, 1]
 
 
-def _run(kit, poison_slot1: bool) -> dict:
+def _batch(kit, step: int, base_tokens: bool):
+    batch = kit.tiny_batch(ROWS, seed=step, with_policy_fields=True)
+    if not base_tokens:
+        return batch
+    slot_ids = batch.slot_ids.clone()
+    slot_ids[1, slot_ids.shape[1] // 2 :] = -1
+    return type(batch)(**{**batch.token_fields(), "slot_ids": slot_ids})
+
+
+def _run(kit, poison_slot1: bool, base_tokens: bool) -> dict:
     from mizzen_train.losses import ClippedPolicyGradientLoss
     from mizzen_train.specs import AdamParams
 
@@ -29,7 +40,7 @@ def _run(kit, poison_slot1: bool) -> dict:
     adam = {0: AdamParams(lr=1e-2, weight_decay=0.01), 1: AdamParams(lr=1e-2)}
     history = []
     for step in range(3):
-        batch = kit.tiny_batch(ROWS, seed=step, with_policy_fields=True)
+        batch = _batch(kit, step, base_tokens)
         if poison_slot1 and step == 2:
             advantages = batch.advantages.clone()
             advantages[2, 5] = float("nan")  # one token of the slot-1 row on DP rank 0
@@ -49,12 +60,22 @@ def _run(kit, poison_slot1: bool) -> dict:
     }
 
 
-def _nan_scenario(kit) -> dict:
-    return {"clean": _run(kit, poison_slot1=False), "poisoned": _run(kit, poison_slot1=True)}
+def _nan_scenario(kit, base_tokens: bool) -> dict:
+    from mizzen_train.routing import build_routing
+
+    rows = _batch(kit, 0, base_tokens).slot_ids[:3]  # rank 0's micro-batch
+    routing = build_routing(rows, {0: 1.0, 1: 1.0}, dtype=torch.float32, device="cpu")
+    return {
+        "masks_tokens": routing.token_mask is not None,
+        "clean": _run(kit, poison_slot1=False, base_tokens=base_tokens),
+        "poisoned": _run(kit, poison_slot1=True, base_tokens=base_tokens),
+    }
 
 
-def test_nan_in_one_slot_leaves_the_other_bitwise_unchanged(kit):
-    results = kit.run_ranks(_nan_scenario, world_size=2, args=(kit,))  # DP=2
+@pytest.mark.parametrize("base_tokens", [False, True], ids=["slot_rows", "base_tokens_in_row"])
+def test_nan_in_one_slot_leaves_the_other_bitwise_unchanged(kit, base_tokens):
+    results = kit.run_ranks(_nan_scenario, world_size=2, args=(kit, base_tokens))  # DP=2
+    assert results[0]["masks_tokens"] == base_tokens
     for rank, result in enumerate(results):
         clean, poisoned = result["clean"], result["poisoned"]
         assert poisoned["failed"] is None, "a non-finite gradient must not fail the executor"

@@ -22,12 +22,11 @@ Invariants:
 - The base layer's parameters are untouched; its forward runs unchanged and the delta is added to
   its output (a skipped bias stays skipped).  Without a current routing a slotted layer is exactly
   its base layer.
-- Slot ``k``'s GEMM block sees only slot ``k``'s tokens (batched ``bmm`` over slots), so its
-  gradient depends only on them.
-- Tokens move between megatron's order and the packed slot blocks by gathers in both directions
-  (:class:`_RouteRows`): each token has one packed row, so the backward of a gather is the gather
-  by the inverse map — no atomic ``index_add``, so gradients are deterministic and the
-  TP-replicated factors cannot drift apart between ranks through reduction order.
+- Slot ``k``'s factors see only slot ``k``'s rows (see :mod:`mizzen_train.routing`): each row
+  multiplies by its own slot's factors (:class:`_FactorRows` picks them, one ``bmm`` over rows),
+  and in backward the per-row factor gradients are summed per slot over that slot's rows only,
+  in row order — no atomic scatter-add, so gradients are deterministic and the TP-replicated
+  factors cannot drift apart between ranks through reduction order.
 - Plain ``state_dict`` keys of a wrapped layer gain ``.base``; ``sharded_state_dict`` (megatron
   distributed checkpoints) keeps the base layer's keys.  Load base weights before wrapping.
 """
@@ -160,69 +159,61 @@ class SlottedLoRALinear(torch.nn.Module):
         return output + self._delta(input_, routing), bias
 
     def _delta(self, x: torch.Tensor, routing: SlotRouting) -> torch.Tensor:
-        seq, batch = x.shape[0], x.shape[1]
-        x_flat = x.reshape(seq * batch, x.shape[-1])
         factors = [self._adapters[slot] for slot in routing.slots]
-        if len(factors) == 1:
-            lora_a, lora_b = factors[0][0].unsqueeze(0), factors[0][1].unsqueeze(0)
-        else:
-            lora_a = torch.stack([a for a, _ in factors])
-            lora_b = torch.stack([b for _, b in factors])
+        if routing.row_blocks is None:  # single kind: one slot, every token
+            (lora_a, lora_b), scale = factors[0], routing.scales[0]
+            hidden = self._tp_region(torch.matmul(x, lora_a.t()))
+            return torch.matmul(hidden * scale, lora_b.t())
+        # rows kind: bmm over megatron's batch axis, activations read in place
+        blocks = routing.row_blocks
+        lora_a = _FactorRows.apply(blocks, *(a for a, _ in factors))  # [b, r, in]
+        lora_b = _FactorRows.apply(blocks, *(b for _, b in factors))  # [b, out, r]
+        hidden = self._tp_region(torch.bmm(x.transpose(0, 1), lora_a.transpose(1, 2)))
+        hidden = hidden * routing.row_scales.view(-1, 1, 1)
+        delta = torch.bmm(hidden, lora_b.transpose(1, 2)).transpose(0, 1)  # [s, b, out] view
+        if routing.token_mask is not None:
+            delta = torch.where(routing.token_mask, delta, 0.0)
+        return delta
 
-        if routing.gather_index is None:
-            packed = x_flat.unsqueeze(0)
-        else:
-            pad_rows = None if routing.pad_mask is None else routing.pad_mask.view(-1, 1)
-            packed = _RouteRows.apply(
-                x_flat, routing.gather_index.view(-1), routing.scatter_index, routing.token_mask
-            )
-            if pad_rows is not None:
-                packed = torch.where(pad_rows, packed, 0.0)
-            packed = packed.view(*routing.gather_index.shape, x_flat.shape[-1])
-
-        hidden = torch.bmm(packed, lora_a.transpose(1, 2))
+    def _tp_region(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``h = A x`` across tensor parallelism (see the module docstring's table)."""
         if self.parallel_mode == "column":
-            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden, self.tp_group)
-        else:
-            hidden = tensor_parallel.reduce_from_tensor_model_parallel_region(hidden, self.tp_group)
-        hidden = hidden * routing.scales.view(-1, 1, 1)
-        delta = torch.bmm(hidden, lora_b.transpose(1, 2))
-
-        delta_flat = delta.reshape(-1, delta.shape[-1])
-        if routing.scatter_index is not None:
-            pad_rows = None if routing.pad_mask is None else routing.pad_mask.view(-1, 1)
-            delta_flat = _RouteRows.apply(
-                delta_flat, routing.scatter_index, routing.gather_index.view(-1), pad_rows
-            )
-            if routing.token_mask is not None:
-                delta_flat = torch.where(routing.token_mask, delta_flat, 0.0)
-        return delta_flat.view(seq, batch, -1)
+            return tensor_parallel.copy_to_tensor_model_parallel_region(hidden, self.tp_group)
+        return tensor_parallel.reduce_from_tensor_model_parallel_region(hidden, self.tp_group)
 
     def extra_repr(self) -> str:
         return f"key={self.key}, mode={self.parallel_mode}, max_rank={self.max_rank}"
 
 
-class _RouteRows(torch.autograd.Function):
-    """``rows[i] = x[index[i]]`` whose backward is the gather ``grad[inverse[j]]`` for every row
-    ``j`` of ``x`` (zeroed where ``inverse_mask`` is False: rows no output row came from).
+class _FactorRows(torch.autograd.Function):
+    """``rows[i] = factors[blocks[i]]`` (one factor per row of a batch), stacked.
 
-    Valid when every row of ``x`` that matters reaches at most one output row and ``inverse``
-    names it: true for the token <-> packed-slot-row maps of :class:`SlotRouting`, whose padding
-    rows and unrouted tokens are masked out on the way in and on the way back.
+    A row of block ``-1`` (base only, masked out by the caller) borrows factor 0 and sends it no
+    gradient.  Backward sums the row gradients of each factor over exactly the rows that use it,
+    in row order: no scatter-add, so the sums are deterministic and a row of one slot never adds
+    into another slot's gradient.  A factor no row uses gets no gradient.
     """
 
     @staticmethod
-    def forward(ctx, x, index, inverse, inverse_mask):
-        ctx.save_for_backward(inverse, inverse_mask)
-        return x.index_select(0, index)
+    def forward(ctx, blocks: tuple[int, ...], *factors):
+        rows_of: list[list[int]] = [[] for _ in factors]
+        for row, block in enumerate(blocks):
+            if block >= 0:
+                rows_of[block].append(row)
+        ctx.rows_of = rows_of
+        return torch.stack([factors[max(block, 0)] for block in blocks])
 
     @staticmethod
     def backward(ctx, grad):
-        inverse, inverse_mask = ctx.saved_tensors
-        grad_x = grad.index_select(0, inverse)
-        if inverse_mask is not None:
-            grad_x = torch.where(inverse_mask, grad_x, 0.0)
-        return grad_x, None, None, None
+        grads = []
+        for block, rows in enumerate(ctx.rows_of):
+            if not rows or not ctx.needs_input_grad[block + 1]:
+                grads.append(None)
+            elif rows[-1] - rows[0] + 1 == len(rows):  # contiguous: a view, no gather
+                grads.append(grad[rows[0] : rows[-1] + 1].sum(0))
+            else:
+                grads.append(grad[rows].sum(0))
+        return (None, *grads)
 
 
 def apply_slotted_lora(

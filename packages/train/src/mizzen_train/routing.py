@@ -1,19 +1,26 @@
-"""Per-token slot routing, packed so every LoRA layer runs two batched GEMMs for all slots.
+"""Per-row slot routing of a micro-batch, so every LoRA layer runs one batched GEMM pair.
 
-A micro-batch's ``slot_ids`` (``[b, s]``, ``-1`` = base only) becomes a :class:`SlotRouting`:
-the active slots (sorted) and, for megatron's token order (``[s, b]`` flattened), the index that
-gathers each slot's tokens into one padded block ``[slots, tokens_max, hidden]`` and the index
-that scatters the packed result back.  Every slotted layer of one forward pass reads the same
-routing from the shared :class:`RoutingState`.
+The executor's batch rule (:func:`mizzen_train.validation.check_batch`) lets a row hold one slot's
+tokens and base-only tokens (``-1``), never two slots: attention mixes a row's tokens.  So a
+micro-batch's ``slot_ids`` (``[b, s]``) becomes a :class:`SlotRouting` of one of two kinds:
+
+- *single*: one slot covers every token; layers multiply the whole input by that slot's factors.
+- *rows*: anything else; each row multiplies by its own slot's factors, one ``bmm`` over the batch
+  axis of megatron's ``[s, b, h]`` activations, read in place (no gather, no scatter), and
+  base-only tokens and rows get their delta replaced by an exact zero.
+
+Every slotted layer of one forward pass reads the same routing from the shared
+:class:`RoutingState`.
 
 Invariants:
-- Block ``i`` holds only tokens of ``slots[i]``; its padding rows are zeroed with ``where`` (not a
-  multiply), so a non-finite value of one slot can never reach another slot's block, forward or
-  backward.  Tokens routed to ``-1`` receive an exact zero delta.
-- Built on the host from host tensors (no device synchronisation); the index tensors are moved to
-  the model's device once per micro-batch and shared by all layers.
-- ``None`` fields mean "identity" and let the layer skip the gather/scatter: one slot covering
-  every token needs neither.
+- A slot's factors see only its own rows, forward and backward: per-row factor gradients are
+  summed per slot over that slot's rows only (:class:`mizzen_train.lora._FactorRows`), and
+  base-only tokens are masked with ``where`` (not a multiply), so a non-finite value of one slot
+  can never reach another slot, and base-only tokens receive an exact zero delta.
+- Built on the host from host tensors (no device synchronisation); the few device tensors are
+  moved once per micro-batch and shared by all layers.
+- A row holding two slots is refused (``ValueError``): the executor validates batches before
+  routing them, so this is a broken caller, not bad user input.
 """
 
 from __future__ import annotations
@@ -27,17 +34,20 @@ import torch
 
 @dataclass(frozen=True)
 class SlotRouting:
+    #: The active slots, sorted; a block index names one of them.
     slots: tuple[int, ...]
     #: ``[len(slots)]`` adapter scale ``alpha / rank`` per active slot, in the model dtype.
     scales: torch.Tensor
-    #: ``[len(slots), tokens_max]`` flat token index per packed row; None: identity.
-    gather_index: torch.Tensor | None
-    #: ``[len(slots), tokens_max, 1]`` True where a packed row is a real token; None: no padding.
-    pad_mask: torch.Tensor | None
-    #: ``[tokens]`` packed row of each token; None: identity.
-    scatter_index: torch.Tensor | None
-    #: ``[tokens, 1]`` True for tokens routed to a slot; None: every token is.
-    token_mask: torch.Tensor | None
+    #: *rows* kind: the block of every row, ``-1`` for base-only rows.  ``None``: single kind.
+    row_blocks: tuple[int, ...] | None = None
+    #: *rows* kind: ``[b]`` scale of every row's slot (0 for base-only rows), model dtype.
+    row_scales: torch.Tensor | None = None
+    #: *rows* kind: ``[s, b, 1]`` True for tokens routed to a slot; None: every token is.
+    token_mask: torch.Tensor | None = None
+
+    @property
+    def kind(self) -> str:
+        return "single" if self.row_blocks is None else "rows"
 
 
 def build_routing(
@@ -45,40 +55,36 @@ def build_routing(
     scales: Mapping[int, float],
     *,
     dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | str,
 ) -> SlotRouting | None:
     """Routing for one micro-batch; ``None`` when no token uses an adapter.
 
     ``slot_ids`` is the host tensor ``[b, s]``; ``scales`` maps every slot present to its scale.
     """
-    flat = slot_ids.t().reshape(-1).to(torch.int64)  # megatron order: index = s * b + b_index
-    slots = tuple(int(s) for s in torch.unique(flat).tolist() if s >= 0)
+    slot_ids = slot_ids.to(torch.int64)
+    slots = tuple(int(s) for s in torch.unique(slot_ids).tolist() if s >= 0)
     if not slots:
         return None
     scale_tensor = torch.tensor([scales[s] for s in slots], dtype=dtype).to(device)
-    routed = flat >= 0
+    routed = slot_ids >= 0
     every_token_routed = bool(routed.all())
     if len(slots) == 1 and every_token_routed:
-        return SlotRouting(slots, scale_tensor, None, None, None, None)
+        return SlotRouting(slots, scale_tensor)
 
-    members = [torch.nonzero(flat == s, as_tuple=False).squeeze(1) for s in slots]
-    tokens_max = max(int(m.numel()) for m in members)
-    gather_index = torch.zeros(len(slots), tokens_max, dtype=torch.int64)
-    pad_mask = torch.zeros(len(slots), tokens_max, 1, dtype=torch.bool)
-    scatter_index = torch.zeros(flat.numel(), dtype=torch.int64)
-    for block, tokens in enumerate(members):
-        count = int(tokens.numel())
-        gather_index[block, :count] = tokens
-        pad_mask[block, :count] = True
-        scatter_index[tokens] = block * tokens_max + torch.arange(count)
-    padded = not bool(pad_mask.all())
+    row_slot = slot_ids.max(dim=1).values  # the row's slot, or -1 for a base-only row
+    mixed = routed & (slot_ids != row_slot.unsqueeze(1))
+    if bool(mixed.any()):
+        row = int(mixed.any(dim=1).nonzero()[0])
+        raise ValueError(f"row {row} holds more than one slot: validate batches before routing")
+    block_of = {slot: block for block, slot in enumerate(slots)}
+    per_row = [int(s) for s in row_slot.tolist()]
+    row_scales = torch.tensor([scales[s] if s >= 0 else 0.0 for s in per_row], dtype=dtype)
     return SlotRouting(
         slots=slots,
         scales=scale_tensor,
-        gather_index=gather_index.to(device),
-        pad_mask=pad_mask.to(device) if padded else None,
-        scatter_index=scatter_index.to(device),
-        token_mask=None if every_token_routed else routed.unsqueeze(1).to(device),
+        row_blocks=tuple(block_of.get(s, -1) for s in per_row),
+        row_scales=row_scales.to(device),
+        token_mask=None if every_token_routed else routed.t().unsqueeze(2).to(device),
     )
 
 
