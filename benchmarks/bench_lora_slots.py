@@ -14,6 +14,9 @@ Run on one GPU (about a minute on an H200)::
 
     python benchmarks/bench_lora_slots.py
 
+``--profile`` adds, for K=1 and K=8, one profiled step: GPU kernel time against wall time and the
+kernels that account for most of it (where a K=8 step spends its extra time).
+
 ``--tiny`` runs the same protocol on the CPU with a tiny model (a check of the script, not a
 measurement: memory then comes from the executor's own accounting, CUDA stats being absent).
 """
@@ -129,7 +132,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _round(executor, setup: Setup, slots: int, *, timed: bool) -> dict:
+def _profile_step(executor, batch, adam, slots: int) -> None:
+    """One step under torch.profiler: kernel time against wall time, and the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mizzen_train.losses import CrossEntropyLoss
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        executor.forward_backward(batch, CrossEntropyLoss())
+        executor.optim_step(adam)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in kernels) / 1e3
+    print(f"\n[profile K={slots}] wall {wall * 1e3:.1f} ms (profiled), kernels {total:.1f} ms, "
+          f"{sum(e.count for e in kernels)} launches")  # fmt: skip
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]:
+        print(f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}")
+
+
+def _round(executor, setup: Setup, slots: int, *, timed: bool, profile: bool = False) -> dict:
     from mizzen_train.losses import CrossEntropyLoss
     from mizzen_train.specs import AdamParams
 
@@ -140,22 +164,28 @@ def _round(executor, setup: Setup, slots: int, *, timed: bool) -> dict:
         executor.load_slot(slot, RANK, 2.0 * RANK, seed=slot)
     loaded = _allocated(setup.device)
     accounted = sum(sum(executor.slot_memory_bytes(slot).values()) for slot in range(slots))
-    times = []
+    times, fb_times = [], []
     for step in range(setup.warmup + setup.steps if timed else 1):
         _sync(setup.device)
         start = time.perf_counter()
         executor.forward_backward(batch, CrossEntropyLoss())
+        _sync(setup.device)
+        middle = time.perf_counter()
         reports = executor.optim_step(adam)
         _sync(setup.device)
         if step >= setup.warmup:
             times.append(time.perf_counter() - start)
+            fb_times.append(middle - start)
         assert all(r.stepped for r in reports.values()), reports
+    if profile:
+        _profile_step(executor, batch, adam, slots)
     for slot in range(slots):
         executor.unload_slot(slot)
     after = _allocated(setup.device, expected=baseline)
     params = slots * executor.trainable_parameters_per_slot()
     return {
         "step_s": statistics.median(times) if times else None,
+        "fb_s": statistics.median(fb_times) if fb_times else None,
         "bytes_per_param": None if loaded is None else (loaded - baseline) / params,
         "accounted_bytes_per_param": accounted / params,
         "unload_delta": None if after is None else after - baseline,
@@ -165,6 +195,7 @@ def _round(executor, setup: Setup, slots: int, *, timed: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU check of the script")
+    parser.add_argument("--profile", action="store_true", help="profile one step at K=1, 8")
     args = parser.parse_args()
     setup = TINY if args.tiny else FULL
     if setup.device == "cuda" and not torch.cuda.is_available():
@@ -199,19 +230,24 @@ def main() -> None:
                 f"{setup.micro_batch_size} rows), median of {setup.steps} steps"
             )
             _round(executor, setup, max(SLOT_COUNTS), timed=False)  # one-time caches
-            results = {k: _round(executor, setup, k, timed=True) for k in SLOT_COUNTS}
+            profiled = {1, max(SLOT_COUNTS)} if args.profile and setup.device == "cuda" else set()
+            results = {
+                k: _round(executor, setup, k, timed=True, profile=k in profiled)
+                for k in SLOT_COUNTS
+            }
         finally:
             torch.distributed.destroy_process_group()
 
     base_time = results[1]["step_s"]
     print()
-    print(f"{'K':>2} {'step ms':>9} {'vs K=1':>7} {'tokens/s':>10} {'B/param/slot':>13} "
-          f"{'(accounted)':>11} {'unload delta B':>15}")  # fmt: skip
+    print(f"{'K':>2} {'step ms':>9} {'fwd+bwd':>8} {'optim':>7} {'vs K=1':>7} {'tokens/s':>10} "
+          f"{'B/param/slot':>13} {'(accounted)':>11} {'unload delta B':>15}")  # fmt: skip
     for k, r in results.items():
         measured = "n/a" if r["bytes_per_param"] is None else f"{r['bytes_per_param']:.2f}"
         delta = "n/a" if r["unload_delta"] is None else f"{r['unload_delta']:d}"
         print(
-            f"{k:>2} {r['step_s'] * 1e3:>9.1f} {r['step_s'] / base_time:>7.3f} "
+            f"{k:>2} {r['step_s'] * 1e3:>9.1f} {r['fb_s'] * 1e3:>8.1f} "
+            f"{(r['step_s'] - r['fb_s']) * 1e3:>7.1f} {r['step_s'] / base_time:>7.3f} "
             f"{tokens / r['step_s']:>10.0f} {measured:>13} "
             f"{r['accounted_bytes_per_param']:>11.2f} {delta:>15}"
         )

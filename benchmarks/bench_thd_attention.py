@@ -182,9 +182,36 @@ def run_causal(args, device, dtype, lengths, results):
         print(f"  FlexAttention document mask: FAILED {type(exc).__name__}: {exc}"[:300])
 
     # ours
-    ours_key = "ours: auto = bucketed SDPA/cuDNN (plan cached)"
+    from mizzen_plugins.attention import cudnn_ragged
+
+    ours_key = "ours: auto"
+    fast_key = "ours: fast = bucketed SDPA/cuDNN (plan cached)"
     auto = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="auto")  # noqa: E731
     fast = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="fast")  # noqa: E731
+    ragged = lambda a, b, c: causal_thd_attention(a, b, c, layout, impl="cudnn")  # noqa: E731
+    if cudnn_ragged.usable(q, k, v):
+        try:
+            t0 = time.perf_counter()
+            fwd_bwd(ragged, leaves, g)()
+            torch.cuda.synchronize()
+            print(
+                f"  (cudnn ragged first call incl. graph builds: {time.perf_counter() - t0:.2f} s)"
+            )
+            secs = timed(
+                fwd_bwd(ragged, leaves, g), device=device, warmup=args.warmup, iters=args.iters
+            )
+            report("ours: cudnn = one ragged cuDNN kernel per direction", secs)
+            with torch.no_grad():
+                a = causal_thd_attention(*(x.detach() for x in leaves), layout, impl="cudnn")
+                b = causal_thd_attention(*(x.detach() for x in leaves), layout, impl="fast")
+            print(f"  max |cudnn - fast| = {float((a.float() - b.float()).abs().max()):.3g}")
+            print_top_kernels(fwd_bwd(ragged, leaves, g), "ours (cudnn ragged)")
+        except Exception as exc:  # a diagnostic row must not hide the others
+            print(f"  cudnn ragged: FAILED {type(exc).__name__}: {exc}"[:600])
+    else:
+        print("  (cudnn ragged: not usable here: no nvidia-cudnn-frontend / GPU < sm90)")
+    secs = timed(fwd_bwd(fast, leaves, g), device=device, warmup=args.warmup, iters=args.iters)
+    report(fast_key, secs)
     secs = timed(fwd_bwd(auto, leaves, g), device=device, warmup=args.warmup, iters=args.iters)
     report(ours_key, secs)
 

@@ -1,4 +1,5 @@
-"""GPU: the fast (length-bucketed SDPA) and flex causal THD paths equal the reference in bf16."""
+"""GPU: every fast causal THD path (bucketed SDPA, flex, varlen, cuDNN ragged) equals the reference
+in bf16, forward and backward."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def rel_err(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-@pytest.mark.parametrize("impl", ["fast", "flex", "varlen"])
+@pytest.mark.parametrize("impl", ["fast", "flex", "varlen", "cudnn"])
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(8, 8, 128), (8, 2, 64)])
 def test_matches_reference_bf16_forward_backward(impl, hq, hkv, d):
     gen = torch.Generator().manual_seed(SEED)
@@ -101,8 +102,28 @@ def test_fast_bottom_right_pieces_sharing_keys_bf16():
     assert bool((results["fast"][2][untouched] == 0).all())
 
 
-def test_auto_runs_varlen_then_buckets_and_both_match_the_reference():
-    from mizzen_plugins.attention import causal
+def test_auto_takes_cudnn_ragged_on_hopper():
+    from mizzen_plugins.attention import cudnn_ragged
+
+    gen = torch.Generator().manual_seed(SEED)
+    layout = PackedLayout([5, *lognormal_lengths(3000, 16, 1024, gen)], "cuda")
+    q, k, v = (
+        torch.randn(layout.num_tokens, 4, 64, generator=gen).to("cuda", torch.bfloat16)
+        for _ in range(3)
+    )
+    assert cudnn_ragged.usable(q, k, v), (
+        "cuDNN ragged attention is not usable on this Hopper machine: the GPU image needs the "
+        "nvidia-cudnn-frontend package (README, GPU lanes)"
+    )
+    auto = causal_thd_attention(q, k, v, layout, impl="auto")
+    ragged = causal_thd_attention(q, k, v, layout, impl="cudnn")
+    assert torch.equal(auto, ragged)
+
+
+def test_auto_without_cudnn_ragged_runs_varlen_then_buckets(monkeypatch):
+    from mizzen_plugins.attention import causal, cudnn_ragged
+
+    monkeypatch.setattr(cudnn_ragged, "usable", lambda *tensors: False)
 
     gen = torch.Generator().manual_seed(SEED)
     lengths = [3, *lognormal_lengths(5000, 16, 2048, gen), 64]
@@ -126,3 +147,31 @@ def test_auto_runs_varlen_then_buckets_and_both_match_the_reference():
     assert {s[:4] for s in causal._BUILT_SHAPES} == {(n, 4, p, 64) for _, n, p in plan.buckets}
     for name, a, b in (("out", outs[1][0], outs[0][0]), ("dq", outs[1][1], outs[0][1])):
         assert rel_err(a, b) < 2e-2, f"varlen vs buckets {name} (seed {SEED})"
+
+
+def test_cudnn_ragged_reuses_a_graph_across_layouts_and_skips_empty_segments():
+    """Two layouts of one shape class (same rounded sizes) share built graphs and both match the
+    reference; length-0 segments anywhere in the stream contribute nothing."""
+    from mizzen_plugins.attention import cudnn_ragged
+
+    gen = torch.Generator().manual_seed(SEED)
+    dev = torch.device("cuda")
+    layouts = [[0, 300, 5, 0, 700, 24], [650, 0, 1, 333, 45, 0]]
+    built = []
+    for lengths in layouts:
+        layout = PackedLayout(lengths, "cuda")
+        t = layout.num_tokens
+        q, k, v, w = (torch.randn(t, 4, 64, generator=gen).to(dev, torch.bfloat16) for _ in "qkvw")
+        results = {}
+        for which in ("reference", "cudnn"):
+            qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+            out = causal_thd_attention(qq, kk, vv, layout, impl=which)
+            (out.float() * w.float()).sum().backward()
+            results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+        for name, a, b in zip(
+            ("out", "dq", "dk", "dv"), results["cudnn"], results["reference"], strict=True
+        ):
+            err = rel_err(a, b)
+            assert err < 2e-2, f"{lengths}: cudnn {name} relative error {err:.3g} (seed {SEED})"
+        built.append(len(cudnn_ragged._GRAPHS))
+    assert built[0] == built[1] >= 1, f"graphs built: {built} (the second layout rebuilt)"

@@ -20,10 +20,14 @@ Implementations (``impl``):
   default choice (cuDNN builds its graph once per shape and process, tens of ms).
 - ``"varlen"``: torch's flash varlen kernel directly on the packed stream (CUDA, half precision;
   whole segments only).  No copies and nothing to build.
+- ``"cudnn"``: cuDNN's fused attention on the packed stream as ragged tensors, one kernel per
+  direction (:mod:`mizzen_plugins.attention.cudnn_ragged`; Hopper or later, half precision,
+  whole segments only, needs the optional ``nvidia-cudnn-frontend`` package).
 - ``"flex"``: FlexAttention with a document-causal block mask (compiled on CUDA).  Forward-only
   on CPU (torch does not implement its backward there).
-- ``"auto"``: ``"fast"``, except the first call of a layout whose bucket shapes are not all built
-  yet runs ``"varlen"`` where it applies (a layout used once never pays for cuDNN builds).
+- ``"auto"``: ``"cudnn"`` where it can run; otherwise ``"fast"``, except the first call of a
+  layout whose bucket shapes are not all built yet runs ``"varlen"`` where it applies (a layout
+  used once never pays for cuDNN builds).
 
 The generalised entry :func:`causal_attention_pieces` serves context parallelism: each *piece*
 pairs a run of query rows with a run of key rows of one segment, aligned bottom-right (the last
@@ -46,6 +50,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from mizzen_plugins.attention import cudnn_ragged
 from mizzen_plugins.thd import PackedLayout, plan_length_buckets
 
 __all__ = [
@@ -55,8 +60,8 @@ __all__ = [
     "useful_causal_flops",
 ]
 
-Impl = Literal["auto", "reference", "fast", "flex", "varlen"]
-_IMPLS = ("auto", "reference", "fast", "flex", "varlen")
+Impl = Literal["auto", "reference", "fast", "flex", "varlen", "cudnn"]
+_IMPLS = ("auto", "reference", "fast", "flex", "varlen", "cudnn")
 
 # One more SDPA call (forward + backward launches and Python) costs roughly this much time; the
 # bucket planner trades it against padded quadratic work at about this many FLOP/s.
@@ -119,7 +124,8 @@ def causal_thd_attention(
             cached on it, so pass the same layout to every layer).
         max_seqlen: optional, flash-style; checked against the real longest segment.
         scale: softmax scale, default ``dim ** -0.5``.
-        impl: ``"auto"`` | ``"reference"`` | ``"fast"`` | ``"flex"`` (see module docstring).
+        impl: ``"auto"`` | ``"reference"`` | ``"fast"`` | ``"flex"`` | ``"varlen"`` |
+            ``"cudnn"`` (see module docstring).
 
     Returns:
         ``[tokens, heads_q, dim_v]`` in q's dtype.
@@ -142,6 +148,8 @@ def causal_thd_attention(
         )
     auto = impl == "auto"
     impl = _resolve_impl(impl)
+    if impl == "cudnn" or (auto and cudnn_ragged.usable(q, k, v)):
+        return _cudnn_causal(q, k, v, layout, scale)
     if impl == "flex":
         return _flex_document_causal(q, k, v, layout.to(q.device), scale)
     if impl == "varlen" or (auto and _varlen_first(q, k, v, layout)):
@@ -174,7 +182,7 @@ def causal_attention_pieces(
         )
     impl = _resolve_impl(impl)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if impl in ("flex", "varlen"):
+    if impl in ("flex", "varlen", "cudnn"):
         raise ValueError(
             f'impl="{impl}" runs whole segments only (causal_thd_attention); use "fast" or '
             '"reference" for pieces'
@@ -565,6 +573,19 @@ def _varlen_causal(q, k, v, layout: PackedLayout, scale) -> torch.Tensor:
     )
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     return _VarlenCausal.apply(q, k, v, cu, max(layout.max_seqlen, 1), scale)
+
+
+# -- cudnn: one ragged cuDNN kernel per direction -------------------------------------------------
+def _cudnn_causal(q, k, v, layout: PackedLayout, scale) -> torch.Tensor:
+    if not cudnn_ragged.usable(q, k, v):
+        raise ValueError(
+            f'impl="cudnn" runs cuDNN\'s ragged fused attention: CUDA with compute capability '
+            f">= 9.0, float16/bfloat16, equal head dims (a multiple of 8, <= 128), the "
+            f"nvidia-cudnn-frontend package; got {q.device}, {q.dtype}, dims "
+            f'{q.shape[-1]}/{k.shape[-1]}/{v.shape[-1]}; use impl="fast"'
+        )
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return cudnn_ragged.cudnn_ragged_causal(q, k, v, layout, scale)
 
 
 # -- flex ----------------------------------------------------------------------------------------
