@@ -41,6 +41,7 @@ import synthetic_monorepo  # noqa: E402
 
 from mizzen_ci.change import git_change  # noqa: E402
 from mizzen_ci.fleet import load_fleet  # noqa: E402
+from mizzen_ci.impact import Analyser  # noqa: E402
 from mizzen_ci.plan_index import CACHE_FILE, build_index  # noqa: E402
 from mizzen_ci.plan_request import Inputs  # noqa: E402
 from mizzen_ci.planner import PlanOptions, build_plan  # noqa: E402
@@ -97,8 +98,14 @@ def plan_once(root: Path, cache: Path) -> tuple[float, dict]:
 
 
 def parsed_by_a_plan(root: Path, cache: Path) -> int:
-    """How many files a plan through ``cache`` parses (0 for a warm cache), not timed."""
-    index = build_index(root, load_fleet(root / "ci" / "fleet.toml"), cache / CACHE_FILE)
+    """How many files a plan through ``cache`` parses, its impact search included (0 for a warm
+    cache), not timed."""
+    index = build_index(
+        root, load_fleet(root / "ci" / "fleet.toml"), cache / CACHE_FILE, save=False
+    )
+    Analyser(index.tree, index.modules, index.source_dirs, index.reach, index.excludes).analyse(
+        git_change(root)
+    )
     return index.stats["parsed"]
 
 

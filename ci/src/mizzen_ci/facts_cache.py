@@ -13,7 +13,11 @@ by the sha256 of the file's bytes:
   without looking at the facts at all (then ``extra`` is None); ``extra`` lives for this run
   only.  With nothing changed a run costs one ``stat`` per file and one cache load.
   ``derive_iter`` gives the same pairs as they are ready (a cold run's workers start before it
-  returns).  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the
+  returns).  With ``scan(key, arg, source) -> kept | None`` a file read afresh is first offered
+  to ``scan`` (where its bytes are: in a worker on a cold run): a value that is not None is the
+  file's ``kept`` (``extra`` None), and the file is not parsed; None parses it as usual.  So a
+  key's ``kept`` is one of two values for the same bytes and ``arg`` (the caller's ``scan`` and
+  ``derive`` must both be answers it can use); ``scanned`` counts the files answered so.  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the
   last run kept, ``sha_of(key)`` a file's content hash in this run and ``facts_of(sha)`` the facts
   of any content this or the last run saw (to update an aggregate incrementally).
 - ``section(name)`` / ``set_section(name, value)``: one aggregate value per name kept with the
@@ -26,7 +30,7 @@ by the sha256 of the file's bytes:
   count) when there are at least :data:`PARALLEL_MIN` of them (a cold run), else in this process.
 - ``save()`` writes one ``marshal`` file atomically (temporary file + rename), and only when
   something changed; facts and kept values are stored as blobs decoded only when a run needs
-  them.  Files not looked at are dropped (``save(keep_unseen=True)``: kept as they were).  A
+  them.  A scanned file is kept by its stat entry and kept value (it has no facts).  Files not looked at are dropped (``save(keep_unseen=True)``: kept as they were).  A
   directory the cache creates gets a ``.gitignore`` of ``*``.
 - Workers are forked (they inherit the job, nothing is pickled to them), skip the cyclic GC, take
   small chunks (no long single-core tail) and send results back marshalled.
@@ -88,8 +92,11 @@ def _code_key() -> str:
 
 
 Derive = Callable[[str, object, FileFacts], tuple[object, object]]
+Scan = Callable[[str, object, bytes], object]
 _Item = tuple[str | Path, str, object]  # (path, key, arg)
-_JOB: tuple | None = None  # (cache, items, todo, derive): inherited by forked workers
+_JOB: tuple | None = None  # (cache, items, todo, derive, scan): inherited by forked workers
+# How a file read afresh was answered (the last field of a `_read_one` result).
+_DERIVED, _REUSED, _SCANNED = 0, 1, 2
 
 
 def _loads(blob: bytes | None, kind: type) -> object | None:
@@ -104,13 +111,15 @@ def _loads(blob: bytes | None, kind: type) -> object | None:
 
 class FactsCache:
     """FileFacts keyed by content hash, a stat index by key, kept derived values and sections;
-    see the module docstring.  ``hits`` / ``parsed`` count what the lookups needed."""
+    see the module docstring.  ``hits`` / ``parsed`` / ``scanned`` count what the lookups
+    needed."""
 
     def __init__(self, path: Path | str | None = None, context: str = ""):
         self.path = Path(path) if path is not None else None
         self.context = context
         self.hits = 0
         self.parsed = 0
+        self.scanned = 0
         self.recomputed: set[str] = set()  # keys derived afresh in this run
         self._stat: dict[str, tuple] = {}  # key -> (size, mtime_ns, sha) as last saved
         self._written_ns = 0
@@ -197,25 +206,34 @@ class FactsCache:
         return out
 
     def derive_many(
-        self, items: Sequence[_Item], derive: Derive, workers: int | None = None
+        self,
+        items: Sequence[_Item],
+        derive: Derive,
+        workers: int | None = None,
+        scan: Scan | None = None,
     ) -> list[tuple[object, object]]:
         """``(kept, extra)`` of each ``(path, key, arg)``: from ``derive(key, arg, facts)``, or
         ``(kept, None)`` reused from the last run when the key's content, ``arg`` and the cache
         context are the same.  ``derive`` runs where the facts are (in a worker process on a
         cold run): it must be a pure function of its arguments."""
         out: list = [None] * len(items)
-        for i, value in self.derive_iter(items, derive, workers):
+        for i, value in self.derive_iter(items, derive, workers, scan):
             out[i] = value
         return out
 
     def derive_iter(
-        self, items: Sequence[_Item], derive: Derive, workers: int | None = None
+        self,
+        items: Sequence[_Item],
+        derive: Derive,
+        workers: int | None = None,
+        scan: Scan | None = None,
     ) -> Iterator[tuple[int, tuple[object, object]]]:
         """:meth:`derive_many` as ``(index in items, (kept, extra))`` pairs in the order they
         are ready (workers finish in any order), so that a caller can use each while the rest
         is being parsed.  On a cold cache the reading starts before this returns, so the
-        caller can do other work first.  Every index comes once; consume it to the end."""
-        return self._run(items, derive, workers)
+        caller can do other work first.  Every index comes once; consume it to the end.
+        ``scan``: see the module docstring."""
+        return self._run(items, derive, workers, scan)
 
     def section(self, name: str) -> object | None:
         """The aggregate ``name`` as the last run saved it (same context), or None."""
@@ -229,16 +247,24 @@ class FactsCache:
             self._dirty = True
 
     def _run(
-        self, items: Sequence[_Item], derive: Derive | None, workers: int | None
+        self,
+        items: Sequence[_Item],
+        derive: Derive | None,
+        workers: int | None,
+        scan: Scan | None = None,
     ) -> Iterator[tuple[int, object]]:
         """``(i, facts or (kept, extra))`` for every item, as ready: first those the stat index
         vouches for, then those read here or in workers."""
         if not self._stat:  # nothing known (a cold run): read every file, starting now
-            return self._read_many(items, list(range(len(items))), derive, workers)
-        return self._vouch_then_read(items, derive, workers)
+            return self._read_many(items, list(range(len(items))), derive, workers, scan)
+        return self._vouch_then_read(items, derive, workers, scan)
 
     def _vouch_then_read(
-        self, items: Sequence[_Item], derive: Derive | None, workers: int | None
+        self,
+        items: Sequence[_Item],
+        derive: Derive | None,
+        workers: int | None,
+        scan: Scan | None,
     ) -> Iterator[tuple[int, object]]:
         todo: list[int] = []
         stat_get, facts_of = self._stat.get, self.facts_of
@@ -284,23 +310,28 @@ class FactsCache:
                 self._dirty = True
                 yield i, value
         if todo:
-            yield from self._read_many(items, todo, derive, workers)
+            yield from self._read_many(items, todo, derive, workers, scan)
 
     def _read_many(
-        self, items: Sequence[_Item], todo: list[int], derive: Derive | None, workers: int | None
+        self,
+        items: Sequence[_Item],
+        todo: list[int],
+        derive: Derive | None,
+        workers: int | None,
+        scan: Scan | None,
     ) -> Iterator[tuple[int, object]]:
         """Read, hash and (for new content) parse ``items[i]`` for ``i`` in ``todo`` (the
         workers, when there are enough files for them, start at once); results are recorded as
         they come (from workers, in any order; here, before the next read)."""
-        results = _in_workers(self, items, todo, derive, workers)
+        results = _in_workers(self, items, todo, derive, workers, scan)
         if results is None:
-            results = ((i, _read_one(self, *items[i], derive)) for i in todo)
+            results = ((i, _read_one(self, *items[i], derive, scan)) for i in todo)
         return self._record(items, results, derive)
 
     def _record(
         self, items: Sequence[_Item], results: Iterator, derive: Derive | None
     ) -> Iterator[tuple[int, object]]:
-        for i, (entry, parsed, value, reused) in results:
+        for i, (entry, parsed, value, how) in results:
             _, key, arg = items[i]
             if entry is None:  # unreadable: nothing to key it by, so nothing is kept
                 if derive is not None:
@@ -323,12 +354,14 @@ class FactsCache:
                 else:
                     self._facts[sha] = parsed
                 self.parsed += 1
+            elif how == _SCANNED:
+                self.scanned += 1
             else:
                 self.hits += 1
             if derive is None:
                 yield i, self.facts_of(sha)
                 continue
-            if reused:
+            if how == _REUSED:
                 self._new_derived[key] = self.previous_derived()[key]
             else:
                 self._new_derived[key] = (sha, arg, value[0])
@@ -369,9 +402,10 @@ class FactsCache:
                         raw = marshal.dumps(tuple(f)) if f is not None else None
                     except ValueError:  # a literal marshal cannot store: re-read next time
                         raw = None
-                if raw is None:
-                    continue
-                facts[sha] = raw
+                if raw is not None:
+                    facts[sha] = raw
+                elif key not in self._new_derived:
+                    continue  # nothing to answer it from: read again next time
             files[key] = entry
         derived = {k: v for k, v in self._new_derived.items() if k in files}
         sections = self._new_sections
@@ -419,26 +453,35 @@ class FactsCache:
 
 
 def _read_one(
-    cache: FactsCache, path: Path | str, key: str, arg: object, derive: Derive | None
-) -> tuple[tuple | None, FileFacts | None, object, bool]:
+    cache: FactsCache,
+    path: Path | str,
+    key: str,
+    arg: object,
+    derive: Derive | None,
+    scan: Scan | None = None,
+) -> tuple[tuple | None, FileFacts | None, object, int]:
     """``(stat entry or None if unreadable, facts if parsed here or unreadable, (kept, extra) or
-    None, whether kept is the last run's)`` of one file."""
+    None, how: _DERIVED, _REUSED (kept is the last run's) or _SCANNED)`` of one file."""
     try:
         source, st = _read_bytes(path)
     except OSError as e:
         facts = unreadable(e)
-        return None, facts, derive(key, arg, facts) if derive is not None else None, False
+        return None, facts, derive(key, arg, facts) if derive is not None else None, _DERIVED
     sha = hashlib.sha256(source).hexdigest()
     entry = (st.st_size, st.st_mtime_ns, sha)
     if derive is not None and cache._stat:
         d = cache.previous_derived().get(key)
         if d is not None and d[0] == sha and d[1] == arg:
-            return entry, None, (d[2], None), True
+            return entry, None, (d[2], None), _REUSED
+    if scan is not None and derive is not None:
+        kept = scan(key, arg, source)
+        if kept is not None:
+            return entry, None, (kept, None), _SCANNED
     facts = cache.facts_of(sha)
     parsed = None
     if facts is None:
         facts = parsed = extract(source, os.fspath(path))
-    return entry, parsed, derive(key, arg, facts) if derive is not None else None, False
+    return entry, parsed, derive(key, arg, facts) if derive is not None else None, _DERIVED
 
 
 def _read_bytes(path: Path | str) -> tuple[bytes, os.stat_result]:
@@ -464,14 +507,14 @@ def _read_chunk(bounds: tuple[int, int]) -> tuple[int, bytes | list]:
     """In a worker: ``_read_one`` of ``todo[start:end]`` of the job, as ``(start, results)``.
     New facts go back marshalled (the form the cache stores), and the whole list too when
     ``marshal`` can hold it (cheaper than pickling it); else the list itself."""
-    cache, items, todo, derive = _JOB
+    cache, items, todo, derive, scan = _JOB
     out = []
     for i in todo[bounds[0] : bounds[1]]:
-        entry, parsed, value, reused = _read_one(cache, *items[i], derive)
+        entry, parsed, value, how = _read_one(cache, *items[i], derive, scan)
         if parsed is not None:
             with contextlib.suppress(ValueError):  # an unmarshallable literal: send the object
                 parsed = marshal.dumps(tuple(parsed))
-        out.append((entry, parsed, value, reused))
+        out.append((entry, parsed, value, how))
     try:
         return bounds[0], marshal.dumps(out)
     except ValueError:
@@ -484,6 +527,7 @@ def _in_workers(
     todo: list[int],
     derive: Derive | None,
     workers: int | None,
+    scan: Scan | None = None,
 ) -> Iterator[tuple[int, tuple]] | None:
     """``(i, _read_one(items[i]))`` for each ``i`` of ``todo``, from forked worker processes as
     they finish; None when there are too few files to pay for the processes or no processes can
@@ -496,7 +540,7 @@ def _in_workers(
 
     if "fork" not in multiprocessing.get_all_start_methods():
         return None  # the workers inherit the job; without fork, read here
-    _JOB = (cache, items, todo, derive)
+    _JOB = (cache, items, todo, derive, scan)
     try:
         # Workers skip the cyclic GC: parse trees are acyclic and freed by reference counting,
         # and a collection would touch (copy) every page inherited from this process.

@@ -22,10 +22,15 @@ Invariants:
 - Every impacted test carries one reason naming the changed path that reached it.
 - The reverse search visits only what reaches a changed module (one index lookup per step); its
   answer equals the importers that :meth:`ImportGraph.importers` finds over all scopes.
+- Deterministic whatever the order of the index's lists (a cold index is filled as parse workers
+  finish, a lazy one as queries parse files): each step takes its importers in the tree's order
+  (modules as discovered, then the files under ``tests/``), so a test reached through several
+  helpers names the same helper every time.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -179,6 +184,7 @@ class Analyser:
         self.source_dirs = source_dirs
         self.tree = tree
         self.test_set = set(tree.tests)
+        self.rank = {n: i for i, n in enumerate(itertools.chain(modules, tree.all))}
         self.tests_by_dir: dict[str, list[str]] = {}
         for t in tree.tests:
             self.tests_by_dir.setdefault(_dir(t), []).append(t)
@@ -197,13 +203,19 @@ class Analyser:
         over the reach index, visiting only nodes that reach the frontier.  A node reached from
         several changed modules takes the why of the first in ``changed`` order at the least
         depth (independent of the index's list order)."""
-        importers, modules = self.reach.importers, self.modules
+        importers, modules, rank = self.reach.importers, self.modules, self.rank
+        last = len(rank)
+
+        def tree_order(node: str) -> tuple[int, str]:
+            return rank.get(node, last), node
+
         origin: dict[str, str] = {}
         queue = deque(changed.items())
         seen = set(changed)
         while queue:
             name, why = queue.popleft()
-            for node in importers(name, modules):
+            found = importers(name, modules)
+            for node in sorted(found, key=tree_order) if len(found) > 1 else found:
                 if node not in seen:
                     seen.add(node)
                     origin[node] = why

@@ -1,6 +1,6 @@
 """The planner's index of a tree: its registry and who imports what, kept warm between runs.
 
-``build_index(root, fleet, cache_path=None, workers=None, with_reach=True) -> PlanIndex``:
+``build_index(root, fleet, cache_path=None, workers=None, with_reach=True, save=True) -> PlanIndex``:
 
 1. Discovery, once of each kind: the workspace's modules
    (:func:`mizzen_ci.import_graph.source_modules`) and the Python files under ``tests/``
@@ -10,24 +10,31 @@
    parsed at most once (in worker processes on a cold run), and from its facts the planner derives
    per file what it needs: a test file's validated registration (kept in the cache by path,
    content hash and :func:`cache_context`) and the names a file's imports name directly, with
-   their parent packages (for this run's index only).  A warm run with nothing changed costs the
+   their parent packages (for this run's index only).  A graph file that is not a test file is
+   not parsed when its bytes allow (:mod:`mizzen_ci.spelled_names`): its words are kept instead,
+   and it is parsed only when a query of the impact search may need its names.  A warm run with nothing changed costs the
    walks, one ``stat`` per file and one cache load: no file is read, parsed or resolved.  Each
    answer is used as soon as it is ready (a cold run overlaps the parse workers).
 3. The registry, assembled in discovery order from the registrations.
-4. The :class:`~mizzen_ci.reach_index.ReachIndex` (who reaches what), kept in the cache as a
-   section and updated only for the files whose content changed (their old names come from the
-   facts of their old content), or built in full when there is none.
+4. The :class:`~mizzen_ci.reach_index.LazyReach` (who reaches what: an index of the parsed
+   nodes, the pending ones by their words), kept in the cache as a section and updated only for
+   the files whose content changed (their old names come from the facts of their old content, or
+   they were pending), or built in full when there is none.  Queries parse pending nodes through
+   the same cache; :meth:`PlanIndex.save` (called by ``build_index`` unless ``save=False``, by the
+   planner after its impact search) keeps what they parsed.
 
 ``with_reach=False`` (a run that selects everything) reads only the registry's test files and
 keeps the cached facts of the others for the next run.
 
 Invariants:
 - ``index.registry`` equals :func:`mizzen_ci.registry.read_registry` of the same tree (same
-  registrations, same errors, same order); ``index.reach`` equals, as a relation,
-  :func:`mizzen_ci.impact.reach_of_graph` of ``ImportGraph.build`` over the same files (tested
-  through edits, additions, deletions, renames and fleet changes in ``test_plan_cache.py``).
-- The cache context is the fleet table's bytes and the code of this module and of the reach
-  index: a change to either re-derives (re-validates, re-resolves) without re-parsing.
+  registrations, same errors, same order); ``index.reach.completed()`` equals, as a relation,
+  :func:`mizzen_ci.impact.reach_of_graph` of ``ImportGraph.build`` over the same files, and its
+  ``importers`` answers as that relation does (tested through edits, additions, deletions,
+  renames and fleet changes in ``test_plan_cache.py``).
+- The cache context is the fleet table's bytes and the code of this module, of the reach index
+  and of the word rule: a change to any re-derives (re-validates, re-resolves) without
+  re-parsing.
 - Without a cache path nothing is kept; a cache that cannot be written leaves the answer as is.
 """
 
@@ -43,11 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import reach_index as _reach_index_module
+from . import spelled_names as _spelled_names_module
 from .facts_cache import FactsCache
 from .fleet import Fleet
 from .impact import TestTree, relative_dirs, scan_tests_dir
 from .import_graph import direct_names, package_of, source_modules, workspace_source_dirs
-from .reach_index import ReachIndex, parents_of
+from .reach_index import LazyReach, ReachIndex, parents_of
 from .registry import (
     TESTS_DIR,
     Registration,
@@ -59,6 +67,7 @@ from .registry import (
     validate_row,
 )
 from .source_facts import FileFacts
+from .spelled_names import PendingNodes, spelled_words
 
 CACHE_FILE = "plan-facts.marshal"
 _REACH_SECTION = "reach"
@@ -73,16 +82,46 @@ class PlanIndex:
     tree: TestTree
     source_dirs: list[str]  # root-relative POSIX (absolute when outside the root)
     modules: dict[str, str]  # module name -> root-relative file
-    reach: ReachIndex
+    reach: LazyReach
     excludes: tuple[str, ...]
-    stats: dict[str, int]  # files parsed, files answered from the cache, files derived afresh
+    cache: FactsCache
+    with_reach: bool = True
+    reach_modified: bool = False  # the reach section differs from the one loaded
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Files parsed, scanned (words only), answered from the cache, derived afresh (so far:
+        queries of ``reach`` may parse more)."""
+        c = self.cache
+        return {
+            "parsed": c.parsed,
+            "scanned": c.scanned,
+            "cached": c.hits,
+            "derived": len(c.recomputed),
+        }
+
+    def save(self) -> None:
+        """Keep what this run learnt (also what queries of ``reach`` parsed) in the cache file,
+        atomically; a cache that cannot be written leaves the answers as they are."""
+        if self.cache.path is None:
+            return
+        if self.with_reach:
+            modified = self.reach_modified or self.reach.modified
+            self.cache.set_section(_REACH_SECTION, self.reach.to_data(), modified=modified)
+        with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
+            self.cache.save(keep_unseen=not self.with_reach)  # registry-only: keep the graph's
 
 
 def cache_context(fleet: Fleet) -> str:
     """What the cached per-file answers depend on besides the files: the fleet table and the
     code of this module and of the reach index (a change re-derives, without re-parsing)."""
     h = hashlib.sha256()
-    for path in (fleet.path, Path(__file__), Path(_reach_index_module.__file__)):
+    for path in (
+        fleet.path,
+        Path(__file__),
+        Path(_reach_index_module.__file__),
+        Path(_spelled_names_module.__file__),
+    ):
         try:
             h.update(Path(path).read_bytes())
         except OSError:
@@ -105,6 +144,14 @@ def _derive(fleet: Fleet, key: str, arg: tuple, facts: FileFacts) -> tuple:
     return kept, extra
 
 
+def _scan(key: str, arg: tuple, source: bytes) -> tuple[str, ...] | None:
+    """A graph file that is not a test file: its words when its bytes allow (not parsed)."""
+    package, is_test = arg
+    if is_test or package is None:
+        return None
+    return spelled_words(source)
+
+
 def _names(facts: FileFacts | None, package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     names = direct_names(facts.imports, package) if facts is not None else ()
     return names, parents_of(names)
@@ -116,15 +163,20 @@ def build_index(
     cache_path: Path | None = None,
     workers: int | None = None,
     with_reach: bool = True,
+    save: bool = True,
 ) -> PlanIndex:
     """The index of ``root`` (see the module docstring).  ``with_reach=False`` (a run that
-    selects everything) reads only the registry's test files and leaves ``reach`` empty."""
+    selects everything) reads only the registry's test files and leaves ``reach`` empty.
+    ``save=False``: the caller calls ``index.save()`` (after its queries)."""
     # Tens of thousands of small tuples and no reference cycles: the cyclic GC would only
     # rescan them (a tenth of a warm run); it is back on when the index is built.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _build_index(Path(root).resolve(), fleet, cache_path, workers, with_reach)
+        index = _build_index(Path(root).resolve(), fleet, cache_path, workers, with_reach)
+        if save:
+            index.save()
+        return index
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -142,6 +194,7 @@ def _build_index(
     # The graph's files first: on a cold run their reading starts while the registry's own
     # discovery walks the tree.
     items: list[tuple[str, str, tuple]] = []
+    paths: dict[str, str] = {}  # graph node -> path to read it from
     modules: dict[str, str] = {}
     tree = TestTree([], [], [])
     dirs: list[Path] = []
@@ -151,11 +204,13 @@ def _build_index(
         found_modules, _ = source_modules(root, dirs)  # duplicates: the graph reports them
         for name, path, rel in found_modules:
             modules[name] = rel
+            paths[name] = path
             items.append((path, name, (package_of(name, rel.endswith("__init__.py")), False)))
         tests = set(tree.tests)
         for rel in tree.all:
+            paths[rel] = prefix + rel
             items.append((prefix + rel, rel, ("", rel in tests)))
-    results = cache.derive_iter(items, derive, workers)
+    results = cache.derive_iter(items, derive, workers, _scan)
     test_files = discover(root, excludes)
     registry_tests = {rel for rel in test_files if rel.startswith(TESTS_DIR + "/")}
     in_tree = set(tree.tests)
@@ -174,20 +229,25 @@ def _build_index(
 
         results = itertools.chain(results, after_the_graph())
 
-    loaded = ReachIndex.from_data(cache.section(_REACH_SECTION)) if with_reach else None
-    fresh = ReachIndex() if with_reach and loaded is None else None
+    loaded = LazyReach.from_data(cache.section(_REACH_SECTION)) if with_reach else None
+    fresh = LazyReach(ReachIndex(), PendingNodes()) if with_reach and loaded is None else None
     answers: dict[str, tuple] = {}
-    nodes: dict[str, tuple] = {}  # graph node -> (package, (names, parents) or None if reused)
+    # graph node -> (package, (names, parents) or None, its words if it was not parsed or None)
+    nodes: dict[str, tuple] = {}
     # Each value is used as soon as it is ready: on a cold run this overlaps the parse workers.
     for i, (kept, extra) in results:
         _, key, (package, is_test) = items[i]
         if is_test:
             row, errors = kept
             answers[key] = (Registration(*row) if row is not None else None, errors)
+            kept = None
         if package is not None:
-            nodes[key] = (package, extra)
-            if fresh is not None and extra is not None:
-                fresh.add(key, *extra)
+            nodes[key] = (package, extra, kept)
+            if fresh is not None:
+                if extra is not None:
+                    fresh.index.add(key, *extra)
+                elif kept is not None:
+                    fresh.pending.add(key, kept)
 
     registry = Registry(root)
     for rel in test_files:
@@ -200,43 +260,79 @@ def _build_index(
         if errors:
             registry.errors.extend(RegistryError(rel, *e) for e in errors)
 
-    reach = ReachIndex()
+    reach, modified = LazyReach(ReachIndex(), PendingNodes()), False
     if with_reach:
-        reach = _update_reach(cache, nodes, loaded, fresh)
-    if cache_path is not None:
-        with contextlib.suppress(OSError):  # a read-only checkout plans too, only slower
-            cache.save(keep_unseen=not with_reach)  # a registry-only run keeps the graph's files
+        reach, modified = _update_reach(cache, nodes, loaded, fresh)
+        reach.resolve = functools.partial(_resolve, cache, paths, modules, workers)
     source_dirs = relative_dirs(dirs, root)
-    stats = {"parsed": cache.parsed, "cached": cache.hits, "derived": len(cache.recomputed)}
-    return PlanIndex(root, registry, tree, source_dirs, modules, reach, tuple(excludes), stats)
+    return PlanIndex(
+        root,
+        registry,
+        tree,
+        source_dirs,
+        modules,
+        reach,
+        tuple(excludes),
+        cache,
+        with_reach,
+        modified,
+    )
+
+
+def _resolve(
+    cache: FactsCache,
+    paths: dict[str, str],
+    modules: dict[str, str],
+    workers: int | None,
+    nodes: list[str],
+) -> dict[str, tuple]:
+    """``{node: (names, parents)}`` of pending graph nodes, parsed through the cache (in workers
+    when there are many)."""
+    found = cache.facts_for_many([(paths[n], n) for n in nodes], workers)
+    out = {}
+    for node, facts in zip(nodes, found, strict=True):
+        rel = modules.get(node)
+        package = package_of(node, rel.endswith("__init__.py")) if rel is not None else ""
+        out[node] = _names(facts, package)
+    return out
 
 
 def _update_reach(
-    cache: FactsCache, nodes: dict[str, tuple], loaded: ReachIndex | None, fresh: ReachIndex | None
-) -> ReachIndex:
-    """The reach index: the ``loaded`` one with the changed files' names swapped (their old names
-    come from the facts of their old content), or ``fresh`` (built from the names derived in
-    this run) completed with the names of the files whose derived value was reused."""
+    cache: FactsCache, nodes: dict[str, tuple], loaded: LazyReach | None, fresh: LazyReach | None
+) -> tuple[LazyReach, bool]:
+    """``(reach, modified)``: the ``loaded`` one with the changed files swapped (their old names
+    come from the facts of their old content, or they were pending), or ``fresh`` (built from
+    what this run derived) completed with the files whose derived value was reused."""
     if loaded is not None:
+        index, pending = loaded.index, loaded.pending
         previous = cache.previous_derived()
         changed = cache.recomputed | (previous.keys() - nodes.keys())
         for key in sorted(changed):
             old = previous.get(key)
-            if old is not None and old[1][0] is not None:
+            if key in pending.nodes:
+                pending.remove(key)
+            elif old is not None and old[1][0] is not None:
                 facts = cache.facts_of(old[0])
                 if facts is None:  # the old names are unknown: build afresh
                     break
-                loaded.remove(key, *_names(facts, old[1][0]))
+                index.remove(key, *_names(facts, old[1][0]))
             if key in nodes:
-                package, extra = nodes[key]
-                loaded.add(key, *(extra or _names(cache.facts_of(cache.sha_of(key)), package)))
+                package, extra, spelled = nodes[key]
+                if spelled is not None:
+                    pending.add(key, spelled)
+                else:
+                    sha = cache.sha_of(key)
+                    index.add(key, *(extra or _names(cache.facts_of(sha), package)))
         else:
-            cache.set_section(_REACH_SECTION, loaded.to_data(), modified=bool(changed))
-            return loaded
-        fresh = ReachIndex.build({k: e for k, (_, e) in nodes.items() if e is not None})
-    for key, (package, extra) in nodes.items():
-        if extra is None:
+            return loaded, bool(changed)
+        fresh = LazyReach(ReachIndex(), PendingNodes())
+        for key, (_, extra, spelled) in nodes.items():
+            if extra is not None:
+                fresh.index.add(key, *extra)
+            elif spelled is not None:
+                fresh.pending.add(key, spelled)
+    for key, (package, extra, spelled) in nodes.items():
+        if extra is None and spelled is None:
             sha = cache.sha_of(key)
-            fresh.add(key, *_names(cache.facts_of(sha) if sha else None, package))
-    cache.set_section(_REACH_SECTION, fresh.to_data())
-    return fresh
+            fresh.index.add(key, *_names(cache.facts_of(sha) if sha else None, package))
+    return fresh, True

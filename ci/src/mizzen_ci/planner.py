@@ -131,9 +131,11 @@ def build_plan(
         fleet,
         options.cache_dir / CACHE_FILE if options.cache_dir else None,
         with_reach=not everything,
+        save=False,
     )
     registry = index.registry
     impact = _impact(index, change, request)
+    index.save()  # with the files the impact search parsed
     selected, not_scheduled = select(
         registry.registrations, registry.errors, fleet, request, impact
     )

@@ -15,7 +15,16 @@ and ``importers(X, modules)`` is ``named[X]`` plus, when X is a module, ``under[
 whose :class:`~mizzen_ci.import_graph.ImportGraph` edges (with the parents they run) reach X,
 found without resolving any file at query time.
 
+:class:`LazyReach` is the same relation over nodes some of which are not parsed yet
+(:class:`~mizzen_ci.spelled_names.PendingNodes`): ``importers(X, modules)`` first parses the
+pending nodes that may name X or below (``candidates``) and moves them into the index, then answers
+from it, so its answer is the full index's; ``completed()`` is the full index (a copy).  Once
+queries have parsed :data:`RESOLVE_ALL_AFTER` nodes (a change that reaches far), the rest is parsed
+in one batch (in worker processes), which is cheaper than many small ones.
+
 Invariants:
+- ``LazyReach.importers`` equals ``ReachIndex.importers`` of the index over every node, parsed or
+  pending, as a set (its ``resolve`` must give each node's names as the full index has them).
 - The index does not depend on which names are modules (applied at query time), so a node's part
   changes only when its own names change: ``add``/``remove`` keep it exact incrementally, equal as
   sets to ``build`` over the same names.
@@ -25,7 +34,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+
+from .spelled_names import PendingNodes
 
 
 def parents_of(names: Iterable[str]) -> tuple[str, ...]:
@@ -112,3 +123,71 @@ class ReachIndex:
             return {k: sorted(v) for k, v in table.items() if v}
 
         return norm(self.named) == norm(other.named) and norm(self.under) == norm(other.under)
+
+
+RESOLVE_ALL_AFTER = 256
+
+Resolve = Callable[[list[str]], Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]]
+
+
+class LazyReach:
+    """A :class:`ReachIndex` of the parsed nodes plus the pending ones, parsed on demand by
+    ``resolve(nodes) -> {node: (names, parents_of(names))}``; see the module docstring.
+    ``modified`` is set when a query moved nodes into the index."""
+
+    __slots__ = ("index", "modified", "pending", "resolve", "resolved")
+
+    def __init__(self, index: ReachIndex, pending: PendingNodes, resolve: Resolve | None = None):
+        self.index = index
+        self.pending = pending
+        self.resolve = resolve
+        self.modified = False
+        self.resolved = 0  # nodes parsed by queries
+
+    def importers(self, name: str, modules: Mapping[str, object]) -> list[str]:
+        """The nodes that reach ``name`` in one step (as :meth:`ReachIndex.importers`)."""
+        if self.pending.nodes:
+            found = self.pending.candidates(name)
+            if found:
+                self._move(found)
+        return self.index.importers(name, modules)
+
+    def _move(self, nodes: list[str]) -> None:
+        if self.resolve is None:
+            raise RuntimeError("pending nodes and no way to parse them")
+        self.resolved += len(nodes)
+        if self.resolved > RESOLVE_ALL_AFTER:
+            nodes = list(self.pending.nodes)  # reaching far: the rest in one batch
+        resolved = self.resolve(nodes)
+        for node in nodes:
+            self.pending.remove(node)
+            self.index.add(node, *resolved[node])
+        self.modified = True
+
+    def completed(self) -> ReachIndex:
+        """The index over every node (pending ones parsed), as a new index; this one is left
+        as it is."""
+        full = ReachIndex(
+            {k: list(v) for k, v in self.index.named.items()},
+            {k: list(v) for k, v in self.index.under.items()},
+        )
+        pending = list(self.pending.nodes)
+        if pending:
+            assert self.resolve is not None, "pending nodes and no way to parse them"
+            resolved = self.resolve(pending)
+            for node in pending:
+                full.add(node, *resolved[node])
+        return full
+
+    def to_data(self) -> tuple:
+        return (*self.index.to_data(), *self.pending.to_data())
+
+    @classmethod
+    def from_data(cls, data: object) -> LazyReach | None:
+        """The index from :meth:`to_data` (without ``resolve``), or None when ``data`` is not one."""
+        if not (isinstance(data, tuple) and len(data) == 4):
+            return None
+        index, pending = ReachIndex.from_data(data[:2]), PendingNodes.from_data(data[2:])
+        if index is None or pending is None:
+            return None
+        return cls(index, pending)

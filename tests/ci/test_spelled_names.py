@@ -1,0 +1,213 @@
+"""The byte-level rule of :mod:`mizzen_ci.spelled_names` and the lazy impact search built on it.
+
+- Soundness of the rule (hypothesis): for generated modules full of imports (absolute, relative
+  at every level, ``from`` lists, aliases, parentheses, continuations, comments and strings that
+  spell names, lazy and guarded ones), every name a parsed module names, and every prefix of it,
+  finds the module among ``candidates``.
+- The lazy search equals the full one: on this repository and on generated workspaces (cold and
+  through a cache across edits), the impact of many changes through the planner's index (files
+  left unparsed until a query may need them) equals the impact over the fully built graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mizzen_ci import register_cpu_ci
+from mizzen_ci.change import Change, Entry
+from mizzen_ci.fleet import load_fleet
+from mizzen_ci.impact import Analyser, build_graph, scan_tests_dir
+from mizzen_ci.import_graph import direct_names, imports_of_tree, package_of
+from mizzen_ci.plan_index import CACHE_FILE, build_index
+from mizzen_ci.spelled_names import PendingNodes, spelled_words
+
+register_cpu_ci(est_time=40, labels=["ci"])
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_plan_cache import age_all, make_workspace  # noqa: E402
+
+# --------------------------------------------------------------------------------------------
+# The rule itself.
+
+
+def test_sources_the_rule_does_not_cover_are_parsed():
+    assert spelled_words("import caf\u00e9\n".encode()) is None  # non-ASCII
+    assert spelled_words(b"# -*- coding: latin-1 -*-\nimport a\n") is None
+    assert spelled_words(b"#!/usr/bin/env python\n# coding=utf-7\nimport a\n") is None
+    assert spelled_words(b"import importlib\nimportlib.import_module('a.b')\n") is None
+    assert spelled_words(b"m = __import__('a')\n") is None
+    # "coding" after the first two lines is an ordinary word
+    assert spelled_words(b"import a\n\n\nopen(f, encoding='utf-8')\n") is not None
+
+
+def test_words_are_identifiers_without_keywords():
+    words = spelled_words(b"from .x.y import (z as w)  # comment_word\nif 1: s = 'str_word'\n")
+    assert words == ("comment_word", "s", "str_word", "w", "x", "y", "z")
+
+
+PARTS = ["a", "b", "c", "core", "x1", "_p", "Mod"]
+name_part = st.sampled_from(PARTS)
+dotted = st.lists(name_part, min_size=1, max_size=3).map(".".join)
+
+
+def _spell_dotted(name: str, rng: random.Random) -> str:
+    seps = [".", " . ", ".\\\n    ", ". "]
+    parts = name.split(".")
+    out = parts[0]
+    for p in parts[1:]:
+        out += rng.choice(seps) + p
+    return out
+
+
+@st.composite
+def import_statement(draw) -> str:
+    rng = random.Random(draw(st.integers(0, 10**6)))
+    kind = draw(st.sampled_from(["import", "from", "relative", "relative-bare", "star"]))
+    if kind == "import":
+        names = draw(st.lists(dotted, min_size=1, max_size=3))
+        alias = " as q" if draw(st.booleans()) else ""
+        return "import " + ", ".join(_spell_dotted(n, rng) + alias for n in names)
+    listed = draw(st.lists(name_part, min_size=1, max_size=3))
+    items = ", ".join(n + (" as zz" if draw(st.booleans()) else "") for n in listed)
+    if draw(st.booleans()):
+        items = "(\n    " + items.replace(", ", ",\n    ") + ",\n)"
+    if kind == "from":
+        return f"from {_spell_dotted(draw(dotted), rng)} import {items}"
+    dots = "." * draw(st.integers(1, 4))
+    if kind == "relative":
+        return f"from {dots}{_spell_dotted(draw(dotted), rng)} import {items}"
+    if kind == "relative-bare":
+        return f"from {dots} import {items}"
+    return f"from {draw(dotted)} import *"
+
+
+@st.composite
+def module_source(draw) -> str:
+    lines = ['"""A module that mentions core.Mod in its docstring."""', "# import x1.c"]
+    for stmt in draw(st.lists(import_statement(), min_size=1, max_size=6)):
+        where = draw(st.sampled_from(["top", "function", "try", "type-checking", "class"]))
+        body = stmt.replace("\n", "\n    ")
+        if where == "top":
+            lines.append(stmt)
+        elif where == "function":
+            lines.append(f"def f():\n    {body}\n    return 'a.b'")
+        elif where == "try":
+            lines.append(f"try:\n    {body}\nexcept ImportError:\n    pass")
+        elif where == "type-checking":
+            lines.append(f"if TYPE_CHECKING:\n    {body}")
+        else:
+            lines.append(f"class K:\n    {body}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    source=module_source(),
+    module=st.lists(name_part, min_size=1, max_size=4).map(".".join),
+    is_package=st.booleans(),
+)
+def test_every_name_a_module_names_finds_it_among_the_candidates(source, module, is_package):
+    data = source.encode()
+    words = spelled_words(data)
+    assert words is not None
+    try:
+        tree = ast.parse(data)
+    except SyntaxError:
+        return  # names nothing: any answer is right
+    imports, _ = imports_of_tree(tree, data)
+    names = direct_names(imports, package_of(module, is_package))
+    pending = PendingNodes()
+    pending.add(module, words)
+    pending.add("zz_other.unrelated", ("nothing",))
+    for name in names:
+        parts = name.split(".")
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            assert module in pending.candidates(prefix), (name, prefix, source)
+
+
+def test_candidates_survive_removal_and_re_adding():
+    pending = PendingNodes()
+    pending.add("p.m", ("a", "b"))
+    pending.add("p.n", ("b",))
+    pending.remove("p.m")
+    pending.add("p.m", ("c",))
+    assert pending.candidates("x.b") == ["p.n"]
+    assert pending.candidates("x.c") == ["p.m"]
+    assert sorted(pending.candidates("p")) == ["p.m", "p.n"]  # modules inside the package
+    restored = PendingNodes.from_data(pending.to_data())
+    assert restored.candidates("x.b") == ["p.n"] and restored.words["c"] == ["p.m"]
+
+
+# --------------------------------------------------------------------------------------------
+# The lazy search equals the full one.
+
+
+def _changes(modules: list[str], tests: list[str], rng: random.Random, n: int) -> list[list[str]]:
+    out = [[m] for m in modules[:: max(1, len(modules) // n)]]
+    for _ in range(n):
+        picked = rng.sample(modules, min(3, len(modules))) + rng.sample(tests, min(1, len(tests)))
+        out.append(picked)
+    return out
+
+
+def _full_analyser(root: Path) -> Analyser:
+    tree = scan_tests_dir(root, ())
+    graph, source_dirs = build_graph(root, tree)
+    return Analyser.of_graph(graph, source_dirs, tree)
+
+
+def _compare(root: Path, cache: Path | None, changes: list[list[str]], fresh_each: bool) -> None:
+    fleet = load_fleet(REPO / "ci" / "fleet.toml")
+    full = _full_analyser(root)
+    index = None
+    for paths in changes:
+        if index is None or fresh_each:
+            index = build_index(root, fleet, cache, workers=1, save=False)
+        lazy = Analyser(index.tree, index.modules, index.source_dirs, index.reach, index.excludes)
+        change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", p) for p in paths])
+        want, got = full.analyse(change), lazy.analyse(change)
+        assert (got.everything, got.tests) == (want.everything, want.tests), paths
+        if fresh_each:
+            index.save()
+
+
+def test_lazy_impact_equals_the_full_one_on_this_repository():
+    fleet = load_fleet(REPO / "ci" / "fleet.toml")
+    index = build_index(REPO, fleet, None, workers=1, save=False)
+    assert index.stats["scanned"] > 0, "the repository's modules are scanned, not parsed"
+    module_paths = sorted(
+        f for m, f in index.modules.items() if not f.startswith("/") and f.endswith(".py")
+    )
+    changes = _changes(module_paths, index.tree.tests, random.Random(0), 25)
+    changes.append(["packages/gone/src/mizzen_gone/x.py"])
+    _compare(REPO, None, changes, fresh_each=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_lazy_impact_equals_the_full_one_through_a_cache_and_edits(tmp_path, seed):
+    root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
+    make_workspace(root, seed=seed, modules=40, tests=30)
+    age_all(root)
+    rng = random.Random(seed)
+    modules = sorted(str(p.relative_to(root)) for p in root.glob("packages/*/src/**/*.py"))
+    tests = sorted(str(p.relative_to(root)) for p in root.glob("tests/**/*.py"))
+    for step in range(3):
+        _compare(root, cache, _changes(modules, tests, rng, 6), fresh_each=True)
+        # edits between runs: a module gains an import of another, one is replaced
+        victim = root / rng.choice(modules)
+        target = rng.choice(modules).split("/src/", 1)[1][:-3].replace("/", ".")
+        target = target.removesuffix(".__init__")
+        victim.write_text(victim.read_text() + f"\nimport {target}\n")
+        if step == 1:
+            shutil.copy(root / modules[3], root / modules[4])
+        age_all(root)
