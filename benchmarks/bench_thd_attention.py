@@ -5,10 +5,13 @@ One run measures, on the same data:
 1. Generic document-causal attention (``mizzen_plugins.attention.causal_thd_attention``):
    - baseline: padded SDPA (every sequence right-padded to the longest, ``is_causal=True``);
    - FlexAttention with a document-causal block mask (compiled);
-   - ours, ``impl="auto"``: length-bucketed dense causal SDPA (cuDNN on Hopper) in one autograd
-     node, with the bucket plan cached on the layout (the per-layer cost), with a fresh layout
-     object every call (the per-batch plan cost) and with a new length mix every call (RL
-     batches: a layout's first call runs the varlen kernel while bucket shapes are unbuilt);
+   - ours, ``impl="cudnn"``: cuDNN's ragged fused attention on the packed stream (one kernel per
+     direction; first call with its graph builds timed apart), with its top kernels;
+   - ours, ``impl="fast"``: length-bucketed dense causal SDPA (cuDNN on Hopper) in one autograd
+     node, bucket plan cached on the layout;
+   - ours, ``impl="auto"`` (``"cudnn"`` where usable): with the layout cached (the per-layer
+     cost), a fresh layout object every call (the per-batch cost) and a new length mix every call
+     (RL batches);
    - ours, ``impl="varlen"`` (torch's flash varlen kernel on the packed stream);
    - diagnostics: ours with only the flash SDPA backend, and dense causal SDPA at the longest
      length (a ceiling).
