@@ -230,3 +230,27 @@ def test_varlen_is_cuda_half_only_and_auto_stays_on_fast_on_cpu():
         causal_attention_pieces(q, k, v, pieces, impl="varlen")
     out = causal_thd_attention(q, k, v, layout, impl="auto")
     torch.testing.assert_close(out, alone(q, k, v, [5, 9]), rtol=1e-5, atol=1e-5)
+
+
+def test_auto_prefers_cudnn_ragged_unless_its_padded_statistics_outweigh_the_queries(monkeypatch):
+    from mizzen_plugins.attention import causal, cudnn_ragged
+
+    monkeypatch.setattr(cudnn_ragged, "usable", lambda *tensors: True)  # as on a Hopper GPU
+    heads, dim = 16, 128
+    balanced = PackedLayout([8192, 4096, 711, 300, 64] * 8)
+    skewed = PackedLayout([8192] + [64] * 1000)  # 1,001 entries padded to 1,024 x 8,192 rows
+    for layout, preferred in ((balanced, True), (skewed, False)):
+        q = torch.empty(layout.num_tokens, heads, dim, dtype=torch.bfloat16)
+        stats = cudnn_ragged.stats_bytes(layout, heads)
+        assert stats == 4 * heads * 2 ** (len(layout.lengths) - 1).bit_length() * 8192
+        assert causal._cudnn_preferred(q, q, q, layout) is preferred, (stats, q.nbytes)
+
+
+def test_cudnn_is_refused_with_the_fix_where_it_cannot_run():
+    layout = PackedLayout([5, 9])
+    q, k, v, _ = make_qkv(14, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r'ragged fused attention.*use impl="fast"'):
+        causal_thd_attention(q, k, v, layout, impl="cudnn")
+    pieces = AttentionPieces((0,), (0,), (14,), (14,))
+    with pytest.raises(ValueError, match="whole segments only"):
+        causal_attention_pieces(q, k, v, pieces, impl="cudnn")

@@ -25,9 +25,10 @@ Implementations (``impl``):
   whole segments only, needs the optional ``nvidia-cudnn-frontend`` package).
 - ``"flex"``: FlexAttention with a document-causal block mask (compiled on CUDA).  Forward-only
   on CPU (torch does not implement its backward there).
-- ``"auto"``: ``"cudnn"`` where it can run; otherwise ``"fast"``, except the first call of a
-  layout whose bucket shapes are not all built yet runs ``"varlen"`` where it applies (a layout
-  used once never pays for cuDNN builds).
+- ``"auto"``: ``"cudnn"`` where it can run and its padded softmax statistics weigh no more than
+  the queries; otherwise ``"fast"``, except the first call of a layout whose bucket shapes are not
+  all built yet runs ``"varlen"`` where it applies (a layout used once never pays for cuDNN
+  builds).
 
 The generalised entry :func:`causal_attention_pieces` serves context parallelism: each *piece*
 pairs a run of query rows with a run of key rows of one segment, aligned bottom-right (the last
@@ -148,7 +149,7 @@ def causal_thd_attention(
         )
     auto = impl == "auto"
     impl = _resolve_impl(impl)
-    if impl == "cudnn" or (auto and cudnn_ragged.usable(q, k, v)):
+    if impl == "cudnn" or (auto and _cudnn_preferred(q, k, v, layout)):
         return _cudnn_causal(q, k, v, layout, scale)
     if impl == "flex":
         return _flex_document_causal(q, k, v, layout.to(q.device), scale)
@@ -576,6 +577,14 @@ def _varlen_causal(q, k, v, layout: PackedLayout, scale) -> torch.Tensor:
 
 
 # -- cudnn: one ragged cuDNN kernel per direction -------------------------------------------------
+def _cudnn_preferred(q, k, v, layout: PackedLayout) -> bool:
+    """``"auto"``'s choice: cuDNN ragged where it runs, unless its padded statistics (one fp32 per
+    head and padded row) would outweigh the queries (a very skewed length mix)."""
+    if cudnn_ragged.stats_bytes(layout, q.shape[1]) > q.numel() * q.element_size():
+        return False
+    return cudnn_ragged.usable(q, k, v)
+
+
 def _cudnn_causal(q, k, v, layout: PackedLayout, scale) -> torch.Tensor:
     if not cudnn_ragged.usable(q, k, v):
         raise ValueError(

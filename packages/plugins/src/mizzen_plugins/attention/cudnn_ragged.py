@@ -20,7 +20,10 @@ Invariants:
 - Output and gradients cover exactly the stream's tokens; nothing outside a segment is read for
   a segment's result, and length-0 segments contribute nothing.
 - Inputs are used in place when ``[tokens, heads, dim]``-contiguous (else copied once); the
-  softmax statistics are kept per padded ``[b, heads, s]`` grid (fp32) for the backward pass.
+  softmax statistics are kept per padded ``[b, heads, s]`` grid (fp32) for the backward pass, so
+  a very skewed mix (many short segments and one long one) keeps more statistics than tokens:
+  :func:`stats_bytes` says how much, and ``causal_thd_attention(impl="auto")`` takes another path
+  when they would outweigh the queries themselves.
 - Ragged offsets are int32 element offsets: a stream of ``2**31`` or more elements per tensor is
   not usable here.
 """
@@ -35,7 +38,7 @@ import torch
 
 from mizzen_plugins.thd import PackedLayout
 
-__all__ = ["cudnn_ragged_causal", "usable"]
+__all__ = ["cudnn_ragged_causal", "stats_bytes", "usable"]
 
 _INT32_LIMIT = 2**31
 
@@ -72,6 +75,17 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _pow2(n: int, floor: int) -> int:
     return max(floor, 1 << max(n - 1, 0).bit_length())
+
+
+def _padded_grid(lengths) -> tuple[int, int]:
+    """(entries, rows per entry) of a layout's shape class."""
+    return _pow2(len(lengths), 1), _pow2(max(lengths, default=1), 64)
+
+
+def stats_bytes(layout: PackedLayout, heads_q: int) -> int:
+    """Bytes of softmax statistics a forward keeps for the backward pass (fp32, padded grid)."""
+    batch, seq = _padded_grid(layout.lengths)
+    return 4 * batch * seq * heads_q
 
 
 @dataclass(frozen=True)
@@ -221,9 +235,10 @@ def _graphs(shape: _ShapeClass) -> _Graphs:
 
 def _batch(layout: PackedLayout, q, k, scale: float) -> _Batch:
     lengths = layout.lengths
+    batch, seq = _padded_grid(lengths)
     shape = _ShapeClass(
-        batch=_pow2(len(lengths), 1),
-        seq=_pow2(max(lengths, default=1), 64),
+        batch=batch,
+        seq=seq,
         total=_pow2(layout.num_tokens, 64),
         heads_q=q.shape[1],
         heads_kv=k.shape[1],
