@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from .spelled_names import PendingNodes
+from .spelled_names import PendingNodes, is_dict_pair
 
 
 def parents_of(names: Iterable[str]) -> tuple[str, ...]:
@@ -107,14 +107,7 @@ class ReachIndex:
     @classmethod
     def from_data(cls, data: object) -> ReachIndex | None:
         """The index from :meth:`to_data`, or None when ``data`` is not one."""
-        if (
-            isinstance(data, tuple)
-            and len(data) == 2
-            and isinstance(data[0], dict)
-            and isinstance(data[1], dict)
-        ):
-            return cls(data[0], data[1])
-        return None
+        return cls(data[0], data[1]) if is_dict_pair(data) else None
 
     def same_as(self, other: ReachIndex) -> bool:
         """Equal as relations (list order aside)."""

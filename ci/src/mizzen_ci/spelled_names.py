@@ -85,13 +85,7 @@ class PendingNodes:
         if node in self.nodes:
             self.remove(node)
         self.nodes[node] = words
-        table = self.words
-        for w in words:
-            found = table.get(w)
-            if found is None:
-                table[w] = [node]
-            else:
-                found.append(node)
+        _list_under_words(self.words, node, words)
         self._sorted = None
 
     def remove(self, node: str) -> None:
@@ -127,22 +121,29 @@ class PendingNodes:
         if self._stale:
             words: dict[str, list[str]] = {}
             for node, spelled in self.nodes.items():
-                for w in spelled:
-                    found = words.get(w)
-                    if found is None:
-                        words[w] = [node]
-                    else:
-                        found.append(node)
+                _list_under_words(words, node, spelled)
             self.words, self._stale = words, False
         return self.words, self.nodes
 
     @classmethod
     def from_data(cls, data: object) -> PendingNodes | None:
-        if (
-            isinstance(data, tuple)
-            and len(data) == 2
-            and isinstance(data[0], dict)
-            and isinstance(data[1], dict)
-        ):
-            return cls(data[0], data[1])
-        return None
+        return cls(data[0], data[1]) if is_dict_pair(data) else None
+
+
+def is_dict_pair(data: object) -> bool:
+    """Whether cached ``data`` has the shape of a ``to_data()`` of two tables."""
+    return (
+        isinstance(data, tuple)
+        and len(data) == 2
+        and isinstance(data[0], dict)
+        and isinstance(data[1], dict)
+    )
+
+
+def _list_under_words(table: dict[str, list[str]], node: str, words: tuple[str, ...]) -> None:
+    for w in words:
+        found = table.get(w)
+        if found is None:
+            table[w] = [node]
+        else:
+            found.append(node)
