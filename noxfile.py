@@ -20,6 +20,11 @@ import nox
 
 ROOT = Path(__file__).parent
 CI_SRC = ROOT / "ci" / "src"
+sys.path.insert(0, str(CI_SRC))  # mizzen_ci is stdlib-only: the lanes' names and plans come from it
+
+from mizzen_ci.fleet import CPU_LANE, lane_name, load_fleet  # noqa: E402
+from mizzen_ci.plan import Plan, PlanError  # noqa: E402
+
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["validate", "lint", "lazy-imports", "cpu", "packages"]
 nox.options.error_on_missing_interpreters = True
@@ -143,9 +148,6 @@ def _planned_job_args(session: nox.Session) -> list[str]:
     args = list(session.posargs)
     if "--job" not in args and "--plan" not in args:
         return args or ["tests"]
-    sys.path.insert(0, str(CI_SRC))
-    from mizzen_ci.planner import PlanError, job, job_files, load_plan
-
     values = {}
     for flag in ("--job", "--plan"):
         at = args.index(flag) if flag in args else -1
@@ -154,12 +156,12 @@ def _planned_job_args(session: nox.Session) -> list[str]:
         values[flag] = args[at + 1]
         del args[at : at + 2]
     try:
-        plan = load_plan(values["--plan"])
-        if job(plan, values["--job"])["lane"] != "cpu":
-            session.error(f"job {values['--job']} is not a cpu job; run it with its own session")
-        return job_files(plan, values["--job"]) + args
+        job = Plan.load(values["--plan"]).job(values["--job"])
     except PlanError as e:
         session.error(str(e))
+    if job.lane != CPU_LANE:
+        session.error(f"job {job.id} is for {job.lane}; run it with `nox -s {job.lane}`")
+    return job.files + args
 
 
 @nox.session
@@ -192,7 +194,7 @@ def packages(session: nox.Session) -> None:
     with constraints.open("a") as f:  # members come from the wheels just built, never from an index
         for wheel in sorted(wheels.glob("*.whl")):
             f.write(f"{wheel.name.split('-')[0].replace('_', '-')} @ {wheel.resolve().as_uri()}\n")
-    walker = CI_SRC / "mizzen_ci" / "import_walk.py"
+    walker = CI_SRC / "mizzen_ci" / "lazy_imports" / "walk.py"
     for name in chosen:
         venv = tmp / f"venv-{name}"
         session.run(
@@ -224,9 +226,8 @@ def _gpu_lane_session(arch: str) -> None:
         f"Every enabled {arch} test on this machine's {arch} GPUs, leased and packed (refuses "
         "other GPUs).  Posargs: --job ID --plan plan.json | tests/..."
     )
-    nox.session(name=f"gpu-{arch}", venv_backend="none")(gpu_lane)
+    nox.session(name=lane_name(arch), venv_backend="none")(gpu_lane)
 
 
-with (ROOT / "ci" / "fleet.toml").open("rb") as _fleet:
-    for _arch in tomllib.load(_fleet)["arch"]:
-        _gpu_lane_session(_arch["name"])
+for _arch in load_fleet(ROOT / "ci" / "fleet.toml").arch_names:
+    _gpu_lane_session(_arch)

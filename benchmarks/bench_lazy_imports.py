@@ -39,15 +39,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "src"))
 
-from mizzen_ci.import_graph import (  # noqa: E402
+from mizzen_ci.imports import (  # noqa: E402
     FactsCache,
     ImportGraph,
     iter_source_modules,
 )
-from mizzen_ci.lazy_imports import resolve_packages  # noqa: E402
-from mizzen_ci.lazy_imports_policy import load_policy, parse_policy  # noqa: E402
-from mizzen_ci.lazy_imports_runtime import check_runtime  # noqa: E402
-from mizzen_ci.lazy_imports_static import check_static  # noqa: E402
+from mizzen_ci.lazy_imports.cli import resolve_packages  # noqa: E402
+from mizzen_ci.lazy_imports.policy import load_policy, parse_policy  # noqa: E402
+from mizzen_ci.lazy_imports.runtime import check_runtime  # noqa: E402
+from mizzen_ci.lazy_imports.static import check_static  # noqa: E402
 
 N_PACKAGES = 20
 N_SUBPACKAGES = 9

@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "ci" / "src"))
 
-from mizzen_ci.change import Change  # noqa: E402
 from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.plan_request import Inputs  # noqa: E402
-from mizzen_ci.planner import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.change import Change  # noqa: E402
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.request import Inputs  # noqa: E402
 
 ARCHES = ((("hopper",), 0.45), (("blackwell",), 0.15), (("hopper", "blackwell"), 0.40))
 GPUS = ((1, 0.50), (2, 0.25), (4, 0.15), (8, 0.10))

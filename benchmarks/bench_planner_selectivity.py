@@ -31,11 +31,12 @@ sys.path.insert(0, str(HERE))
 
 import synthetic_monorepo  # noqa: E402
 
-from mizzen_ci.change import Change, Entry  # noqa: E402
 from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.impact import build_graph, scan_tests_dir  # noqa: E402
-from mizzen_ci.plan_request import Inputs  # noqa: E402
-from mizzen_ci.planner import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.change import Change, Entry  # noqa: E402
+from mizzen_ci.plan.impact import build_graph  # noqa: E402
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.request import Inputs  # noqa: E402
+from mizzen_ci.registry import discover  # noqa: E402
 
 
 def gpu_seconds(plan: dict) -> float:
@@ -78,7 +79,7 @@ def main() -> int:
         ).to_json()
         all_gpu = gpu_seconds(run_all)
 
-        tree = scan_tests_dir(root, ())
+        tree = discover(root).tree
         graph, _ = build_graph(root, tree)
         conftests = set(tree.conftests)
         closures = {

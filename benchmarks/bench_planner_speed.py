@@ -39,12 +39,12 @@ sys.path.insert(0, str(HERE))
 
 import synthetic_monorepo  # noqa: E402
 
-from mizzen_ci.change import git_change  # noqa: E402
 from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.impact import Analyser  # noqa: E402
-from mizzen_ci.plan_index import CACHE_FILE, build_index  # noqa: E402
-from mizzen_ci.plan_request import Inputs  # noqa: E402
-from mizzen_ci.planner import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.change import git_change  # noqa: E402
+from mizzen_ci.plan.impact import Analyser  # noqa: E402
+from mizzen_ci.plan.index import CACHE_FILE, build_index  # noqa: E402
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
+from mizzen_ci.plan.request import Inputs  # noqa: E402
 
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@invalid", "-c", "gc.auto=0"]
 

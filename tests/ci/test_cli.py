@@ -13,7 +13,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.github_annotations import annotation
+from mizzen_ci.output import annotation
 from mizzen_ci.registry import read_registry
 
 register_cpu_ci(est_time=15, labels=["ci"])
@@ -26,7 +26,7 @@ def expected_bad_errors() -> set[tuple[str, int, str]]:
     """What the registry itself reports for the bad tree (test_registry pins that to the tree's
     expected-errors.txt); the CLI must print exactly these."""
     registry = read_registry(FIXTURES / "bad", load_fleet(FIXTURES / "fleet.toml"))
-    return {(e.path, e.line, e.rule) for e in registry.errors}
+    return {(e.path, e.line, e.rule) for e in registry.violations}
 
 
 EXPECTED_BAD = expected_bad_errors()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.dispatch import DispatchPolicy, Mode, dispatch, home_arch
 from mizzen_ci.fleet import FleetError, load_fleet
+from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_arch
 from mizzen_ci.registry import Registration
 
 register_cpu_ci(est_time=5, labels=["ci"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.device_probe import Gpu, ProbeError, parse_nvidia_smi, probe, restrict_to_visible
+from mizzen_ci.lane.hardware import Gpu, ProbeError, parse_nvidia_smi, probe, restrict_to_visible
 
 register_cpu_ci(est_time=12, labels=["ci", "gpu-lane"])
 

@@ -15,13 +15,15 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.gpu_leases import LeaseDir
-from mizzen_ci.gpu_report import Progress
+from mizzen_ci.lane.leases import LeaseDir
+from mizzen_ci.lane.progress import Progress
+from mizzen_ci.plan import Job, Plan, PlannedTest, SelectionSummary
 
 register_cpu_ci(est_time=45, labels=["ci", "gpu-lane"])
 
@@ -293,27 +295,22 @@ def test_under_ci_a_file_too_wide_for_the_host_fails_the_lane(tmp_path):
 
 def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_path):
     root = make_repo(tmp_path, FILES)
-    job = {
-        "id": "gpu-hopper-h200-2gpu-1",
-        "lane": "gpu-hopper",
-        "arch": "hopper",
-        "pool": "h200-2gpu",
-        "runs_on": ["self-hosted", "h200", "gpu-2"],
-        "tests": [
-            {"file": "tests/gpu/test_w3.py", "num_gpus": 1, "est_seconds": 3.0},
-            {"file": "tests/gpu/test_wide.py", "num_gpus": 2, "est_seconds": 9.0},
-        ],
-        "est_seconds": 12.0,
-    }
-    foreign = {
-        **job,
-        "id": "gpu-blackwell-b200-8gpu-1",
-        "lane": "gpu-blackwell",
-        "arch": "blackwell",
-    }
-    stale = {**job, "id": "stale", "tests": [{"file": "tests/gpu/test_w3.py", "num_gpus": 2}]}
+
+    def planned(file: str, num_gpus: int, est: float) -> PlannedTest:
+        return PlannedTest(file, num_gpus, est, "est_time", 0.0, "asked for")
+
+    job = Job(
+        "gpu-hopper-h200-2gpu-1", "gpu-hopper", "hopper", "h200-2gpu",
+        ("self-hosted", "h200", "gpu-2"), 2, 30, False, 12.0,
+        (planned("tests/gpu/test_w3.py", 1, 3.0), planned("tests/gpu/test_wide.py", 2, 9.0)),
+    )  # fmt: skip
+    foreign = replace(job, id="gpu-blackwell-b200-8gpu-1", lane="gpu-blackwell", arch="blackwell")
+    stale = replace(job, id="stale", tests=(planned("tests/gpu/test_w3.py", 2, 3.0),))
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"version": 1, "jobs": [job, foreign, stale]}))
+    everything = SelectionSummary(True, ("asked for",), 0)
+    record = Plan("pull_request", None, None, None, False, True, 3600.0, everything)
+    record.jobs = [job, foreign, stale]
+    plan.write_text(record.dumps())
 
     out = lane(root, "--job", "gpu-hopper-h200-2gpu-1", "--plan", str(plan))
     assert out.returncode == 0, out.stdout + out.stderr

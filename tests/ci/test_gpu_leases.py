@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.gpu_leases import LeaseDir, LeaseTimeout
+from mizzen_ci.lane.leases import LeaseDir, LeaseTimeout
 
 register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
 
@@ -22,7 +22,7 @@ CI_SRC = str(Path(__file__).resolve().parents[2] / "ci" / "src")
 # A contender: lease N of the given GPUs (waiting up to TIMEOUT s), say which, then hold them.
 HOLDER = """
 import sys, time
-from mizzen_ci.gpu_leases import LeaseDir, LeaseTimeout
+from mizzen_ci.lane.leases import LeaseDir, LeaseTimeout
 lease_dir, n, timeout, *keys = sys.argv[1:]
 try:
     lease = LeaseDir(lease_dir).acquire(keys, int(n), timeout=float(timeout), holder="test")

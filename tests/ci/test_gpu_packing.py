@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.gpu_packing import (
+from mizzen_ci.lane.packing import (
     GpuPacker,
     PackingError,
     PackItem,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.retry_classifier import RULES, classify
+from mizzen_ci.lane.retry import RULES, classify
 
 register_cpu_ci(est_time=2, labels=["ci", "gpu-lane"])
 

@@ -164,7 +164,7 @@ def test_command_line_records_and_merges_under_python_S(tmp_path):
 
     def history_cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-S", "-m", "mizzen_ci.history", *args],
+            [sys.executable, "-S", "-m", "mizzen_ci", "history", *args],
             env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
 

@@ -9,14 +9,14 @@ import textwrap
 from pathlib import Path
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.import_graph import (
-    FactsCache,
+from mizzen_ci.imports import (
     ImportGraph,
     RawImport,
     locate_packages,
     parse_facts,
     workspace_source_dirs,
 )
+from mizzen_ci.plan.index.facts_cache import FactsCache
 
 register_cpu_ci(est_time=6, labels=["ci"])
 
@@ -400,7 +400,7 @@ def test_chains_to_agrees_with_chain_on_random_graphs_with_cycles(tmp_path):
 
 
 def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
-    import mizzen_ci.facts_cache as sf
+    import mizzen_ci.plan.index.facts_cache as sf
 
     files = {"src/p/__init__.py": "from . import m0\n"}
     for i in range(12):
@@ -423,7 +423,7 @@ def test_import_word_lines_match_the_regex_they_replace():
     import random
     import re
 
-    from mizzen_ci.import_graph import _keyword_lines
+    from mizzen_ci.imports.facts import _keyword_lines
 
     word = re.compile(rb"\bimport\b")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lazy_imports_policy import load_policy
-from mizzen_ci.lazy_imports_runtime import check_runtime
-from mizzen_ci.lazy_imports_static import check_static
+from mizzen_ci.lazy_imports.policy import load_policy
+from mizzen_ci.lazy_imports.runtime import check_runtime
+from mizzen_ci.lazy_imports.static import check_static
 
 register_cpu_ci(est_time=40, labels=["ci"])
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lazy_imports_policy import Policy, PolicyError, load_policy, parse_policy
-from mizzen_ci.lazy_imports_static import check_static
+from mizzen_ci.lazy_imports.policy import Policy, PolicyError, load_policy, parse_policy
+from mizzen_ci.lazy_imports.static import check_static
 
 register_cpu_ci(est_time=10, labels=["ci"])
 

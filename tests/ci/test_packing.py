@@ -11,19 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.gpu_packing import PackItem, simulate
-from mizzen_ci.packing import Item, PackingError, lower_bound, pack
+from mizzen_ci.lane.packing import PackingError, PackItem, simulate
+from mizzen_ci.plan.packing import lower_bound, pack
 
 register_cpu_ci(est_time=25, labels=["ci"])
 
 EPS = 1e-6
 
 
-def lane_starts(items: list[Item], gpus: int) -> dict[str, float]:
+def lane_starts(items: list[PackItem], gpus: int) -> dict[str, float]:
     """Start time of each item when the GPU lane's packer runs them on ``gpus`` GPUs."""
-    ran = simulate(
-        [PackItem(i.key, i.gpus, i.seconds) for i in items], [str(g) for g in range(gpus)]
-    )
+    ran = simulate(items, [str(g) for g in range(gpus)])
     return {s.item.key: s.start for s in ran}
 
 
@@ -34,17 +32,17 @@ def queued_makespan(lengths: list[float], runners: int) -> float:
     return max(ends)
 
 
-def round_robin(items: list[Item], gpus: int, runners: int, budget: float, n: int):
+def round_robin(items: list[PackItem], gpus: int, runners: int, budget: float, n: int):
     """(makespan, within budget) of: long tests alone, the rest dealt in order over n jobs."""
-    alone = [i.seconds for i in items if i.seconds > budget]
-    dealt: list[list[Item]] = [[] for _ in range(n)]
-    for k, item in enumerate(i for i in items if i.seconds <= budget):
+    alone = [i.est_seconds for i in items if i.est_seconds > budget]
+    dealt: list[list[PackItem]] = [[] for _ in range(n)]
+    for k, item in enumerate(i for i in items if i.est_seconds <= budget):
         dealt[k % n].append(item)
     lengths = []
     for job in dealt:
         if job:
             starts = lane_starts(job, gpus)
-            lengths.append(max(starts[i.key] + i.seconds for i in job))
+            lengths.append(max(starts[i.key] + i.est_seconds for i in job))
     ok = all(x <= budget + EPS for x in lengths)
     return queued_makespan(sorted(alone + lengths, reverse=True), runners), ok
 
@@ -56,7 +54,7 @@ def pools(draw):
     budget = draw(st.floats(60, 3600))
     n = draw(st.integers(0, 60))
     items = [
-        Item(
+        PackItem(
             f"tests/t{k}.py",
             draw(st.integers(1, gpus)),
             draw(st.one_of(st.floats(0, budget), st.floats(budget, 3 * budget))),
@@ -79,19 +77,19 @@ def test_packing_properties(case):
     for job in p.jobs:
         # Never more GPUs busy than the runner has, and no GPU id shared at any instant.
         for s in job.slots:
-            assert len(s.gpu_ids) == s.item.gpus and set(s.gpu_ids) <= set(range(gpus))
+            assert len(s.gpus) == s.item.num_gpus and set(s.gpus) <= {str(g) for g in range(gpus)}
             running = [o for o in job.slots if o.start <= s.start < o.end or o is s]
-            assert sum(o.item.gpus for o in running) <= gpus
-            ids = [g for o in running for g in o.gpu_ids]
+            assert sum(o.item.num_gpus for o in running) <= gpus
+            ids = [g for o in running for g in o.gpus]
             assert len(ids) == len(set(ids))
         # The planned starts are what the GPU lane's packer does with the job's tests.
         expected = lane_starts([s.item for s in job.slots], gpus)
         for s in job.slots:
             assert s.start == pytest.approx(expected[s.item.key], abs=EPS)
         # The budget holds; a test over it opens its own job, timed by that test.
-        longs = [s.item for s in job.slots if s.item.seconds > budget]
+        longs = [s.item for s in job.slots if s.item.est_seconds > budget]
         if job.over_budget:
-            assert len(longs) == 1 and job.seconds == pytest.approx(longs[0].seconds)
+            assert len(longs) == 1 and job.seconds == pytest.approx(longs[0].est_seconds)
         else:
             assert not longs and job.seconds <= budget + EPS
 
@@ -107,7 +105,9 @@ def test_packing_properties(case):
 
 def test_a_big_realistic_pool_is_near_the_lower_bound():
     """Hundreds of 1-2 GPU tests on six 2-GPU runners: within 5 % of the lower bound."""
-    items = [Item(f"tests/t{k}.py", 1 + (k % 3 == 0), 30 + (k * 7919) % 1500) for k in range(400)]
+    items = [
+        PackItem(f"tests/t{k}.py", 1 + (k % 3 == 0), 30 + (k * 7919) % 1500) for k in range(400)
+    ]
     p = pack(items, gpus=2, runners=6, budget=3600)
     assert p.ratio <= 1.05, (p.makespan, p.lower_bound)
     assert all(j.seconds <= 3600 for j in p.jobs)
@@ -115,6 +115,6 @@ def test_a_big_realistic_pool_is_near_the_lower_bound():
 
 def test_bad_input_is_an_error_naming_the_test():
     with pytest.raises(PackingError, match=r"tests/x\.py: 4 GPU\(s\)"):
-        pack([Item("tests/x.py", 4, 10.0)], gpus=2, runners=1, budget=60)
+        pack([PackItem("tests/x.py", 4, 10.0)], gpus=2, runners=1, budget=60)
     with pytest.raises(PackingError, match="unique"):
-        pack([Item("a", 1, 1.0), Item("a", 1, 2.0)], gpus=2, runners=1, budget=60)
+        pack([PackItem("a", 1, 1.0), PackItem("a", 1, 2.0)], gpus=2, runners=1, budget=60)

@@ -1,4 +1,4 @@
-"""The planner's index (:mod:`mizzen_ci.plan_index`) gives exactly the uncached answers.
+"""The planner's index (:mod:`mizzen_ci.plan.index`) gives exactly the uncached answers.
 
 On a generated workspace (modules with absolute, relative, lazy, guarded, ``TYPE_CHECKING``,
 ``importlib`` and PEP 562 imports, a file that does not parse, valid and invalid registrations, a
@@ -6,8 +6,8 @@ test file outside ``tests/``, conftests and helpers), through a sequence of runs
 (cold, warm, edits, additions, deletions, a rename, a fleet change, a touched file, a broken
 cache), the index must equal the references built without any cache:
 
-- the registry: :func:`mizzen_ci.registry.read_registry` (registrations, errors, order);
-- the reach index, completed (the files left unparsed parsed): :func:`mizzen_ci.impact.
+- the registry: :func:`mizzen_ci.registry.read_registry` (registrations, violations, order);
+- the reach index, completed (the files left unparsed parsed): :func:`mizzen_ci.plan.impact.
   reach_of_graph` over ``ImportGraph.build``;
 
 and the impact search over it (which parses only the files that may name what it asks for) must
@@ -24,13 +24,15 @@ from pathlib import Path
 
 import pytest
 
-import mizzen_ci.facts_cache as facts_cache
+import mizzen_ci.plan.index.facts_cache as facts_cache
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.facts_cache import FactsCache
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.impact import Analyser, build_graph, reach_of_graph, scan_tests_dir
-from mizzen_ci.plan_index import CACHE_FILE, build_index, cache_context
-from mizzen_ci.registry import read_registry
+from mizzen_ci.imports import reach_of_graph
+from mizzen_ci.plan.impact import Analyser, build_graph
+from mizzen_ci.plan.index import CACHE_FILE, build_index
+from mizzen_ci.plan.index.build import cache_context
+from mizzen_ci.plan.index.facts_cache import FactsCache
+from mizzen_ci.registry import discover, read_registry
 
 register_cpu_ci(est_time=20, labels=["ci"])
 
@@ -120,7 +122,7 @@ def age_all(root: Path) -> None:
 
 def references(root: Path):
     fleet = load_fleet(root / "ci" / "fleet.toml")
-    tree = scan_tests_dir(root, ())
+    tree = discover(root).tree
     graph, source_dirs = build_graph(root, tree)
     return read_registry(root, fleet), reach_of_graph(graph), graph, source_dirs, tree
 
@@ -143,7 +145,7 @@ def check(root: Path, cache: Path | None, workers: int | None = 1):
     index.cache.parsed, index.cache.hits = counts  # (what completed() parsed is not the build's)
     READS[0] = before + reads
     assert index.registry.registrations == registry.registrations
-    assert [str(e) for e in index.registry.errors] == [str(e) for e in registry.errors]
+    assert [str(e) for e in index.registry.violations] == [str(e) for e in registry.violations]
     return index
 
 
@@ -262,8 +264,8 @@ def test_index_without_reach_reads_only_the_registry(tmp_path, reads):
     n_reads = reads[0]
     registry = read_registry(root, fleet)
     assert index.registry.registrations == registry.registrations
-    assert [str(e) for e in index.registry.errors] == [str(e) for e in registry.errors]
-    assert n_reads == len(registry.registrations) + len({e.path for e in registry.errors}) - 1
+    assert [str(e) for e in index.registry.violations] == [str(e) for e in registry.violations]
+    assert n_reads == len(registry.registrations) + len({e.path for e in registry.violations}) - 1
     assert index.reach.index.named == {} and not index.reach.pending and index.modules == {}
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.change import git_change
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.plan_request import Comment, Inputs
-from mizzen_ci.planner import PlanOptions, build_plan, job_tests, load_plan
+from mizzen_ci.plan import Plan
+from mizzen_ci.plan.change import git_change
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan
+from mizzen_ci.plan.request import Comment, Inputs
 
 register_cpu_ci(est_time=30, labels=["ci"])
 
@@ -500,23 +501,18 @@ def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "tests/beta/test_model_gpu.py" in proc.stdout
-    loaded = load_plan(out)
-    gpu_job = next(
-        j
-        for j in loaded["jobs"]
-        if "tests/beta/test_model_gpu.py" in {t["file"] for t in j["tests"]}
-    )
-    assert [t["file"] for t in job_tests(loaded, gpu_job["id"])] == [
-        t["file"] for t in gpu_job["tests"]
-    ]
-    assert gpu_job["lane"] == "gpu-hopper" and gpu_job["pool"] == "h200-2gpu"
+    loaded = Plan.load(out)
+    assert loaded.to_json() == json.loads(out.read_text())  # read back whole, nothing lost
+    gpu_job = next(j for j in loaded.jobs if "tests/beta/test_model_gpu.py" in j.files)
+    assert loaded.job(gpu_job.id).files == [t.file for t in gpu_job.tests]
+    assert gpu_job.lane == "gpu-hopper" and gpu_job.pool == "h200-2gpu"
     assert "## mizzen CI plan" in summary.read_text()
     lines = dict(line.split("=", 1) for line in gh.read_text().splitlines())
     matrix = json.loads(lines["matrix"])
-    assert int(lines["jobs"]) == len(matrix["include"]) == len(loaded["jobs"])
-    entry = next(e for e in matrix["include"] if e["id"] == gpu_job["id"])
-    assert json.loads(entry["runs_on"]) == gpu_job["runs_on"]
-    assert entry["session"] == "gpu-hopper"
+    assert int(lines["jobs"]) == len(matrix["include"]) == len(loaded.jobs)
+    entry = next(e for e in matrix["include"] if e["id"] == gpu_job.id)
+    assert json.loads(entry["runs_on"]) == list(gpu_job.runs_on)
+    assert entry["lane"] == "gpu-hopper"
 
 
 def test_cli_reads_a_comment_from_a_file_whatever_its_text(repo, tmp_path):

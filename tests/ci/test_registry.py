@@ -12,16 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mizzen_ci import register_cpu_ci, registry
+from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.registry import (
-    SIGNATURES,
-    Registration,
-    RegistryError,
-    discover,
-    read_registry,
-    read_source,
-)
+from mizzen_ci.registry import Registration, Violation, discover, read_registry, read_source
+from mizzen_ci.registry import rules as registry_rules
+from mizzen_ci.registry import syntax as registry_syntax
+from mizzen_ci.registry.syntax import SIGNATURES
 
 register_cpu_ci(est_time=15, labels=["ci"])
 
@@ -46,7 +42,7 @@ assert len(EXPECTED_BAD) == 36, "one row per bad fixture file (two rules share n
 
 def test_every_bad_fixture_fails_with_its_rule_at_its_line():
     registry = read_registry(FIXTURES / "bad", FLEET)
-    got = {(e.path, e.line, e.rule) for e in registry.errors}
+    got = {(e.path, e.line, e.rule) for e in registry.violations}
     assert got == EXPECTED_BAD
     assert registry.registrations == []  # a file with an error yields no registration
 
@@ -54,15 +50,15 @@ def test_every_bad_fixture_fails_with_its_rule_at_its_line():
 def test_every_bad_file_is_reported_in_one_run():
     bad_files = {p for p, _, _ in EXPECTED_BAD}
     registry = read_registry(FIXTURES / "bad", FLEET)
-    assert {e.path for e in registry.errors} == bad_files
-    for e in registry.errors:
+    assert {e.path for e in registry.violations} == bad_files
+    for e in registry.violations:
         assert str(e).startswith(f"{e.path}:{e.line}: [{e.rule}] ")
         assert "Fix: " in str(e) and e.fix
 
 
 def test_good_fixtures_pass_with_defaults_filled_in():
     registry = read_registry(FIXTURES / "good", FLEET)
-    assert registry.errors == []
+    assert registry.violations == []
     regs = registry.by_path()
     assert sorted(regs) == [
         "tests/deep/nested/folder/test_gpu_two.py",
@@ -124,7 +120,7 @@ def test_discovery_finds_nested_files_and_skips_venvs_hidden_and_excluded(tmp_pa
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("")
     (tmp_path / "venv2" / "pyvenv.cfg").write_text("home = /usr\n")
-    assert list(discover(tmp_path, ["tests/data"])) == [
+    assert discover(tmp_path, ["tests/data"]).test_files == [
         "tests/a/b/c/test_deep.py",
         "tests/test_top.py",
         "tools/test_outside.py",
@@ -134,7 +130,7 @@ def test_discovery_finds_nested_files_and_skips_venvs_hidden_and_excluded(tmp_pa
 def test_the_repository_itself_registers_every_test_file():
     root = Path(__file__).resolve().parents[2]
     registry = read_registry(root, load_fleet(root / "ci" / "fleet.toml"))
-    assert [str(e) for e in registry.errors] == []
+    assert [str(e) for e in registry.violations] == []
     assert "tests/ci/test_registry.py" in registry.by_path()
     assert not any(p.startswith("tests/ci/fixtures/") for p in registry.by_path())
 
@@ -230,7 +226,7 @@ def test_random_source_is_accepted_or_rejected_with_file_and_line(source: str):
     if errors:
         assert registration is None
         for e in errors:
-            assert isinstance(e, RegistryError)
+            assert isinstance(e, Violation)
             assert e.path == "tests/test_fuzz.py"
             assert isinstance(e.line, int) and 1 <= e.line <= n_lines + 1
             assert e.rule and e.message and e.fix
@@ -251,7 +247,7 @@ def test_random_source_is_accepted_or_rejected_with_file_and_line(source: str):
 )
 def test_hostile_inputs_become_registry_errors(source):
     registration, errors = read_source(source, "tests/test_x.py", FLEET)
-    assert registration is None and errors and all(isinstance(e, RegistryError) for e in errors)
+    assert registration is None and errors and all(isinstance(e, Violation) for e in errors)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,7 +260,9 @@ def test_the_use_scan_skips_the_tree_walk_only_when_a_walk_finds_nothing_more(so
     except (SyntaxError, ValueError):
         return
     for text in (source, source.encode()):
-        assert registry._tree_syntax(tree, text) == registry._tree_syntax(tree, text, walk=True)
+        assert registry_syntax._tree_syntax(tree, text) == registry_syntax._tree_syntax(
+            tree, text, walk=True
+        )
 
 
 def test_validate_of_plain_syntax_equals_read_source():
@@ -272,7 +270,7 @@ def test_validate_of_plain_syntax_equals_read_source():
     for path in sorted((FIXTURES / "bad" / "tests").rglob("test_*.py")):
         source = path.read_bytes()
         rel = path.relative_to(FIXTURES / "bad").as_posix()
-        plain = registry.registration_syntax(source).plain()
-        got = registry.validate(plain, rel, FLEET)
+        plain = registry_syntax.registration_syntax(source).plain()
+        got = registry_rules.validate(plain, rel, FLEET)
         want = read_source(source, rel, FLEET)
         assert got[0] == want[0] and [str(e) for e in got[1]] == [str(e) for e in want[1]]

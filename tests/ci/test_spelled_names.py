@@ -1,4 +1,4 @@
-"""The byte-level rule of :mod:`mizzen_ci.spelled_names` and the lazy impact search built on it.
+"""The byte-level rule of :mod:`mizzen_ci.plan.index.spelled_names` and the lazy impact search built on it.
 
 - Soundness of the rule (hypothesis): for generated modules full of imports (absolute, relative
   at every level, ``from`` lists, aliases, parentheses, continuations, comments and strings that
@@ -22,12 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.change import Change, Entry
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.impact import Analyser, build_graph, scan_tests_dir
-from mizzen_ci.import_graph import direct_names, imports_of_tree, package_of
-from mizzen_ci.plan_index import CACHE_FILE, build_index
-from mizzen_ci.spelled_names import PendingNodes, spelled_words
+from mizzen_ci.imports import direct_names, package_of
+from mizzen_ci.imports.facts import imports_of_tree
+from mizzen_ci.plan.change import Change, Entry
+from mizzen_ci.plan.impact import Analyser, build_graph
+from mizzen_ci.plan.index import CACHE_FILE, build_index
+from mizzen_ci.plan.index.spelled_names import PendingNodes, spelled_words
+from mizzen_ci.registry import discover
 
 register_cpu_ci(est_time=40, labels=["ci"])
 
@@ -161,7 +163,7 @@ def _changes(modules: list[str], tests: list[str], rng: random.Random, n: int) -
 
 
 def _full_analyser(root: Path) -> Analyser:
-    tree = scan_tests_dir(root, ())
+    tree = discover(root).tree
     graph, source_dirs = build_graph(root, tree)
     return Analyser.of_graph(graph, source_dirs, tree)
 

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.plan_cli import matrix
-from mizzen_ci.plan_request import TRUSTED_ASSOCIATIONS
+from mizzen_ci.plan import Job, Plan, PlannedTest, SelectionSummary
+from mizzen_ci.plan.cli import matrix
+from mizzen_ci.plan.request import TRUSTED_ASSOCIATIONS
 
 register_cpu_ci(est_time=3, labels=["ci"])
 
@@ -75,12 +76,11 @@ def test_the_matrix_the_plan_writes_is_what_the_lane_jobs_read():
     assert lanes["runs-on"] == "${{ fromJSON(matrix.runs_on) }}"
     assert lanes["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     read = set(re.findall(r"matrix\.(\w+)", yaml.safe_dump(lanes)))
-    plan = {
-        "jobs": [
-            {"id": "hopper-h200-2gpu-1", "lane": "gpu-hopper", "session": "gpu-hopper",
-             "runs_on": ["self-hosted", "h200"], "timeout_minutes": 30, "tests": [{}]}
-        ]
-    }  # fmt: skip
+    test = PlannedTest("tests/gpu/test_x.py", 1, 60.0, "est_time", 0.0, "asked for")
+    job = Job("hopper-h200-2gpu-1", "gpu-hopper", "hopper", "h200-2gpu", ("self-hosted", "h200"),
+              2, 30, False, 60.0, (test,))  # fmt: skip
+    plan = Plan("pull_request", None, None, None, False, True, 3600.0,
+                SelectionSummary(False, (), 1), jobs=[job])  # fmt: skip
     (entry,) = matrix(plan)["include"]
     assert read <= set(entry), f"the lanes job reads {read - set(entry)} the matrix lacks"
     assert json.loads(entry["runs_on"]) == ["self-hosted", "h200"]
@@ -94,8 +94,9 @@ def test_the_matrix_the_plan_writes_is_what_the_lane_jobs_read():
 def test_lane_sessions_named_by_the_planner_exist_in_the_noxfile():
     noxfile = (REPO / "noxfile.py").read_text()
     assert re.search(r"^def cpu\(", noxfile, re.M) and re.search(r"^def plan\(", noxfile, re.M)
-    # the gpu-<arch> sessions are generated from the fleet table, one per generation
-    assert re.search(r'name=f"gpu-\{arch\}"', noxfile)
+    # the gpu-<arch> sessions are generated from the fleet table, one per generation, named as the
+    # planner names their lanes
+    assert re.search(r"name=lane_name\(arch\)", noxfile)
 
 
 def test_comment_commands_only_from_the_trusted_associations_of_the_planner():

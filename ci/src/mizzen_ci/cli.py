@@ -15,33 +15,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
-from .fleet import FLEET_RELATIVE_PATH, FleetError, find_repo_root, load_fleet
+from .fleet import FleetError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": (
-        "mizzen_ci.registry_cli",
+        "mizzen_ci.registry.cli",
         "check every test file's registration (exit 1 on errors)",
     ),
-    "list": ("mizzen_ci.registry_cli", "list registered tests with their derived runner pool"),
-    "plan": ("mizzen_ci.plan_cli", "plan the CI jobs for a change (default: the working tree)"),
-    "gpu-lane": ("mizzen_ci.gpu_lane", "run a GPU lane here: every ARCH test, leased and packed"),
-    "lazy-imports": ("mizzen_ci.lazy_imports", "check the lazy-import policy (static, runtime)"),
+    "list": ("mizzen_ci.registry.cli", "list registered tests with their derived runner pool"),
+    "plan": ("mizzen_ci.plan.cli", "plan the CI jobs for a change (default: the working tree)"),
+    "gpu-lane": ("mizzen_ci.lane.cli", "run a GPU lane here: every ARCH test, leased and packed"),
+    "lazy-imports": (
+        "mizzen_ci.lazy_imports.cli",
+        "check the lazy-import policy (static, runtime)",
+    ),
+    "history": ("mizzen_ci.history", "durations and flake records: record, merge"),
 }
-
-
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", type=Path, help="repository root (default: found from the cwd)")
-    parser.add_argument(
-        "--fleet", type=Path, help=f"fleet table (default: ROOT/{FLEET_RELATIVE_PATH})"
-    )
-
-
-def resolve_root_and_fleet(args: argparse.Namespace):
-    """(root, fleet) from ``--root``/``--fleet``; raises FleetError with a clear message."""
-    root = args.root.resolve() if args.root else find_repo_root()
-    return root, load_fleet(args.fleet.resolve() if args.fleet else root / FLEET_RELATIVE_PATH)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -7,15 +7,25 @@ Invariants:
 - Pool derivation is deterministic: on one arch, the smallest pool (fewest GPUs per runner) that
   has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
 - A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
+- Lane names are derived here and nowhere else: :data:`CPU_LANE` and :func:`lane_name` (the nox
+  session and plan lane of an arch, ``gpu-<arch>``).
 """
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 FLEET_RELATIVE_PATH = Path("ci") / "fleet.toml"
+CPU_LANE = "cpu"
+GPU_LANE_PREFIX = "gpu-"
+
+
+def lane_name(arch: str | None) -> str:
+    """The lane (nox session, plan job lane) that runs tests on ``arch``; None: the CPU lane."""
+    return CPU_LANE if arch is None else GPU_LANE_PREFIX + arch
 
 
 class FleetError(ValueError):
@@ -125,6 +135,20 @@ def find_repo_root(start: Path | None = None) -> Path:
         f"no {FLEET_RELATIVE_PATH} found at or above {here}: run from a mizzen checkout "
         "or pass --root DIR"
     )
+
+
+def add_root_and_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--root`` and ``--fleet``, the options every command that reads the tree takes."""
+    parser.add_argument("--root", type=Path, help="repository root (default: found from the cwd)")
+    parser.add_argument(
+        "--fleet", type=Path, help=f"fleet table (default: ROOT/{FLEET_RELATIVE_PATH})"
+    )
+
+
+def root_and_fleet(args: argparse.Namespace) -> tuple[Path, Fleet]:
+    """(root, fleet) from ``--root``/``--fleet``; raises FleetError with a clear message."""
+    root = args.root.resolve() if args.root else find_repo_root()
+    return root, load_fleet(args.fleet.resolve() if args.fleet else root / FLEET_RELATIVE_PATH)
 
 
 def load_fleet(path: Path | str) -> Fleet:

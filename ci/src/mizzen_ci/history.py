@@ -1,7 +1,8 @@
-"""Duration history: what each test file took on each lane, and the planner's estimate from it.
+"""The CI's history stores: what each test file took on each lane (and the planner's estimate
+from it), and which runs were retried for infrastructure failures (the flake record).
 
-The store is JSON lines (one JSON object per line, UTF-8), append-only.  One record is one run of
-one test *file* on one lane::
+Both stores are JSON lines (one JSON object per line, UTF-8), append-only, written by one
+function (:func:`append_jsonl`).  One duration record is one run of one test *file* on one lane::
 
     {"file": "tests/train/test_lora.py", "arch": "hopper", "seconds": 123.4, "outcome": "passed",
      "when": "2026-11-30T06:12:00+00:00", "lane": "gpu-hopper", "job": "gpu-hopper-h200-2gpu-1"}
@@ -16,17 +17,23 @@ one test *file* on one lane::
 
 Unknown keys are kept out of :class:`Record` but tolerated on read, so the format can grow.
 
-Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m mizzen_ci.history``):
+One flake record line is one retried attempt, keyed by (test file, arch)::
 
-- ``record --junit FILE --lane cpu|gpu-ARCH [--arch ARCH] [--job ID] --out STORE``: append the
-  per-file records of a junit report;
-- ``merge --out STORE [--keep N] INPUT…``: the records of every input (files or directories),
-  compacted to the newest ``N`` per (file, arch, passed or not), written atomically to ``STORE``.
+    {"file", "arch", "class", "evidence", "final", "when", "job"}
+
+Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m mizzen_ci history``):
+
+- ``history record --junit FILE --lane cpu|gpu-ARCH [--arch ARCH] [--job ID] --out STORE``:
+  append the per-file records of a junit report;
+- ``history merge --out STORE [--keep N] INPUT…``: the records of every input (files or
+  directories), compacted to the newest ``N`` per (file, arch, passed or not), written atomically
+  to ``STORE``.
 
 Invariants:
-- Stdlib only (``python3 -S``): ``xml.etree`` for junit, ``json`` for the store.
-- :func:`append` writes all its records with one ``write`` on a file opened for appending, so a
-  crash never leaves half a batch behind a complete line; readers skip nothing silently: a
+- Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.lane.junit`, the stores with
+  ``json``.  :func:`now_utc` is the one clock of every record.
+- :func:`append_jsonl` writes all its lines with one ``write`` on a file opened for appending, so
+  a crash never leaves half a batch behind a complete line; readers skip nothing silently: a
   malformed line is a :class:`HistoryError` naming ``path:line``.
 - The estimate of a (file, arch) is the p90 (nearest rank) of its most recent ``RECENT`` *passing*
   durations; with no passing record it is the registration's ``est_time``.  Failed, errored and
@@ -40,11 +47,12 @@ import json
 import math
 import os
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from .lane.junit import JunitError, read_testcases, testcase_outcome
 
 OUTCOMES = ("passed", "skipped", "failed", "error")  # in order of severity
 _SEVERITY = {o: i for i, o in enumerate(OUTCOMES)}
@@ -112,17 +120,6 @@ def file_of_testcase(classname: str, name: str) -> str | None:
     return None
 
 
-def _testcase_outcome(case: ET.Element) -> str:
-    tags = {child.tag for child in case}
-    if "error" in tags:
-        return "error"
-    if "failure" in tags:
-        return "failed"
-    if "skipped" in tags:
-        return "skipped"
-    return "passed"
-
-
 def records_from_junit(
     xml_path: Path | str,
     *,
@@ -140,13 +137,13 @@ def records_from_junit(
     """
     xml_path = Path(xml_path)
     try:
-        root = ET.parse(xml_path).getroot()
-    except (OSError, ET.ParseError) as e:
-        raise HistoryError(f"{xml_path}: cannot read junit XML: {e}") from None
+        cases = read_testcases(xml_path)
+    except JunitError as e:
+        raise HistoryError(str(e)) from None
     when = when or now_utc()
     seconds: dict[str, float] = {}
     outcomes: dict[str, list[str]] = {}
-    for case in root.iter("testcase"):
+    for case in cases:
         path = (
             file
             or case.get("file")
@@ -164,7 +161,7 @@ def records_from_junit(
                 f"{xml_path}: testcase {path}::{case.get('name')} has time={case.get('time')!r}"
             ) from None
         seconds[path] = seconds.get(path, 0.0) + t
-        outcomes.setdefault(path, []).append(_testcase_outcome(case))
+        outcomes.setdefault(path, []).append(testcase_outcome(case))
     if file is not None and file not in seconds:
         # No testcase at all: pytest ran nothing.  That is an error of the file, not a pass.
         seconds[file], outcomes[file] = 0.0, ["error"]
@@ -187,8 +184,14 @@ def records_from_junit(
 
 
 def append(path: Path | str, records: Iterable[Record]) -> int:
-    """Append ``records`` to the JSON-lines store at ``path`` (created with its parents)."""
-    lines = "".join(r.to_json() + "\n" for r in records)
+    """Append duration ``records`` to the store at ``path``; the number of records written."""
+    return append_jsonl(path, (r.to_json() for r in records))
+
+
+def append_jsonl(path: Path | str, lines: Iterable[str]) -> int:
+    """Append JSON ``lines`` (one object each, no newline) to the store at ``path`` (created with
+    its parents) in one write; the number of lines written."""
+    lines = "".join(line + "\n" for line in lines)
     if not lines:
         return 0
     path = Path(path)
@@ -325,7 +328,50 @@ class Estimator:
 
 
 # --------------------------------------------------------------------------------------------
-# Command line
+# The flake record
+
+
+@dataclass(frozen=True)
+class FlakeRecord:
+    """One retried attempt of a test file: its class, the evidence and how the file ended."""
+
+    file: str
+    arch: str
+    klass: str
+    evidence: str
+    final: str  # outcome of the file after its retry
+    when: str
+    job: str | None = None
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["class"] = d.pop("klass")
+        return json.dumps(d, sort_keys=True)
+
+
+def append_flakes(path: Path | str, records: Iterable[FlakeRecord]) -> int:
+    return append_jsonl(path, (r.to_json() for r in records))
+
+
+def flake_counts(path: Path) -> dict[tuple[str, str], int]:
+    """How many retried attempts the record holds per (file, arch); unreadable lines are named."""
+    counts: dict[tuple[str, str], int] = {}
+    if not path.is_file():
+        return counts
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            key = (obj["file"], obj["arch"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise HistoryError(f"{path}:{lineno}: not a flake record line ({e})") from None
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: ``mizzen-ci history record|merge``
 
 
 def write(path: Path | str, records: Iterable[Record]) -> int:
@@ -342,11 +388,8 @@ def write(path: Path | str, records: Iterable[Record]) -> int:
     return len(records)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mizzen_ci.history", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="history_command", required=True, metavar="ACTION")
     rec = sub.add_parser("record", help="append the per-file records of a junit XML report")
     rec.add_argument("--junit", type=Path, required=True)
     rec.add_argument("--lane", required=True, help="cpu or gpu-ARCH")
@@ -357,9 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--out", type=Path, required=True)
     merge.add_argument("--keep", type=int, default=50)
     merge.add_argument("inputs", nargs="+", type=Path, help="stores: files or directories")
-    args = parser.parse_args(argv)
+
+
+def run(command: str, args: argparse.Namespace) -> int:
     try:
-        if args.command == "record":
+        if args.history_command == "record":
             records = records_from_junit(args.junit, arch=args.arch, lane=args.lane, job=args.job)
             n = append(args.out, records)
             print(f"history: {n} record(s) from {args.junit} appended to {args.out}")
@@ -371,7 +416,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"history: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

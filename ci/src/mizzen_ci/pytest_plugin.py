@@ -36,8 +36,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fleet import FLEET_RELATIVE_PATH, Fleet, load_fleet
-from .registry import Registration, RegistryError, is_excluded, read_registry, registry_excludes
+from .fleet import CPU_LANE, FLEET_RELATIVE_PATH, Fleet, lane_name, load_fleet
+from .registry import (
+    Backend,
+    Registration,
+    Violation,
+    is_excluded,
+    read_registry,
+    registry_excludes,
+    runs_in,
+)
 
 LANE_ENV = "MIZZEN_LANE"
 CAPABILITY_ENV = "MIZZEN_COMPUTE_CAPABILITY"
@@ -49,7 +57,7 @@ class LaneState:
     fleet: Fleet
     lane: str
     registrations: dict[str, Registration]
-    errors: dict[str, list[RegistryError]]
+    violations: dict[str, list[Violation]]
     excludes: tuple[str, ...]
     explicit: set[str] = field(default_factory=set)
     capability_input: str | None = None  # "9.0" or "10.0,10.3"; None: probe the visible GPUs
@@ -62,9 +70,7 @@ class LaneState:
             return None
 
     def in_lane(self, reg: Registration) -> bool:
-        if self.lane == "cpu":
-            return reg.backend == "cpu"
-        return reg.backend == "cuda" and self.lane in reg.hardware
+        return runs_in(reg, self.lane)
 
 
 @functools.cache
@@ -96,15 +102,17 @@ def pytest_configure(config) -> None:
     if not (root / FLEET_RELATIVE_PATH).is_file():
         return
     fleet = load_fleet(root / FLEET_RELATIVE_PATH)
-    lane = config.getoption("--mizzen-lane") or os.environ.get(LANE_ENV) or "cpu"
-    if lane != "cpu" and lane not in fleet.arch_names:
+    lane = config.getoption("--mizzen-lane") or os.environ.get(LANE_ENV) or CPU_LANE
+    if lane != CPU_LANE and lane not in fleet.arch_names:
         raise pytest.UsageError(
             f"mizzen: unknown lane {lane!r}; use cpu or one of {', '.join(fleet.arch_names)} "
             f"(from {FLEET_RELATIVE_PATH})"
         )
     excludes = registry_excludes(root)
     registry = read_registry(root, fleet)
-    state = LaneState(root, fleet, lane, registry.by_path(), registry.errors_by_path(), excludes)
+    state = LaneState(
+        root, fleet, lane, registry.by_path(), registry.violations_by_path(), excludes
+    )
     state.capability_input = (
         config.getoption("--mizzen-compute-capability") or os.environ.get(CAPABILITY_ENV) or None
     )
@@ -128,7 +136,7 @@ def pytest_report_header(config) -> str | None:
         return None
     n = sum(1 for r in state.registrations.values() if state.in_lane(r))
     header = f"mizzen lane: {state.lane} ({n} registered file(s) in this lane)"
-    if state.lane != "cpu" and state.capability_input:
+    if state.lane != CPU_LANE and state.capability_input:
         header += f", compute capability {state.capability_input}"
     return header
 
@@ -145,7 +153,7 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     name = collection_path.name
     if not (name.startswith("test_") and name.endswith(".py")):
         return None
-    if rel in state.errors or rel in state.explicit:
+    if rel in state.violations or rel in state.explicit:
         return None  # collected by pytest_pycollect_makemodule as an error or a lane mismatch
     reg = state.registrations.get(rel)
     return None if reg is not None and state.in_lane(reg) else True
@@ -191,10 +199,10 @@ def _node_classes():
 def _lane_mismatch(state: LaneState, rel: str, reg: Registration | None) -> str:
     if reg is None:
         return f"{rel}: not registered"
-    if reg.backend == "cpu":
+    if reg.backend is Backend.CPU:
         where = "the cpu lane (nox -s cpu)"
     else:
-        where = " or ".join(f"nox -s gpu-{a}" for a in reg.hardware)
+        where = " or ".join(f"nox -s {lane_name(a)}" for a in reg.hardware)
     return (
         f"{rel}:{reg.line}: registered for {reg.backend}"
         f"{' (' + ', '.join(reg.hardware) + ')' if reg.hardware else ''}, not for lane "
@@ -210,9 +218,9 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
     if rel is None:
         return None
     registry_error_file, wrong_lane_file, disabled_file = _node_classes()
-    if rel in state.errors:
+    if rel in state.violations:
         node = registry_error_file.from_parent(parent, path=module_path)
-        node.mizzen_errors = state.errors[rel]
+        node.mizzen_errors = state.violations[rel]
         return node
     reg = state.registrations.get(rel)
     if reg is None or not state.in_lane(reg):
@@ -239,7 +247,7 @@ def _visible_capabilities(capability_input: str | None) -> tuple[tuple[str, ...]
         return tuple(c.strip() for c in capability_input.split(",") if c.strip()), (
             f"--mizzen-compute-capability / ${CAPABILITY_ENV}"
         )
-    from .device_probe import ProbeError, probe  # subprocesses only; never torch in-process
+    from .lane.hardware import ProbeError, probe  # subprocesses only; never torch in-process
 
     try:
         found = probe()
@@ -335,7 +343,7 @@ def _truth_rules_class():
         def pytest_make_collect_report(self, collector):
             outcome = yield
             report = outcome.get_result()
-            if self.state.lane != "cpu" and report.skipped:
+            if self.state.lane != CPU_LANE and report.skipped:
                 report.outcome = "failed"
                 report.longrepr = self._skip_message(
                     f"{collector.nodeid or collector.path}:", _skip_reason(report.longrepr)
@@ -343,7 +351,7 @@ def _truth_rules_class():
 
         def pytest_runtest_setup(self, item) -> None:
             state = self.state
-            if state.lane == "cpu" or getattr(item, "mizzen_disabled", False):
+            if state.lane == CPU_LANE or getattr(item, "mizzen_disabled", False):
                 return
             problem = hardware_problem(state)
             reg = state.registrations.get(state.rel(item.path) or "")
@@ -357,7 +365,7 @@ def _truth_rules_class():
             outcome = yield
             report = outcome.get_result()
             state = self.state
-            if state.lane != "cpu":
+            if state.lane != CPU_LANE:
                 if (
                     report.skipped
                     and not hasattr(report, "wasxfail")

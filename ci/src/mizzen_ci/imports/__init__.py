@@ -1,0 +1,46 @@
+"""Imports read from syntax trees, never executed: one file's facts (:mod:`.facts`), their
+resolution to absolute names (:mod:`.resolve`), the workspace's files (:mod:`.workspace`), the
+graph with its chains (:mod:`.graph`) and the inverted one-step relation for reverse searches
+(:mod:`.reach`).  The lazy-import check and the planner's impact analysis both build on them.
+"""
+
+from .facts import ModuleFacts, RawImport, facts_of_parse_error, facts_of_tree, parse_facts
+from .graph import GETATTR_SUFFIX, Hop, ImportEdge, ImportGraph
+from .reach import ReachIndex, parents_of, reach_of_graph
+from .resolve import direct_names, package_of, relative_base
+from .workspace import (
+    GraphProblem,
+    iter_source_modules,
+    locate_packages,
+    relative_dirs,
+    root_relative,
+    source_files,
+    source_modules,
+    workspace_source_dirs,
+)
+
+__all__ = [
+    "GETATTR_SUFFIX",
+    "GraphProblem",
+    "Hop",
+    "ImportEdge",
+    "ImportGraph",
+    "ModuleFacts",
+    "RawImport",
+    "ReachIndex",
+    "direct_names",
+    "facts_of_parse_error",
+    "facts_of_tree",
+    "iter_source_modules",
+    "locate_packages",
+    "package_of",
+    "parents_of",
+    "parse_facts",
+    "reach_of_graph",
+    "relative_base",
+    "relative_dirs",
+    "root_relative",
+    "source_files",
+    "source_modules",
+    "workspace_source_dirs",
+]

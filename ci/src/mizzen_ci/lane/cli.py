@@ -1,0 +1,216 @@
+"""``mizzen-ci gpu-lane ARCH``: run a GPU lane on this machine, exactly as CI runs it.
+
+What it runs is decided by :mod:`.selection` (a planned job, given paths, or every ARCH file —
+checked against the registry, never trusted from the command line); where, by :mod:`.hardware`
+(only on ARCH GPUs); how, by :mod:`.runner` (one pytest process per file, packed onto leased
+GPUs); what it reports, by :mod:`.report`.
+
+Invariants:
+- It refuses (exit 2, before running anything) on a machine whose GPUs are not of ARCH, with the
+  probed GPUs and the fix in the message.  ``--fake-gpus N`` replaces the probe with N pretend
+  GPUs of ARCH for testing the runner without CUDA; it is printed as such and never the default.
+- A file needing more GPUs than the host has is listed as *not runnable here*; under ``CI=true``
+  that fails the lane (the planner never sends one there), locally it is reported only.
+- Disabled registrations are listed with their reason and not run; a broken registration fails
+  the lane.  A lane with nothing to run fails: running nothing is not a pass.
+- Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..fleet import FLEET_RELATIVE_PATH, add_root_and_fleet_arguments, lane_name, root_and_fleet
+from ..imports import workspace_source_dirs
+from .hardware import lane_gpus
+from .leases import LEASE_DIR_ENV, default_lease_dir
+from .progress import Progress
+from .refusal import LaneRefusal
+from .report import LaneOutcome, write_reports
+from .runner import GpuLaneRunner, RunnerConfig
+from .selection import select
+
+ARTIFACTS = Path(".ci-artifacts")
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+
+
+def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    # Options and paths may come in any order after ARCH (``nox -s gpu-hopper -- --retries 0
+    # tests/x.py``); argparse cannot mix them with a subcommand, so they are parsed in :func:`run`.
+    lane = lane_parser()
+    parser.add_argument("arch", help="the GPU generation of the lane, e.g. hopper")
+    parser.add_argument("lane_args", nargs=argparse.REMAINDER, help="see below")
+    parser.epilog = lane.format_help()
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def lane_parser() -> argparse.ArgumentParser:
+    """The options and paths of ``mizzen-ci gpu-lane ARCH ...``."""
+    parser = argparse.ArgumentParser(prog="mizzen-ci gpu-lane ARCH")
+    add_root_and_fleet_arguments(parser)
+    parser.add_argument(
+        "paths", nargs="*", help="test files or directories to run (default: every ARCH test)"
+    )
+    parser.add_argument("--plan", type=Path, help="plan JSON written by `mizzen-ci plan`")
+    parser.add_argument("--job", help="the id of the job of --plan to run")
+    parser.add_argument(
+        "--fake-gpus",
+        type=int,
+        metavar="N",
+        help="pretend this host has N GPUs of ARCH (tests the runner without CUDA)",
+    )
+    parser.add_argument(
+        "--lease-dir",
+        type=Path,
+        help=f"shared directory of per-GPU lock files (default: ${LEASE_DIR_ENV} or "
+        f"{default_lease_dir()})",
+    )
+    parser.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="seconds to wait for GPUs leased by another lane before failing the file "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout-factor",
+        type=float,
+        default=3.0,
+        help="per-file timeout = estimate × this (default %(default)s)",
+    )
+    parser.add_argument(
+        "--min-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="per-file timeout floor in seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="retries of a file whose failure is classified as infrastructure (default 1)",
+    )
+    parser.add_argument(
+        "--kill-grace",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL of a timed-out file (default %(default)s)",
+    )
+    parser.add_argument(
+        "--report-dir", type=Path, help=f"outputs (default: ROOT/{ARTIFACTS}/{lane_name('ARCH')})"
+    )
+    parser.add_argument(
+        "--history",
+        type=Path,
+        help="duration history to append to (default: "
+        f"ROOT/{ARTIFACTS}/history/{lane_name('ARCH')}.jsonl)",
+    )
+    parser.add_argument("--no-history", action="store_true", help="do not record durations")
+    parser.add_argument(
+        "--flake-record",
+        type=Path,
+        help=f"flake record to append retries to (default: ROOT/{ARTIFACTS}/flakes.jsonl)",
+    )
+    parser.add_argument(
+        "--pytest-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for every pytest process (repeatable)",
+    )
+    return parser
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    parser = lane_parser()
+    parser.prog = f"mizzen-ci gpu-lane {args.arch}"
+    options = parser.parse_intermixed_args(args.lane_args)  # exits 2 with usage on bad input
+    options.arch = args.arch
+    try:
+        return _run(options)
+    except LaneRefusal as e:
+        print(f"mizzen-ci gpu-lane {args.arch}: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    root, fleet = root_and_fleet(args)
+    if args.arch not in fleet.arch_names:
+        raise LaneRefusal(
+            f"unknown GPU generation {args.arch!r}; {FLEET_RELATIVE_PATH} has "
+            f"{', '.join(fleet.arch_names)}"
+        )
+    if args.retries < 0 or args.timeout_factor <= 0 or args.min_timeout < 0:
+        raise LaneRefusal("--retries must be ≥ 0, --timeout-factor > 0, --min-timeout ≥ 0")
+    arch = args.arch
+    name = lane_name(arch)
+    gpus, hardware_note = lane_gpus(fleet, arch, args.fake_gpus)
+    sel = select(root, fleet, arch, len(gpus), args.paths, args.plan, args.job)
+    if sel.runnable and importlib.util.find_spec("pytest") is None:
+        raise LaneRefusal(
+            f"pytest is not importable in {sys.executable}: the lane runs every test file with "
+            "this interpreter's pytest. Install pytest there, or run the lane with a Python that "
+            "has it (`python3 -m nox -s gpu-…` uses the Python that runs nox)"
+        )
+    in_ci = os.environ.get("CI", "").lower() == "true"
+
+    report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    print(f"mizzen {name}: {hardware_note}")
+    print(
+        f"mizzen {name}: {len(sel.runnable)} file(s) to run"
+        + (f", {len(sel.not_runnable)} not runnable here" if sel.not_runnable else "")
+        + (f", {len(sel.disabled)} disabled" if sel.disabled else "")
+        + (f", {len(sel.broken)} registry error(s)" if sel.broken else "")
+        + (f" (job {args.job})" if args.job else "")
+        + f"; reports in {report_dir}"
+    )
+    for message in sel.broken:
+        print(f"REGISTRY ERROR {message}", file=sys.stderr)
+
+    config = RunnerConfig(
+        root=root,
+        arch=arch,
+        gpus=gpus,
+        report_dir=report_dir,
+        lease_dir=(args.lease_dir or default_lease_dir()).resolve(),
+        timeout_factor=args.timeout_factor,
+        min_timeout_s=args.min_timeout,
+        lease_timeout_s=args.lease_timeout,
+        retries=args.retries,
+        kill_grace_s=args.kill_grace,
+        pythonpath=tuple(str(d) for d in workspace_source_dirs(root) if d.is_dir()),
+        pytest_args=tuple(args.pytest_arg),
+    )
+    progress = Progress(total=len(sel.runnable), gpus=len(gpus))
+    runner = GpuLaneRunner(config, progress)
+
+    def on_sigterm(signum, frame):  # CI cancelled the job: kill every test group, then leave
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        results = runner.run(sel.runnable) if sel.runnable else []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        progress.close()
+
+    outcome = LaneOutcome(
+        arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci
+    )
+    history_path = None
+    if not args.no_history:
+        history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
+    flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
+    return write_reports(outcome, report_dir, flake_path, history_path)

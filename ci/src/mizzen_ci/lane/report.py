@@ -1,0 +1,300 @@
+"""What a GPU lane tells people and leaves behind: the summary, the merged junit, the durations
+and the flake record (live progress is :mod:`.progress`).
+
+Invariants:
+- The summary lists every file the lane considered, once: run (passed / failed / timeout, with
+  GPUs and seconds), not runnable here, disabled, or broken in the registry.
+- Every retried attempt goes to the flake record (:mod:`mizzen_ci.history`, keyed by (test file,
+  arch)); the summary shows this run's retries with how often each key appears in the record.
+- Outputs, under the report directory: the merged ``junit.xml``, ``summary.txt``/``summary.md``/
+  ``summary.json`` (and ``$GITHUB_STEP_SUMMARY`` when set); durations go to the history store.
+  A file that ran nothing or was not runnable in CI is an error in the junit, never missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import history
+from ..fleet import lane_name
+from ..output import markdown_table, text_table
+from . import junit
+from .runner import FileResult, LaneFile
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    file: str
+    gpus: str
+    seconds: float | None
+    outcome: str
+    ok: bool
+
+
+def summary_tables(
+    rows: Sequence[SummaryRow],
+    flakes: Sequence[history.FlakeRecord],
+    record_counts: dict[tuple[str, str], int],
+    *,
+    markdown: bool = False,
+) -> str:
+    render = markdown_table if markdown else text_table
+    out = [
+        render(
+            ("file", "GPUs", "seconds", "outcome"),
+            [
+                (r.file, r.gpus, "-" if r.seconds is None else f"{r.seconds:.1f}", r.outcome)
+                for r in rows
+            ],
+        )
+    ]
+    if flakes:
+        out.append("")
+        out.append("Retried infrastructure failures (flake record, keyed by file and arch):")
+        out.append(
+            render(
+                ("file", "arch", "class", "after retry", "in record"),
+                [
+                    (f.file, f.arch, f.klass, f.final, record_counts.get((f.file, f.arch), 0))
+                    for f in flakes
+                ],
+            )
+        )
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# The lane's outputs, in the order they are written
+
+
+@dataclass(frozen=True)
+class LaneOutcome:
+    """What a lane considered: files it ran (with their results) and files it did not run."""
+
+    arch: str
+    job: str | None
+    results: list[FileResult]
+    not_runnable: list[tuple[LaneFile, str]]
+    disabled: list  # registrations: path, num_gpus, disabled reason
+    broken: list[str]  # registry violations that fail the lane
+    in_ci: bool
+
+
+def outcome_text(result: FileResult) -> str:
+    final = result.final
+    retried = [a for a in result.attempts[:-1] if a.classification is not None]
+    if final.outcome == "passed":
+        return "passed" + (
+            f" on retry ({', '.join(a.classification.name for a in retried)})" if retried else ""
+        )
+    klass = final.classification.name if final.classification else "?"
+    word = "TIMEOUT" if final.outcome == "timeout" else "FAILED"
+    after = f" after retry ({retried[0].classification.name})" if retried else ""
+    return f"{word}{after} [{klass}]: {final.detail}"
+
+
+def flake_records(outcome: LaneOutcome) -> list[history.FlakeRecord]:
+    """One record per retried attempt of this run."""
+    return [
+        history.FlakeRecord(
+            file=r.lane_file.file,
+            arch=outcome.arch,
+            klass=a.classification.name,
+            evidence=a.classification.evidence,
+            final=r.final.outcome,
+            when=history.now_utc(),
+            job=outcome.job,
+        )
+        for r in outcome.results
+        for a in r.attempts[:-1]
+        if a.classification is not None
+    ]
+
+
+def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
+    """Every file the lane considered, once (see the module docstring)."""
+    rows: list[SummaryRow] = []
+    for r in sorted(outcome.results, key=lambda r: r.lane_file.target):
+        gpus = r.final.gpus
+        rows.append(
+            SummaryRow(
+                r.lane_file.target,
+                f"{r.lane_file.num_gpus} ({','.join(str(g.index) for g in gpus) or '-'})",
+                r.final.seconds,
+                outcome_text(r),
+                r.passed,
+            )
+        )
+    for lf, why in outcome.not_runnable:
+        rows.append(
+            SummaryRow(
+                lf.target, str(lf.num_gpus), None, f"not runnable here: {why}", not outcome.in_ci
+            )
+        )
+    for reg in outcome.disabled:
+        rows.append(
+            SummaryRow(reg.path, str(reg.num_gpus), None, f"disabled: {reg.disabled}", True)
+        )
+    for message in outcome.broken:
+        rows.append(SummaryRow(message.split(":", 1)[0], "-", None, "registry error", False))
+    return rows
+
+
+def junit_reports(outcome: LaneOutcome) -> list[junit.FileReport]:
+    """One merged-junit suite per file run (its final attempt) and per file not runnable in CI."""
+    reports = [
+        junit.FileReport(
+            file=r.lane_file.target,
+            junit=r.final.junit,
+            properties={
+                "arch": outcome.arch,
+                "gpus": ",".join(g.visible_id for g in r.final.gpus),
+                "attempts": str(len(r.attempts)),
+                **(
+                    {"retried_for": r.attempts[0].classification.name}
+                    if len(r.attempts) > 1 and r.attempts[0].classification
+                    else {}
+                ),
+            },
+            error=None if r.final.outcome == "passed" else outcome_text(r),
+            output_tail=_tail(r.final.log),
+            seconds=r.final.seconds,
+        )
+        for r in outcome.results
+    ]
+    if outcome.in_ci:
+        reports += [
+            junit.FileReport(
+                file=lf.target,
+                junit=None,
+                properties={"arch": outcome.arch},
+                error=f"not runnable here: {why}",
+            )
+            for lf, why in outcome.not_runnable
+        ]
+    return reports
+
+
+def history_records(outcome: LaneOutcome) -> list[history.Record]:
+    """The duration of every file run: its junit testcases, or an error record when the run left
+    no usable report (timed out, crashed)."""
+    records = []
+    arch, job, lane = outcome.arch, outcome.job, lane_name(outcome.arch)
+    for r in outcome.results:
+        final = r.final
+        if final.junit is not None and final.junit.is_file() and final.outcome != "timeout":
+            try:
+                records.extend(
+                    history.records_from_junit(
+                        final.junit, arch=arch, lane=lane, job=job, file=r.lane_file.file
+                    )
+                )
+                continue
+            except history.HistoryError:
+                pass
+        records.append(
+            history.Record(
+                file=r.lane_file.file,
+                arch=arch,
+                seconds=round(final.seconds, 3),
+                outcome="error",
+                when=history.now_utc(),
+                lane=lane,
+                job=job,
+            )
+        )
+    return records
+
+
+def verdict(outcome: LaneOutcome, rows: list[SummaryRow]) -> tuple[str, bool]:
+    """The last line of the summary, and whether the lane failed."""
+    arch, results = outcome.arch, outcome.results
+    failed = [r for r in rows if not r.ok]
+    nothing = not results and not outcome.not_runnable and not outcome.disabled
+    nothing = nothing and not outcome.broken
+    if nothing:
+        text = f"{lane_name(arch)}: nothing to run: no enabled test declares {arch}"
+    else:
+        text = (
+            f"{lane_name(arch)}: {sum(r.passed for r in results)} passed, {len(failed)} not "
+            f"passing of {len(rows)} file(s)"
+        )
+    if outcome.not_runnable and not outcome.in_ci:
+        text += (
+            f"; {len(outcome.not_runnable)} not runnable on this host (reported only; under "
+            "CI=true this fails the lane)"
+        )
+    return text, bool(failed or nothing)
+
+
+def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dict:
+    return {
+        "arch": outcome.arch,
+        "job": outcome.job,
+        "files": [
+            {
+                "file": r.lane_file.target,
+                "num_gpus": r.lane_file.num_gpus,
+                "outcome": r.final.outcome,
+                "summary": outcome_text(r),
+                "attempts": [
+                    {
+                        "gpus": [g.visible_id for g in a.gpus],
+                        "seconds": round(a.seconds, 3),
+                        "outcome": a.outcome,
+                        "class": a.classification.name if a.classification else None,
+                        "log": str(a.log) if a.log else None,
+                    }
+                    for a in r.attempts
+                ],
+            }
+            for r in outcome.results
+        ],
+        "not_runnable": [{"file": lf.target, "why": why} for lf, why in outcome.not_runnable],
+        "disabled": [{"file": reg.path, "why": reg.disabled} for reg in outcome.disabled],
+        "registry_errors": outcome.broken,
+        "flakes": [json.loads(f.to_json()) for f in flakes],
+    }
+
+
+def write_reports(
+    outcome: LaneOutcome,
+    report_dir: Path,
+    flake_path: Path,
+    history_path: Path | None,
+) -> int:
+    """Write every output of the lane (see the module docstring); the lane's exit code."""
+    flakes = flake_records(outcome)
+    history.append_flakes(flake_path, flakes)
+    record_counts = history.flake_counts(flake_path) if flakes else {}
+    rows = summary_rows(outcome)
+    name = lane_name(outcome.arch)
+    junit.write(
+        junit.merge(junit_reports(outcome), name=f"mizzen {name}"), report_dir / "junit.xml"
+    )
+    if history_path is not None and outcome.results:
+        history.append(history_path, history_records(outcome))
+
+    table = summary_tables(rows, flakes, record_counts)
+    last, failed = verdict(outcome, rows)
+    print(f"\n{table}\n\n{last}\nmerged junit: {report_dir / 'junit.xml'}")
+    (report_dir / "summary.txt").write_text(f"{table}\n\n{last}\n")
+    markdown = (
+        f"### {name}\n\n{summary_tables(rows, flakes, record_counts, markdown=True)}\n\n{last}\n"
+    )
+    (report_dir / "summary.md").write_text(markdown)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
+            f.write(markdown)
+    (report_dir / "summary.json").write_text(json.dumps(summary_json(outcome, flakes), indent=2))
+    return 1 if failed else 0
+
+
+def _tail(log: Path | None, lines: int = 60) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,180 @@
+"""What a GPU lane runs: the files of a planned job, given paths, or every file of its arch —
+always checked against the registry, never trusted from the command line or the plan.
+
+Invariants:
+- Lane membership is :func:`mizzen_ci.registry.runs_in`: a file that the lane does not run, that
+  is not registered or whose registration is broken is an error before anything runs
+  (:class:`~.refusal.LaneRefusal`, naming the file, the rule and the fix).
+- A planned job must be for this lane's arch and agree with the registry on each file's GPU
+  count (a stale plan is refused, not run with the wrong GPUs).
+- Disabled files are listed with their reason and not run; a file needing more GPUs than the host
+  has is *not runnable here*; each file is run once however often it is named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..fleet import FLEET_RELATIVE_PATH, Fleet, lane_name
+from ..plan.model import Plan, PlanError, PlannedTest
+from ..registry import Backend, Registration, Violation, read_registry, runs_in
+from .refusal import LaneRefusal
+from .runner import LaneFile
+
+
+@dataclass
+class Selection:
+    """What the lane runs, what it cannot run here, what is disabled and what is broken."""
+
+    runnable: list[LaneFile] = field(default_factory=list)
+    not_runnable: list[tuple[LaneFile, str]] = field(default_factory=list)
+    disabled: list[Registration] = field(default_factory=list)
+    broken: list[str] = field(default_factory=list)  # registry errors that fail the lane
+
+
+def _why_not_in_lane(
+    rel: str, reg: Registration | None, arch: str, violations: list[Violation]
+) -> str | None:
+    if violations:
+        return "; ".join(str(v) for v in violations)
+    if reg is None:
+        return f"{rel}: not a registered test file (tests/**/test_*.py with a registration)"
+    if runs_in(reg, arch):
+        return None
+    if reg.backend is Backend.CPU:
+        return (
+            f"{rel}:{reg.line}: registered for the cpu lane, not for {lane_name(arch)}. Fix: run "
+            "it with `nox -s cpu`, or register it with register_cuda_ci(hardware=[...])"
+        )
+    return (
+        f"{rel}:{reg.line}: declares hardware={list(reg.hardware)}, not {arch}. Fix: run it "
+        f"with {' or '.join(f'`nox -s {lane_name(a)}`' for a in reg.hardware)}, or add {arch!r} "
+        "to its hardware if it supports it"
+    )
+
+
+def _plan_tests(plan_path: Path, job_id: str, arch: str) -> tuple[PlannedTest, ...]:
+    """The tests of job ``job_id`` of the planner's JSON; the job must be for ``arch``."""
+    try:
+        plan = Plan.load(plan_path)  # its errors name the file
+    except PlanError as e:
+        raise LaneRefusal(str(e)) from None
+    try:
+        planned = plan.job(job_id)
+    except PlanError as e:
+        raise LaneRefusal(f"{plan_path}: {e}") from None
+    if planned.arch != arch:
+        raise LaneRefusal(
+            f"{plan_path}: job {job_id} is for {planned.lane!r}, not {lane_name(arch)}. Fix: run "
+            f"`nox -s {planned.lane} -- --job {job_id} --plan {plan_path}`"
+        )
+    return planned.tests
+
+
+def select(
+    root: Path,
+    fleet: Fleet,
+    arch: str,
+    host_gpus: int,
+    paths: list[str],
+    plan: Path | None,
+    job: str | None,
+) -> Selection:
+    """What the lane runs; :class:`LaneRefusal` for any input that does not match the registry."""
+    if arch not in fleet.arch_names:
+        raise LaneRefusal(
+            f"unknown GPU generation {arch!r}; {FLEET_RELATIVE_PATH} has "
+            f"{', '.join(fleet.arch_names)}"
+        )
+    if (plan is None) != (job is None):
+        raise LaneRefusal("--plan and --job go together: `--job ID --plan plan.json`")
+    if plan is not None and paths:
+        raise LaneRefusal("give either test paths or --job/--plan, not both")
+    registry = read_registry(root, fleet)
+    by_path = registry.by_path()
+    violations = registry.violations_by_path()
+    sel = Selection()
+    chosen: list[tuple[Registration, str, float]] = []  # (registration, pytest target, estimate)
+
+    if plan is not None:
+        tests = _plan_tests(plan, job, arch)
+        problems = []
+        for t in tests:
+            rel = t.file
+            reg = by_path.get(rel)
+            why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
+            if why is None and reg.num_gpus != t.num_gpus:
+                why = (
+                    f"{rel}: the plan says num_gpus={t.num_gpus}, the registration "
+                    f"{reg.num_gpus}. Fix: re-plan (`nox -s plan`)"
+                )
+            if why:
+                problems.append(why)
+            else:
+                chosen.append((reg, rel, t.est_seconds if t.est_seconds > 0 else reg.est_time))
+        if problems:
+            raise LaneRefusal("the plan does not match the registry:\n  " + "\n  ".join(problems))
+        if not tests:
+            raise LaneRefusal(f"{plan}: job {job} has no tests")
+    elif paths:
+        problems = []
+        for given in paths:
+            file_part, sep, node = given.partition("::")
+            p = Path(file_part)
+            p = (p if p.is_absolute() else Path.cwd() / p).resolve()
+            try:
+                rel = p.relative_to(root).as_posix()
+            except ValueError:
+                problems.append(f"{given}: not inside the repository {root}")
+                continue
+            if p.is_dir():
+                prefix = "" if rel == "." else rel + "/"
+                under = [
+                    r
+                    for r in registry.registrations
+                    if r.path.startswith(prefix) and runs_in(r, arch)
+                ]
+                broken = sorted(b for b in violations if b.startswith(prefix))
+                sel.broken.extend(str(v) for b in broken for v in violations[b])
+                chosen.extend((r, r.path, r.est_time) for r in under)
+                if not under and not broken:
+                    problems.append(f"{given}: no test under it declares {arch}")
+                continue
+            if not p.is_file():
+                problems.append(f"{given}: no such file")
+                continue
+            reg = by_path.get(rel)
+            why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
+            if why:
+                problems.append(why)
+            else:
+                chosen.append((reg, rel + sep + node, reg.est_time))
+        if problems:
+            raise LaneRefusal(
+                f"refusing to run files that {lane_name(arch)} does not run:\n  "
+                + "\n  ".join(problems)
+            )
+    else:
+        sel.broken.extend(str(v) for v in registry.violations)
+        chosen = [(r, r.path, r.est_time) for r in registry.registrations if runs_in(r, arch)]
+
+    seen: set[str] = set()
+    for reg, target, est in chosen:
+        if target in seen:
+            continue
+        seen.add(target)
+        if not reg.enabled:
+            sel.disabled.append(reg)
+            continue
+        lf = LaneFile(reg.path, target, reg.num_gpus, est)
+        if reg.num_gpus > host_gpus:
+            sel.not_runnable.append(
+                (lf, f"needs {reg.num_gpus} GPUs, this host has {host_gpus} {arch} GPU(s)")
+            )
+        else:
+            sel.runnable.append(lf)
+    return sel
+
+
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,409 @@
+"""Packing tests into runner-jobs of one pool: how many jobs, which tests, in what order.
+
+The model (the one the GPU lane executes):
+- A *job* holds one runner of the pool, which has ``gpus`` GPUs, for at most ``budget`` seconds.
+- Inside a job, tests run side by side the way the GPU lane runs them
+  (:mod:`mizzen_ci.lane.packing`, whose item, slot and error types this module shares): longest
+  first, and whenever GPUs free up every waiting test that fits starts (backfill).  :func:`simulate_job` is that packer run on the estimates; a job's
+  length is when its last test ends.
+- The pool has ``runners`` runners; the pool's jobs are queued in the packing's order and each
+  starts on the first runner that frees up.  The pool's *makespan* is when its last job ends.
+- Lower bound of any schedule: ``max(total GPU-seconds / (gpus × runners), longest test)``.
+
+Placement decisions use a simpler, conservative model of a job (each test, in longest-first
+order, starts when its ``num_gpus``-th GPU frees up, no backfill); every candidate is then
+scored by simulating its jobs with the lane's packer and rejected if a job breaks the budget.
+
+The packer (every candidate below is scored by the pool makespan; the best one is kept, ties
+going to fewer jobs):
+1. A test longer than the budget opens a job of its own, timed by that test (the caller warns).
+   Its spare GPUs take other tests only where they end before it does, so that job is never
+   longer than its test and no budgeted job is stretched by it.
+2. *Job count*: the budgeted jobs number at least ``ceil(W / (gpus × budget))`` (W: GPU-seconds
+   not absorbed beside the long tests) and are spread over up to ``runners`` while each keeps
+   ``min_job`` seconds of work (a job costs a runner's set-up); a few counts around that are
+   packed longest first, each test into the job where it *finishes* earliest, never past the
+   budget (a count that cannot hold them is rejected, and so is one whose simulated jobs break
+   the budget).
+3. *Timeline*: for a target makespan T (bisected between the lower bound and the best so far),
+   the long tests go to runners longest first, each runner's remaining time up to T is cut into
+   jobs of ``budget`` seconds plus one remainder, the tests are placed as in 2, and the jobs are
+   queued in the order that hands every runner its planned jobs.  This balances the runners when
+   the jobs cannot all be equally long.
+4. Round-robin (tests dealt in the given order) over as many budgeted jobs as the winner has is
+   computed too and wins if it is better: the result is never worse than round-robin.
+
+Invariants: every item is placed exactly once; no job has more GPUs busy than it has at any
+instant; pure and deterministic (ties broken by item key and job index).  Stdlib only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..lane.packing import PackingError, PackItem, Slot
+from ..lane.packing import simulate as lane_simulate
+
+
+@dataclass(frozen=True)
+class Job:
+    slots: tuple[Slot, ...]
+    over_budget: bool = False  # a single test longer than the budget
+
+    @property
+    def seconds(self) -> float:
+        return max((s.end for s in self.slots), default=0.0)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The jobs of one pool (longest first) and how good the schedule is."""
+
+    jobs: tuple[Job, ...]
+    gpus: int
+    runners: int
+    budget: float
+    makespan: float
+    lower_bound: float
+    strategy: str  # "longest-first" | "timeline" | "round-robin"
+
+    @property
+    def budgeted_jobs(self) -> int:
+        """How many jobs hold no test over the budget."""
+        return sum(not j.over_budget for j in self.jobs)
+
+    @property
+    def ratio(self) -> float:
+        return self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
+
+
+def lower_bound(items: Sequence[PackItem], gpus: int, runners: int) -> float:
+    if not items:
+        return 0.0
+    work = sum(i.gpu_seconds for i in items)
+    return max(work / (gpus * runners), max(i.est_seconds for i in items))
+
+
+def simulate_job(items: Sequence[PackItem], gpus: int) -> tuple[Slot, ...]:
+    """The schedule the GPU lane follows for ``items`` on a runner of ``gpus`` GPUs: its own
+    packer (:func:`mizzen_ci.lane.packing.simulate`: longest first, every test that fits starts as
+    GPUs free up), so a planned job's length is what the lane will take if estimates hold."""
+    for item in items:
+        if item.num_gpus > gpus:
+            raise PackingError(f"{item.key} needs {item.num_gpus} GPUs; the runner has {gpus}")
+    return tuple(lane_simulate(items, _GPU_NAMES[:gpus]))
+
+
+_GPU_NAMES = tuple(str(g) for g in range(1024))
+
+
+def queue_makespan(job_seconds: Sequence[float], runners: int) -> float:
+    """When the last of ``job_seconds`` (queued in this order) ends on ``runners`` runners."""
+    if not job_seconds:
+        return 0.0
+    ends = [0.0] * min(runners, len(job_seconds))
+    for s in job_seconds:
+        heapq.heapreplace(ends, ends[0] + s)
+    return max(ends)
+
+
+def longest_first(items: Sequence[PackItem]) -> list[PackItem]:
+    return sorted(items, key=lambda i: (-i.est_seconds, -i.num_gpus, i.key))
+
+
+def _finalise(
+    jobs: list[Job],
+    gpus: int,
+    runners: int,
+    budget: float,
+    lb: float,
+    strategy: str,
+    ordered: bool = False,
+) -> Packing:
+    """A :class:`Packing` of ``jobs`` queued in their order (longest first unless ``ordered``)."""
+    if not ordered:
+        jobs = sorted(jobs, key=lambda j: (-j.seconds, j.slots[0].item.key))
+    makespan = queue_makespan([j.seconds for j in jobs], runners)
+    return Packing(tuple(jobs), gpus, runners, budget, makespan, lb, strategy)
+
+
+def _fill_beside(
+    anchors: Sequence[PackItem], items: list[PackItem], gpus: int
+) -> tuple[list[Job], list[PackItem]]:
+    """One job per anchor (a test over the budget), its spare GPUs filled with tests that end
+    before it does, checked by simulating the job as the lane runs it; the tests left over."""
+    contents = [[a] for a in anchors]
+    room = [(gpus - a.num_gpus) * a.est_seconds for a in anchors]  # spare GPU-seconds
+    jobs = [Job(simulate_job(c, gpus), over_budget=True) for c in contents]
+    left: list[PackItem] = []
+    for item in items:
+        for k in sorted(range(len(anchors)), key=lambda k: -room[k]):
+            a = anchors[k]
+            if item.num_gpus > gpus - a.num_gpus or item.gpu_seconds > room[k]:
+                continue
+            trial = Job(simulate_job([*contents[k], item], gpus), over_budget=True)
+            if trial.seconds <= a.est_seconds * (1 + 1e-9):
+                contents[k].append(item)
+                room[k] -= item.gpu_seconds
+                jobs[k] = trial
+                break
+        else:
+            left.append(item)
+    return jobs, left
+
+
+def _earliest_finish(
+    items: list[PackItem], gpus: int, limits: Sequence[float]
+) -> list[Job | None] | None:
+    """Longest-first, each item into the job where it finishes earliest within that job's
+    limit (in the conservative model); ``None`` when some item fits no job."""
+    jobs = len(limits)
+    free = [[0.0] * gpus for _ in range(jobs)]  # per job, GPU free times sorted ascending
+    version = [0] * jobs
+    sizes = sorted({i.num_gpus for i in items})
+    heaps = {g: [(0.0, j, 0) for j in range(jobs)] for g in sizes}
+    placed: list[list[PackItem]] = [[] for _ in range(jobs)]
+    for item in items:
+        heap, skipped, found = heaps[item.num_gpus], [], None
+        while heap:
+            start, j, ver = heapq.heappop(heap)
+            if ver != version[j]:
+                continue  # stale
+            skipped.append((start, j, ver))
+            if start + item.est_seconds <= limits[j]:
+                found = (start, j)
+                break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        if found is None:
+            return None
+        start, j = found
+        placed[j].append(item)
+        f = free[j]
+        end = start + item.est_seconds
+        del f[: item.num_gpus]
+        for _ in range(item.num_gpus):
+            bisect.insort(f, end)
+        version[j] += 1
+        for g in sizes:
+            h = heaps[g]
+            heapq.heappush(h, (f[g - 1], j, version[j]))
+            if len(h) > 4 * jobs + 64:  # drop stale entries now and then
+                h[:] = [e for e in h if e[2] == version[e[1]]]
+                heapq.heapify(h)
+    return [Job(simulate_job(p, gpus)) if p else None for p in placed]
+
+
+def _round_robin(items: Sequence[PackItem], gpus: int, n: int) -> list[Job]:
+    per_job: list[list[PackItem]] = [[] for _ in range(n)]
+    for k, item in enumerate(items):
+        per_job[k % n].append(item)
+    return [Job(simulate_job(longest_first(p), gpus)) for p in per_job if p]
+
+
+def job_counts(
+    items: Sequence[PackItem], gpus: int, runners: int, budget: float, min_job: float
+) -> list[int]:
+    """The counts of budgeted jobs worth trying for ``items`` on ``runners`` runners."""
+    if not items:
+        return [0]
+    work = sum(i.gpu_seconds for i in items)
+    longest = max(i.est_seconds for i in items)
+    by_budget = math.ceil(work / (gpus * budget))
+    spread = min(runners, math.ceil(work / (gpus * max(min_job, longest, 1e-9))))
+    low = max(1, by_budget, spread)
+    # a few counts above the least, as long as each job keeps ``min_job`` seconds of work
+    counts = {low} | {
+        c for c in range(low + 1, min(low + 3, len(items)) + 1) if work / (gpus * c) >= min_job
+    }
+    if low > runners:  # several waves: whole waves keep the runners busy to the end
+        counts.add(min(len(items), math.ceil(low / runners) * runners))
+    return sorted(counts)
+
+
+def pack(
+    items: Sequence[PackItem],
+    *,
+    gpus: int,
+    runners: int,
+    budget: float,
+    min_job: float = 300.0,
+) -> Packing:
+    """Pack ``items`` into jobs of one pool (see the module docstring)."""
+    if gpus < 1 or runners < 1 or budget <= 0:
+        raise PackingError(f"bad pool: gpus={gpus}, runners={runners}, budget={budget}")
+    keys = [i.key for i in items]
+    if len(set(keys)) != len(keys):
+        raise PackingError("item keys must be unique")
+    for i in items:
+        if (
+            i.num_gpus < 1
+            or i.num_gpus > gpus
+            or not (i.est_seconds >= 0 and math.isfinite(i.est_seconds))
+        ):
+            raise PackingError(
+                f"{i.key}: {i.num_gpus} GPU(s), {i.est_seconds} s does not fit {gpus} GPUs"
+            )
+    if not items:
+        return Packing((), gpus, runners, budget, 0.0, 0.0, "longest-first")
+    lb = lower_bound(items, gpus, runners)
+    anchors = longest_first([i for i in items if i.est_seconds > budget])
+    anchor_jobs, rest = _fill_beside(
+        anchors, longest_first([i for i in items if i.est_seconds <= budget]), gpus
+    )
+    free_runners = max(1, runners - len(anchors))
+
+    best: Packing | None = None
+    tried: set[int] = set()
+    counts = job_counts(rest, gpus, free_runners, budget, min_job)
+    while counts:
+        n = counts.pop(0)
+        tried.add(n)
+        found = _earliest_finish(rest, gpus, [budget] * n) if n else []
+        jobs = None if found is None else anchor_jobs + [j for j in found if j]
+        if jobs is None or not _valid(jobs, budget):  # too few jobs for the budget: more
+            bigger = min(len(rest), n + max(1, n // 8))
+            if best is None and bigger not in tried:
+                counts = sorted(set(counts) | {bigger})
+            continue
+        p = _finalise(jobs, gpus, runners, budget, lb, "longest-first")
+        if best is None or _better(p, best):
+            best = p
+    assert best is not None  # n = len(rest) always fits: each item alone is within the budget
+    timeline = _timeline_search(
+        anchor_jobs, rest, gpus, runners, budget, min_job, lb, best.makespan
+    )
+    if timeline is not None and _better(timeline, best):
+        best = timeline
+    # Whole-runner tests in jobs of their own: they never wait for a runner to drain.
+    wide = [i for i in rest if i.num_gpus == gpus]
+    if wide and len(wide) < len(rest):
+        narrow = [i for i in rest if i.num_gpus < gpus]
+        parts = []
+        for group in (wide, narrow):
+            for n in [*job_counts(group, gpus, free_runners, budget, min_job), len(group)]:
+                found = _earliest_finish(group, gpus, [budget] * n)
+                if found is not None and _valid(got := [j for j in found if j], budget):
+                    parts.append(got)
+                    break
+        if len(parts) == 2:
+            p = _finalise(anchor_jobs + parts[0] + parts[1], gpus, runners, budget, lb, "split")
+            if _better(p, best):
+                best = p
+    # Round-robin (in the given order, long tests alone) over as many budgeted jobs as the
+    # winner has: the result is never worse than it.
+    n = best.budgeted_jobs
+    if n:
+        alone = [Job(simulate_job([a], gpus), over_budget=True) for a in anchors]
+        rr = alone + _round_robin([i for i in items if i.est_seconds <= budget], gpus, n)
+        if _valid(rr, budget):
+            candidate = _finalise(rr, gpus, runners, budget, lb, "round-robin")
+            if _better(candidate, best):
+                best = candidate
+    return best
+
+
+def _valid(jobs: Sequence[Job], budget: float) -> bool:
+    """Every budgeted job within the budget, every long test's job no longer than that test."""
+    for job in jobs:
+        if job.over_budget:
+            anchor = max(s.item.est_seconds for s in job.slots)
+            if job.seconds > anchor * (1 + 1e-9):
+                return False
+        elif job.seconds > budget * (1 + 1e-9):
+            return False
+    return True
+
+
+def _better(a: Packing, b: Packing) -> bool:
+    return (a.makespan, len(a.jobs)) < (b.makespan, len(b.jobs))
+
+
+def _timeline_pack(
+    anchor_jobs: Sequence[Job],
+    rest: list[PackItem],
+    gpus: int,
+    runners: int,
+    budget: float,
+    target: float,
+) -> list[Job] | None:
+    """Jobs that give each runner about ``target`` seconds, queued in the order that hands each
+    runner its planned jobs; ``None`` when the tests do not fit.
+
+    The long tests' jobs go to runners longest first (least loaded runner); each runner's
+    remaining time up to ``target`` is cut into jobs of ``budget`` seconds and one shorter
+    remainder, and the tests are placed into those by :func:`_earliest_finish`."""
+    load = [0.0] * runners
+    plan: list[list[Job | int]] = [[] for _ in range(runners)]  # a job, or an index into found
+    for job in anchor_jobs:
+        r = min(range(runners), key=lambda r: (load[r], r))
+        load[r] += job.seconds
+        plan[r].append(job)
+    limits: list[float] = []
+    for r in range(runners):
+        room = target - load[r]
+        if room <= 0 or not rest:
+            continue
+        full, remainder = divmod(room, budget)
+        for limit in [budget] * int(full) + ([remainder] if remainder > 1e-6 * budget else []):
+            plan[r].append(len(limits))
+            limits.append(limit)
+    found = _earliest_finish(rest, gpus, limits) if rest else []
+    if found is None:
+        return None
+    # Queue order: replay the runners, the one that frees first taking its next planned job.
+    queue = [[x if isinstance(x, Job) else found[x] for x in p] for p in plan]
+    queue = [[j for j in q if j is not None] for q in queue]  # planned jobs that got no test
+    order: list[Job] = []
+    free = [(0.0, r) for r in range(runners) if queue[r]]
+    heapq.heapify(free)
+    cursor = [0] * runners
+    while free:
+        t, r = heapq.heappop(free)
+        job = queue[r][cursor[r]]
+        cursor[r] += 1
+        order.append(job)
+        if cursor[r] < len(queue[r]):
+            heapq.heappush(free, (t + job.seconds, r))
+    return order
+
+
+def _timeline_search(
+    anchor_jobs: Sequence[Job],
+    rest: list[PackItem],
+    gpus: int,
+    runners: int,
+    budget: float,
+    min_job: float,
+    lb: float,
+    upper: float,
+) -> Packing | None:
+    """The best :func:`_timeline_pack` over targets between the lower bound and ``upper``."""
+    if not rest:
+        return None
+    work = sum(i.gpu_seconds for i in rest) + sum(gpus * j.seconds for j in anchor_jobs)
+    longest = max([i.est_seconds for i in rest] + [j.seconds for j in anchor_jobs])
+    spread = math.ceil(work / (gpus * max(min_job, longest, 1e-9)))
+    used = max(1, min(runners, max(len(anchor_jobs), spread)))
+    lo, hi = max(lb, work / (gpus * used)), max(upper, lb)
+    best = None
+    targets = [lo]
+    for _ in range(14):
+        target = targets.pop() if targets else (lo + hi) / 2
+        jobs = _timeline_pack(anchor_jobs, rest, gpus, used, budget, target)
+        if jobs is not None and not _valid(jobs, budget):
+            jobs = None
+        if jobs is None:
+            lo = target
+        else:
+            p = _finalise(jobs, gpus, runners, budget, lb, "timeline", ordered=True)
+            if best is None or _better(p, best):
+                best = p
+            hi = target
+        if hi - lo <= 0.002 * lb:
+            break
+    return best

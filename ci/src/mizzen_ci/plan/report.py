@@ -1,0 +1,143 @@
+"""Rendering a plan: a terminal table and Markdown for ``$GITHUB_STEP_SUMMARY``.
+
+Invariants: both renderers read only the :class:`~.model.Plan` record, so a plan loaded from a
+file (``Plan.load``) renders the same as a fresh one; every not-scheduled reason is counted in the
+summary and listed in full on request (Markdown: inside a collapsed ``<details>``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..output import markdown_table, text_table
+from .model import Plan
+
+JOB_HEADERS = ("job", "lane", "pool", "tests", "GPUs", "est. min", "timeout min")
+POOL_HEADERS = ("pool", "jobs", "runners", "tests", "GPU-h", "makespan min", "bound min", "ratio")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f}"
+
+
+def _job_rows(plan: Plan) -> list[tuple]:
+    return [
+        (
+            j.id + (" (over budget)" if j.over_budget else ""),
+            j.lane,
+            j.pool,
+            len(j.tests),
+            j.gpus,
+            _minutes(j.est_seconds),
+            j.timeout_minutes,
+        )
+        for j in plan.jobs
+    ]
+
+
+def _pool_rows(plan: Plan) -> list[tuple]:
+    rows = []
+    for p in plan.pools:
+        bound = p.lower_bound_seconds
+        rows.append(
+            (
+                p.pool,
+                p.jobs,
+                p.runners,
+                p.tests,
+                f"{p.gpu_seconds / 3600:.2f}",
+                _minutes(p.makespan_seconds),
+                _minutes(bound),
+                f"{p.makespan_seconds / bound:.3f}" if bound else "-",
+            )
+        )
+    return rows
+
+
+def headline(plan: Plan) -> str:
+    n_tests = sum(len(j.tests) for j in plan.jobs)
+    what = plan.event + (f" ({plan.cadence})" if plan.cadence else "")
+    rng = f"{(plan.base or '?')[:10]}..{(plan.head or '?')[:10]}"
+    if plan.worktree:
+        rng += "+worktree"
+    sel = plan.selection
+    scope = (
+        "everything: " + "; ".join(sel.because[:3])
+        if sel.everything
+        else f"impact of {sel.changed_paths} changed path(s)"
+    )
+    return (
+        f"{what} {rng}: {len(plan.jobs)} job(s), {n_tests} test run(s); "
+        f"{len(plan.not_scheduled)} not scheduled; selection: {scope}"
+    )
+
+
+def reason_counts(plan: Plan) -> list[tuple[str, int]]:
+    return sorted(Counter(n.code for n in plan.not_scheduled).items())
+
+
+def terminal(plan: Plan, *, verbose: bool = False) -> str:
+    out = [headline(plan), ""]
+    if plan.jobs:
+        out += [text_table(JOB_HEADERS, _job_rows(plan)), ""]
+        out += [text_table(POOL_HEADERS, _pool_rows(plan)), ""]
+        if verbose:
+            rows = [
+                (j.id, t.file, t.num_gpus or "-", _minutes(t.est_seconds), t.why)
+                for j in plan.jobs
+                for t in j.tests
+            ]
+            out += [text_table(("job", "test", "GPUs", "est. min", "why"), rows), ""]
+    else:
+        out += ["no jobs: nothing to run for this change", ""]
+    counts = reason_counts(plan)
+    if counts:
+        out.append("not scheduled: " + ", ".join(f"{code} {n}" for code, n in counts))
+        if verbose:
+            rows = [(n.file, n.arch or "-", n.reason) for n in plan.not_scheduled]
+            out += ["", text_table(("test", "arch", "reason"), rows)]
+        else:
+            out.append("(--verbose lists each test with its reason)")
+    for w in plan.warnings:
+        out.append(f"warning: {w}")
+    for e in plan.errors:
+        out.append(f"error: {e}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def markdown(plan: Plan) -> str:
+    out = ["## mizzen CI plan", "", headline(plan), ""]
+    for w in plan.warnings:
+        out.append(f"> [!WARNING]\n> {w}\n")
+    for e in plan.errors:
+        out.append(f"> [!CAUTION]\n> {e}\n")
+    if plan.jobs:
+        out += [markdown_table(JOB_HEADERS, _job_rows(plan)), ""]
+        out += [markdown_table(POOL_HEADERS, _pool_rows(plan)), ""]
+        rows = [
+            (j.id, f"`{t.file}`", t.num_gpus or "-", _minutes(t.est_seconds), t.why)
+            for j in plan.jobs
+            for t in j.tests
+        ]
+        out += [
+            "<details><summary>Scheduled tests</summary>",
+            "",
+            markdown_table(("job", "test", "GPUs", "est. min", "why"), rows),
+            "",
+            "</details>",
+            "",
+        ]
+    else:
+        out += ["No jobs: nothing to run for this change.", ""]
+    if plan.not_scheduled:
+        counts = ", ".join(f"{code}: {n}" for code, n in reason_counts(plan))
+        rows = [(f"`{n.file}`", n.arch or "-", n.reason) for n in plan.not_scheduled]
+        out += [
+            f"<details><summary>Not scheduled ({counts})</summary>",
+            "",
+            markdown_table(("test", "arch", "reason"), rows),
+            "",
+            "</details>",
+            "",
+        ]
+    return "\n".join(out)

@@ -1,0 +1,213 @@
+"""What a CI event asks the planner for: event kind, cadence, PR labels, comment commands, trust.
+
+Vocabulary (names of labels and commands live here and nowhere else):
+
+- PR labels: ``run-ci-<label>`` runs the GPU tests carrying that domain label, ``run-ci-all``
+  every GPU test, ``run-on-<arch>`` adds that GPU generation for tests that declare it,
+  ``ok-to-test`` lets the GPU jobs of an untrusted author run (see below).
+- Comment commands (one per line): ``/run-ci <label> [<label> …]``, ``/run-ci all``,
+  ``/run-on <arch> [<arch> …]``.  They count only from trusted author associations.
+
+Per event:
+
+========================  ================  ========================================  ===========
+event                     CPU tests         GPU tests                                 arches
+========================  ================  ========================================  ===========
+pull_request              impacted          impacted + asked for by labels/comments   auto (+run-on)
+push (main)               all               impacted                                  auto
+merge_group               all               impacted                                  auto
+schedule nightly          all               all enabled, nightly-only ones too        auto
+schedule weekly           all               all enabled, nightly-only ones too        every declared
+workflow_dispatch         as its cadence (default nightly), plus ``run-on`` arches
+========================  ================  ========================================  ===========
+
+Invariants:
+- Trust: an author is trusted when the pull request comes from a branch of the repository itself
+  (only writers can push there) or their author association is OWNER, MEMBER or COLLABORATOR.
+  An untrusted author's CPU jobs run; their GPU jobs run only on the ``labeled`` event of a PR
+  that carries ``ok-to-test``: a label is set by someone with triage rights and approves the head
+  it was set on; a later push needs a label applied again.
+- Comment commands from untrusted associations are ignored, with a warning in the plan.
+- Unknown labels, arches and commands never select anything silently: each is a warning.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..fleet import Fleet
+from .dispatch import Mode
+
+EVENTS = ("pull_request", "push", "merge_group", "schedule", "workflow_dispatch")
+CADENCES = ("nightly", "weekly")
+TRUSTED_ASSOCIATIONS = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
+RUN_CI_PREFIX = "run-ci-"
+RUN_CI_ALL = "run-ci-all"
+RUN_ON_PREFIX = "run-on-"
+OK_TO_TEST = "ok-to-test"
+_COMMAND = re.compile(r"^\s*/(run-ci|run-on)\b(.*)$")
+
+
+class RequestError(ValueError):
+    """The inputs contradict each other (e.g. a cadence on a pull request)."""
+
+
+@dataclass(frozen=True)
+class Comment:
+    """A PR comment and its author's association (``OWNER``, ``MEMBER``, ``NONE``, …)."""
+
+    association: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Inputs:
+    event: str = "pull_request"
+    cadence: str | None = None
+    labels: tuple[str, ...] = ()
+    comments: tuple[Comment, ...] = ()
+    author_association: str | None = None
+    fork: bool = False
+    action: str | None = None  # the pull_request activity type (opened, synchronize, labeled, …)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to select, derived from :class:`Inputs` and the fleet's vocabulary."""
+
+    event: str
+    cadence: str | None
+    cpu_all: bool
+    gpu_all: bool  # every enabled GPU test (schedules)
+    gpu_impacted: bool  # the GPU tests the change impacts
+    gpu_labels: frozenset[str]  # domain labels asked for
+    gpu_every_label: bool  # run-ci-all
+    include_nightly: bool
+    arch_mode: Mode
+    arches: tuple[str, ...]
+    trusted: bool
+    gpu_blocked: str | None  # why no GPU job may run (untrusted author), else None
+    warnings: tuple[str, ...] = field(default=())
+
+
+def is_trusted(inputs: Inputs) -> bool:
+    if inputs.event != "pull_request":
+        return True  # pushes, merge queues and schedules run what is already in the repository
+    return not inputs.fork or (inputs.author_association or "").upper() in TRUSTED_ASSOCIATIONS
+
+
+def parse_commands(body: str) -> list[tuple[str, list[str]]]:
+    """``[(command, args)]`` for each ``/run-ci …`` or ``/run-on …`` line of a comment."""
+    out = []
+    for line in body.splitlines():
+        m = _COMMAND.match(line)
+        if m:
+            out.append((m.group(1), m.group(2).replace(",", " ").split()))
+    return out
+
+
+def build_request(inputs: Inputs, fleet: Fleet) -> Request:
+    """The :class:`Request` for ``inputs``; :class:`RequestError` for contradictory inputs."""
+    if inputs.event not in EVENTS:
+        raise RequestError(f"unknown event {inputs.event!r}; use one of {', '.join(EVENTS)}")
+    cadence = inputs.cadence
+    if inputs.event == "schedule" and cadence not in CADENCES:
+        raise RequestError(f"a schedule needs --cadence {' or '.join(CADENCES)}")
+    if inputs.event == "workflow_dispatch":
+        cadence = cadence or "nightly"
+        if cadence not in CADENCES:
+            raise RequestError(f"--cadence must be {' or '.join(CADENCES)}, got {cadence!r}")
+    elif inputs.event != "schedule" and cadence is not None:
+        raise RequestError(
+            f"--cadence applies to schedule and workflow_dispatch, not {inputs.event}"
+        )
+
+    warnings: list[str] = []
+    labels: set[str] = set()
+    every_label = False
+    arches: list[str] = []
+
+    def ask_label(name: str, where: str) -> None:
+        nonlocal every_label
+        if name == "all":
+            every_label = True
+        elif name in fleet.labels:
+            labels.add(name)
+        else:
+            warnings.append(
+                f"{where}: unknown test label {name!r} (known: {', '.join(sorted(fleet.labels))})"
+            )
+
+    def ask_arch(name: str, where: str) -> None:
+        if name in fleet.arch_names:
+            arches.append(name)
+        else:
+            warnings.append(
+                f"{where}: unknown GPU generation {name!r} (known: {', '.join(fleet.arch_names)})"
+            )
+
+    for label in inputs.labels:
+        if label == RUN_CI_ALL:
+            every_label = True
+        elif label.startswith(RUN_CI_PREFIX):
+            ask_label(label[len(RUN_CI_PREFIX) :], f"label {label}")
+        elif label.startswith(RUN_ON_PREFIX):
+            ask_arch(label[len(RUN_ON_PREFIX) :], f"label {label}")
+
+    for comment in inputs.comments:
+        commands = parse_commands(comment.body)
+        if not commands:
+            continue
+        if comment.association.upper() not in TRUSTED_ASSOCIATIONS:
+            warnings.append(
+                f"ignored comment command(s) {', '.join('/' + c for c, _ in commands)} from an "
+                f"author with association {comment.association}: only "
+                f"{', '.join(sorted(TRUSTED_ASSOCIATIONS))} may ask for GPU runs"
+            )
+            continue
+        for command, args in commands:
+            if not args:
+                warnings.append(f"/{command} without arguments does nothing")
+            for arg in args:
+                (ask_label if command == "run-ci" else ask_arch)(arg, f"/{command} {arg}")
+
+    if inputs.event in ("merge_group", "push") and (labels or every_label or arches):
+        warnings.append(f"labels and comment commands apply to pull requests, not {inputs.event}")
+        labels, every_label, arches = set(), False, []
+
+    trusted = is_trusted(inputs)
+    gpu_blocked = None
+    if not trusted:
+        if OK_TO_TEST not in inputs.labels:
+            gpu_blocked = (
+                f"author not trusted (association {inputs.author_association or 'unknown'}, fork):"
+                f" GPU jobs wait for a maintainer to add the `{OK_TO_TEST}` label"
+            )
+        elif inputs.action != "labeled":
+            gpu_blocked = (
+                f"author not trusted: `{OK_TO_TEST}` approves the commit it was added on; new "
+                f"commits arrived ({inputs.action or 'unknown'} event), so a maintainer adds a "
+                "label again to approve them"
+            )
+
+    scheduled = inputs.event in ("schedule", "workflow_dispatch")
+    if scheduled:
+        mode = Mode.ALL if cadence == "weekly" else (Mode.EXPLICIT if arches else Mode.AUTO)
+    else:
+        mode = Mode.EXPLICIT if arches else Mode.AUTO
+    return Request(
+        event=inputs.event,
+        cadence=cadence,
+        cpu_all=inputs.event != "pull_request",
+        gpu_all=scheduled,
+        gpu_impacted=not scheduled,
+        gpu_labels=frozenset(labels),
+        gpu_every_label=every_label,
+        include_nightly=scheduled,
+        arch_mode=mode,
+        arches=tuple(dict.fromkeys(arches)),
+        trusted=trusted,
+        gpu_blocked=gpu_blocked,
+        warnings=tuple(warnings),
+    )

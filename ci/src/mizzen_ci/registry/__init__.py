@@ -1,0 +1,29 @@
+"""The test registry: every ``tests/**/test_*.py`` declares itself with one module-level call.
+
+The registry reads each test file's syntax tree and never imports a test, so it runs on a bare
+runner with nothing installed.  Rooms: :mod:`.model` (registrations, violations, the lane
+predicate :func:`runs_in`), :mod:`.syntax` (what a file's syntax tree declares), :mod:`.rules`
+(the checks against the fleet), :mod:`.discover` (the one walk of the tree), :mod:`.reader` (all
+of it over a tree) and :mod:`.cli` (``mizzen-ci validate`` and ``list``).
+"""
+
+from .discover import TESTS_DIR, Discovery, TestTree, discover, is_excluded, registry_excludes
+from .model import CPU_LANE, Backend, Registration, Registry, Violation, runs_in
+from .reader import read_registry, read_source
+
+__all__ = [
+    "CPU_LANE",
+    "TESTS_DIR",
+    "Backend",
+    "Discovery",
+    "Registration",
+    "Registry",
+    "TestTree",
+    "Violation",
+    "discover",
+    "is_excluded",
+    "read_registry",
+    "read_source",
+    "registry_excludes",
+    "runs_in",
+]

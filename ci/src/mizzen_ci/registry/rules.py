@@ -1,0 +1,244 @@
+"""The registration rules that need the fleet: field validators over what the syntax tree said.
+
+Invariants:
+- One validator per field (:data:`VALIDATORS`); each returns the normalised value or raises
+  :class:`~mizzen_ci.registry.model.RuleBroken` with the rule, what is wrong and the fix.
+- :func:`validate` never raises for bad input: every problem becomes a
+  :class:`~mizzen_ci.registry.model.Violation` naming ``file:line``; all of a file's violations
+  are reported, and a file with any violation has no registration.
+- :func:`validate_row` is the same with the registration as plain data (its fields in order),
+  for a content-hash cache; ``Registration(*row)`` is the registration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..fleet import Fleet
+from .model import Backend, Registration, RuleBroken, Violation
+from .syntax import BACKEND_OF, REQUIRED, SIGNATURES
+
+
+def _strings(value, field_name: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise RuleBroken(
+            f"{field_name}-type",
+            f"`{field_name}` must be a list of strings, got {value!r}",
+            f'write `{field_name}=["..."]`',
+        )
+    dup = sorted({v for v in value if list(value).count(v) > 1})
+    if dup:
+        raise RuleBroken(
+            f"{field_name}-duplicate",
+            f"`{field_name}` lists {', '.join(dup)} more than once",
+            "list each name once",
+        )
+    return tuple(value)
+
+
+def _check_est_time(value, fleet: Fleet):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RuleBroken(
+            "est-time",
+            f"`est_time` must be a number of seconds, got {value!r}",
+            "write the expected wall time in seconds, e.g. `est_time=30`",
+        )
+    if value <= 0:
+        raise RuleBroken(
+            "est-time",
+            f"`est_time` must be positive, got {value!r}",
+            "give the seconds the file takes",
+        )
+    return float(value)
+
+
+def _check_labels(value, fleet: Fleet):
+    labels = _strings(value, "labels")
+    unknown = sorted(set(labels) - fleet.labels)
+    if unknown:
+        raise RuleBroken(
+            "label-unknown",
+            f"unknown label(s) {', '.join(unknown)}",
+            f"use labels from `labels` in {fleet.path.name} ({', '.join(sorted(fleet.labels))}) "
+            "or add the new label there",
+        )
+    return labels
+
+
+def _check_nightly(value, fleet: Fleet):
+    if not isinstance(value, bool):
+        raise RuleBroken(
+            "nightly-type",
+            f"`nightly` must be True or False, got {value!r}",
+            "write `nightly=True`",
+        )
+    return value
+
+
+def _check_disabled(value, fleet: Fleet):
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise RuleBroken(
+            "disabled-reason",
+            f"`disabled` must be a non-empty reason string, got {value!r}",
+            'say why, e.g. `disabled="flaky on NCCL 2.27, issue #123"`, or remove it',
+        )
+    return value.strip()
+
+
+def _check_hardware(value, fleet: Fleet):
+    if isinstance(value, list | tuple) and not value:
+        raise RuleBroken(
+            "hardware-empty",
+            "`hardware` is empty",
+            f"list the GPU generations the test supports, from {', '.join(fleet.arch_names)}",
+        )
+    arches = _strings(value, "hardware")
+    unknown = [a for a in arches if a not in fleet.arch_names]
+    if unknown:
+        raise RuleBroken(
+            "hardware-unknown",
+            f"unknown GPU generation(s) {', '.join(unknown)}",
+            f"use generations from {fleet.path.name}: {', '.join(fleet.arch_names)} "
+            "(a generation, not a SKU: hopper, not h100)",
+        )
+    return arches
+
+
+def _check_num_gpus(value, fleet: Fleet):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RuleBroken(
+            "num-gpus",
+            f"`num_gpus` must be a positive integer, got {value!r}",
+            "write e.g. `num_gpus=2`",
+        )
+    return value
+
+
+def _check_needs(value, fleet: Fleet):
+    needs = _strings(value, "needs")
+    unknown = sorted(set(needs) - fleet.capabilities)
+    if unknown:
+        raise RuleBroken(
+            "needs-unknown",
+            f"unknown capability(ies) {', '.join(unknown)}",
+            f"use capabilities from {fleet.path.name}: {', '.join(sorted(fleet.capabilities))}",
+        )
+    return needs
+
+
+VALIDATORS: dict[str, Callable] = {
+    "est_time": _check_est_time,
+    "labels": _check_labels,
+    "nightly": _check_nightly,
+    "disabled": _check_disabled,
+    "hardware": _check_hardware,
+    "num_gpus": _check_num_gpus,
+    "needs": _check_needs,
+}
+
+
+def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Violation]]:
+    """The rules that need the fleet (and the path) over a :class:`CallSyntax`: the
+    registration's field values in order (None on error) and the errors."""
+    fname, call_line, given_items, unpacked, call_problems = call
+    errors = [Violation(rel, *p) for p in call_problems]
+
+    def bad(rule: str, message: str, fix: str, line: int | None = None):
+        errors.append(Violation(rel, line or call_line, rule, message, fix))
+
+    params = SIGNATURES[fname][1]
+    given = {name: ((value, line) if ok else None) for name, value, line, ok in given_items}
+    values: dict[str, object] = {}
+    for name, default in params.items():
+        if name not in given:
+            if default is REQUIRED and not unpacked:  # after * or ** the reader cannot know
+                rule = "hardware-required" if name == "hardware" else "missing-argument"
+                fix = (
+                    f"add `hardware=[...]` with the GPU generations it supports ({', '.join(fleet.arch_names)})"
+                    if name == "hardware"
+                    else f"add `{name}=...`"
+                )
+                bad(rule, f"{fname} needs `{name}`", fix)
+            elif default is not REQUIRED:
+                values[name] = default
+            continue
+        if given[name] is None:  # already reported
+            continue
+        value, line = given[name]
+        try:
+            values[name] = VALIDATORS[name](value, fleet)
+        except RuleBroken as b:
+            bad(b.rule, b.message, b.fix, line)
+
+    backend = BACKEND_OF[fname]
+    if backend is Backend.CUDA and "labels" in values and not values["labels"]:
+        bad(
+            "labels-empty",
+            "a GPU test needs at least one domain label",
+            f"add a label from {fleet.path.name} so a PR can ask for it with run-ci-<label>",
+        )
+    if errors:
+        return None, errors
+
+    if backend is Backend.CUDA:
+        arches, n, needs = values["hardware"], values["num_gpus"], set(values["needs"])
+        largest = max(fleet.max_gpus(a) for a in arches)
+        if largest == 0:
+            bad(
+                "no-pool",
+                f"the fleet has no pool of {', '.join(arches)}",
+                f"declare a generation the fleet has ({', '.join(fleet.arches_in_fleet())}) "
+                f"or add a pool to {fleet.path.name}",
+            )
+        elif n > largest:
+            bad(
+                "num-gpus",
+                f"`num_gpus={n}` but the largest runner of {', '.join(arches)} has {largest} GPU(s)",
+                f"use at most {largest} GPUs, or add a larger pool to {fleet.path.name}",
+            )
+        elif not any(fleet.pool_for(a, n, needs) for a in arches):
+            bad(
+                "no-pool",
+                f"no pool of {', '.join(arches)} has {n} GPU(s) with {', '.join(sorted(needs))}",
+                f"drop a `needs` entry or add such a pool to {fleet.path.name}",
+            )
+        if errors:
+            return None, errors
+    return (  # Registration's fields, in order
+        (
+            rel,
+            call_line,
+            backend.value,  # a plain string: the row is cached with marshal
+            values["est_time"],
+            tuple(values["labels"]),
+            values["nightly"],
+            values["disabled"],
+            tuple(values.get("hardware", ())),
+            values.get("num_gpus", 0),
+            tuple(values.get("needs", ())),
+        ),
+        [],
+    )
+
+
+def validate(syntax, rel: str, fleet: Fleet) -> tuple[Registration | None, list[Violation]]:
+    """The registration of the file at ``rel`` from its :class:`RegistrationSyntax` (or its
+    :meth:`~RegistrationSyntax.plain` form): the rules that need the fleet, then every error
+    with ``rel`` attached.  A file with any error has no registration."""
+    row, errors = validate_row(syntax, rel, fleet)
+    return (Registration(*row) if row is not None else None), errors
+
+
+def validate_row(syntax, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Violation]]:
+    """:func:`validate` with the registration as its field values in order (plain data, for a
+    cache: ``Registration(*row)`` is the registration)."""
+    problems, call = syntax
+    errors = [Violation(rel, *p) for p in problems]
+    row = None
+    if call is not None:
+        row, call_errors = _validate_call(call, rel, fleet)
+        errors.extend(call_errors)
+    return (row if not errors else None), errors
