@@ -67,13 +67,8 @@ class ReachIndex:
 
     def add(self, node: str, names: Iterable[str], parents: Iterable[str]) -> None:
         """Record that ``node`` names ``names`` (distinct) whose strict prefixes are ``parents``."""
-        for table, keys in ((self.named, names), (self.under, parents)):
-            for k in keys:
-                nodes = table.get(k)
-                if nodes is None:
-                    table[k] = [node]
-                else:
-                    nodes.append(node)
+        list_under(self.named, node, names)
+        list_under(self.under, node, parents)
 
     def remove(self, node: str, names: Iterable[str], parents: Iterable[str]) -> None:
         """Undo :meth:`add` of the same arguments."""
@@ -120,6 +115,16 @@ def reach_of_graph(graph: ImportGraph) -> ReachIndex:
         names = direct_names(facts.imports, package)
         nodes[node] = (names, parents_of(names))
     return ReachIndex.build(nodes)
+
+
+def list_under(table: dict[str, list[str]], node: str, keys: Iterable[str]) -> None:
+    """Append ``node`` to the list of each of ``keys`` in ``table`` (an inverted index)."""
+    for k in keys:
+        found = table.get(k)
+        if found is None:
+            table[k] = [node]
+        else:
+            found.append(node)
 
 
 def is_dict_pair(data: object) -> bool:

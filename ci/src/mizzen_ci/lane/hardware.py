@@ -108,19 +108,22 @@ def _is_capability(cc: str) -> bool:
     return bool(dot) and major.isdigit() and minor.isdigit()
 
 
+def _run_probe(argv: list[str], label: str, env: dict[str, str] | None = None):
+    """``(completed process, "")`` of one probe command, or ``(None, why it could not run)``."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{label}: {e}"
+    return out, ""
+
+
 def _probe_nvidia_smi() -> tuple[list[Gpu] | None, str]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None, "nvidia-smi: not on PATH"
-    try:
-        out = subprocess.run(
-            [exe, _NVIDIA_SMI_QUERY, "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"nvidia-smi: {e}"
+    out, why = _run_probe([exe, _NVIDIA_SMI_QUERY, "--format=csv,noheader"], "nvidia-smi")
+    if out is None:
+        return None, why
     if out.returncode != 0:
         first = (out.stdout + out.stderr).strip().splitlines()[:1]
         return None, f"nvidia-smi exited {out.returncode}: {first[0] if first else ''}".rstrip()
@@ -131,16 +134,9 @@ def _probe_nvidia_smi() -> tuple[list[Gpu] | None, str]:
 def _probe_torch(python: str) -> tuple[list[Gpu] | None, str]:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    try:
-        out = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            env=env,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"torch: {e}"
+    out, why = _run_probe([python, "-c", _TORCH_PROBE], "torch", env)
+    if out is None:
+        return None, why
     if out.returncode != 0:
         last = out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
         return None, f"torch in {python}: {last[0]}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..fleet import FLEET_RELATIVE_PATH, Fleet, lane_name
 from ..plan.model import Plan, PlanError, PlannedTest
-from ..registry import Backend, Registration, Violation, read_registry, runs_in
+from ..registry import Backend, Registration, Registry, Violation, read_registry, runs_in
 from .refusal import LaneRefusal
 from .runner import LaneFile
 
@@ -72,6 +72,10 @@ def _plan_tests(plan_path: Path, job_id: str, arch: str) -> tuple[PlannedTest, .
     return planned.tests
 
 
+# (registration, what pytest is given, estimated seconds) of one file the lane was asked to run
+Chosen = tuple[Registration, str, float]
+
+
 def select(
     root: Path,
     fleet: Fleet,
@@ -92,73 +96,90 @@ def select(
     if plan is not None and paths:
         raise LaneRefusal("give either test paths or --job/--plan, not both")
     registry = read_registry(root, fleet)
-    by_path = registry.by_path()
-    violations = registry.violations_by_path()
     sel = Selection()
-    chosen: list[tuple[Registration, str, float]] = []  # (registration, pytest target, estimate)
-
     if plan is not None:
-        tests = _plan_tests(plan, job, arch)
-        problems = []
-        for t in tests:
-            rel = t.file
-            reg = by_path.get(rel)
-            why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
-            if why is None and reg.num_gpus != t.num_gpus:
-                why = (
-                    f"{rel}: the plan says num_gpus={t.num_gpus}, the registration "
-                    f"{reg.num_gpus}. Fix: re-plan (`nox -s plan`)"
-                )
-            if why:
-                problems.append(why)
-            else:
-                chosen.append((reg, rel, t.est_seconds if t.est_seconds > 0 else reg.est_time))
-        if problems:
-            raise LaneRefusal("the plan does not match the registry:\n  " + "\n  ".join(problems))
-        if not tests:
-            raise LaneRefusal(f"{plan}: job {job} has no tests")
+        chosen = _planned(registry, arch, plan, job)
     elif paths:
-        problems = []
-        for given in paths:
-            file_part, sep, node = given.partition("::")
-            p = Path(file_part)
-            p = (p if p.is_absolute() else Path.cwd() / p).resolve()
-            try:
-                rel = p.relative_to(root).as_posix()
-            except ValueError:
-                problems.append(f"{given}: not inside the repository {root}")
-                continue
-            if p.is_dir():
-                prefix = "" if rel == "." else rel + "/"
-                under = [
-                    r
-                    for r in registry.registrations
-                    if r.path.startswith(prefix) and runs_in(r, arch)
-                ]
-                broken = sorted(b for b in violations if b.startswith(prefix))
-                sel.broken.extend(str(v) for b in broken for v in violations[b])
-                chosen.extend((r, r.path, r.est_time) for r in under)
-                if not under and not broken:
-                    problems.append(f"{given}: no test under it declares {arch}")
-                continue
-            if not p.is_file():
-                problems.append(f"{given}: no such file")
-                continue
-            reg = by_path.get(rel)
-            why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
-            if why:
-                problems.append(why)
-            else:
-                chosen.append((reg, rel + sep + node, reg.est_time))
-        if problems:
-            raise LaneRefusal(
-                f"refusing to run files that {lane_name(arch)} does not run:\n  "
-                + "\n  ".join(problems)
-            )
+        chosen = _given(registry, arch, root, paths, sel)
     else:
         sel.broken.extend(str(v) for v in registry.violations)
         chosen = [(r, r.path, r.est_time) for r in registry.registrations if runs_in(r, arch)]
+    _sort_into(sel, chosen, arch, host_gpus)
+    return sel
 
+
+def _planned(registry: Registry, arch: str, plan: Path, job: str) -> list[Chosen]:
+    """The files of a planned job, each checked against its registration."""
+    by_path, violations = registry.by_path(), registry.violations_by_path()
+    tests = _plan_tests(plan, job, arch)
+    chosen: list[Chosen] = []
+    problems = []
+    for t in tests:
+        rel = t.file
+        reg = by_path.get(rel)
+        why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
+        if why is None and reg.num_gpus != t.num_gpus:
+            why = (
+                f"{rel}: the plan says num_gpus={t.num_gpus}, the registration "
+                f"{reg.num_gpus}. Fix: re-plan (`nox -s plan`)"
+            )
+        if why:
+            problems.append(why)
+        else:
+            chosen.append((reg, rel, t.est_seconds if t.est_seconds > 0 else reg.est_time))
+    if problems:
+        raise LaneRefusal("the plan does not match the registry:\n  " + "\n  ".join(problems))
+    if not tests:
+        raise LaneRefusal(f"{plan}: job {job} has no tests")
+    return chosen
+
+
+def _given(
+    registry: Registry, arch: str, root: Path, paths: list[str], sel: Selection
+) -> list[Chosen]:
+    """The files (or every file of the lane under a directory) named on the command line; a
+    broken file under a named directory goes to ``sel.broken``."""
+    by_path, violations = registry.by_path(), registry.violations_by_path()
+    chosen: list[Chosen] = []
+    problems = []
+    for given in paths:
+        file_part, sep, node = given.partition("::")
+        p = Path(file_part)
+        p = (p if p.is_absolute() else Path.cwd() / p).resolve()
+        try:
+            rel = p.relative_to(root).as_posix()
+        except ValueError:
+            problems.append(f"{given}: not inside the repository {root}")
+            continue
+        if p.is_dir():
+            prefix = "" if rel == "." else rel + "/"
+            under = [r for r in registry.registrations if r.path.startswith(prefix)]
+            under = [r for r in under if runs_in(r, arch)]
+            broken = sorted(b for b in violations if b.startswith(prefix))
+            sel.broken.extend(str(v) for b in broken for v in violations[b])
+            chosen.extend((r, r.path, r.est_time) for r in under)
+            if not under and not broken:
+                problems.append(f"{given}: no test under it declares {arch}")
+            continue
+        if not p.is_file():
+            problems.append(f"{given}: no such file")
+            continue
+        reg = by_path.get(rel)
+        why = _why_not_in_lane(rel, reg, arch, violations.get(rel, []))
+        if why:
+            problems.append(why)
+        else:
+            chosen.append((reg, rel + sep + node, reg.est_time))
+    if problems:
+        raise LaneRefusal(
+            f"refusing to run files that {lane_name(arch)} does not run:\n  "
+            + "\n  ".join(problems)
+        )
+    return chosen
+
+
+def _sort_into(sel: Selection, chosen: list[Chosen], arch: str, host_gpus: int) -> None:
+    """Each chosen file once: disabled, not runnable on this host, or runnable."""
     seen: set[str] = set()
     for reg, target, est in chosen:
         if target in seen:
@@ -174,7 +195,6 @@ def select(
             )
         else:
             sel.runnable.append(lf)
-    return sel
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 
 from .. import history
-from ..fleet import Fleet, lane_name
+from ..fleet import CpuPool, Fleet, Pool, lane_name
 from ..lane.packing import PackItem
 from .model import Job, PlannedTest, PoolSummary
-from .packing import pack
+from .packing import PackedJob, pack
 from .selection import Selected
 
 TIMEOUT_FACTOR = 1.25  # a job's timeout over its estimate (estimates are p90s, not maxima)
@@ -54,49 +54,21 @@ def pack_jobs(
             items, gpus=gpus, runners=pool.runners, budget=budget_seconds, min_job=min_job_seconds
         )
         arch = None if is_cpu else pool.arch
-        lane = lane_name(arch)
         for k, job in enumerate(packing.jobs, 1):
             job_id = f"cpu-{k}" if is_cpu else f"{arch}-{pool_name}-{k}"
-            tests = []
-            for slot in sorted(job.slots, key=lambda s: (s.start, -s.item.est_seconds, s.item.key)):
-                s, est = info[slot.item.key]
-                tests.append(
-                    PlannedTest(
-                        file=slot.item.key,
-                        num_gpus=s.reg.num_gpus,
-                        est_seconds=round(est.seconds, 1),
-                        estimate=est.source,
-                        start_seconds=round(slot.start, 1),
-                        why=s.why,
-                    )
-                )
+            jobs.append(_job_record(job_id, job, pool, arch, gpus, info))
             if job.over_budget:
                 longest = max(job.slots, key=lambda s: s.item.est_seconds).item
                 warnings.append(
-                    f"{longest.key} ({arch or 'cpu'}) is estimated at {longest.est_seconds / 60:.0f} "
-                    f"min, over the {budget_seconds / 60:.0f}-min job budget: it has a job "
-                    f"of its own ({job_id}); split the test or raise --budget-minutes"
+                    f"{longest.key} ({arch or 'cpu'}) is estimated at "
+                    f"{longest.est_seconds / 60:.0f} min, over the {budget_seconds / 60:.0f}-min "
+                    f"job budget: it has a job of its own ({job_id}); split the test or raise "
+                    "--budget-minutes"
                 )
-            jobs.append(
-                Job(
-                    id=job_id,
-                    lane=lane,
-                    arch=arch,
-                    pool=pool_name,
-                    runs_on=tuple(pool.runs_on),
-                    gpus=gpus,
-                    timeout_minutes=math.ceil(
-                        job.seconds * TIMEOUT_FACTOR / 60 + TIMEOUT_SLACK_MINUTES
-                    ),
-                    over_budget=job.over_budget,
-                    est_seconds=round(job.seconds, 1),
-                    tests=tuple(tests),
-                )
-            )
         pools.append(
             PoolSummary(
                 pool=pool_name,
-                lane=lane,
+                lane=lane_name(arch),
                 jobs=len(packing.jobs),
                 runners=pool.runners,
                 gpus_per_runner=gpus,
@@ -108,3 +80,39 @@ def pack_jobs(
             )
         )
     return jobs, pools, warnings
+
+
+def _job_record(
+    job_id: str,
+    job: PackedJob,
+    pool: Pool | CpuPool,
+    arch: str | None,
+    gpus: int,
+    info: dict[str, tuple[Selected, history.Estimate]],
+) -> Job:
+    """The :class:`~.model.Job` of one packed job: its tests in planned start order."""
+    tests = []
+    for slot in sorted(job.slots, key=lambda s: (s.start, -s.item.est_seconds, s.item.key)):
+        s, est = info[slot.item.key]
+        tests.append(
+            PlannedTest(
+                file=slot.item.key,
+                num_gpus=s.reg.num_gpus,
+                est_seconds=round(est.seconds, 1),
+                estimate=est.source,
+                start_seconds=round(slot.start, 1),
+                why=s.why,
+            )
+        )
+    return Job(
+        id=job_id,
+        lane=lane_name(arch),
+        arch=arch,
+        pool=pool.name,
+        runs_on=tuple(pool.runs_on),
+        gpus=gpus,
+        timeout_minutes=math.ceil(job.seconds * TIMEOUT_FACTOR / 60 + TIMEOUT_SLACK_MINUTES),
+        over_budget=job.over_budget,
+        est_seconds=round(job.seconds, 1),
+        tests=tuple(tests),
+    )

@@ -22,8 +22,9 @@ are listed in their planned start order (longest first): the lanes run them so. 
 ``arch: null``, ``lane: "cpu"`` and ``gpus: 1``.
 
 Invariants:
-- ``Plan.from_json(plan.to_json()) == plan``; every record's ``to_json`` writes its fields in the
-  order above, so the JSON of a plan is a pure function of the plan.
+- Each record is a dataclass whose fields are the JSON's keys, in order; its ``to_json`` and
+  ``from_json`` are derived from the fields (each says how it is checked), never written twice.
+  ``Plan.from_json(plan.to_json()) == plan``; the JSON of a plan is a pure function of the plan.
 - :meth:`Plan.from_json` checks every field (type, range) and raises :class:`PlanError` naming the
   field's path (``jobs[2].tests[0].num_gpus``), what was found and the fix; a plan file from
   elsewhere is never believed half-read.
@@ -33,221 +34,141 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 PLAN_VERSION = 1
+# Seconds a plan may state: finite, non-negative and below a century (a planner never writes more).
+MAX_SECONDS = 100 * 365 * 86400.0
 
 
 class PlanError(ValueError):
     """A plan cannot be used; the message names the file or field and the fix."""
 
 
-@dataclass(frozen=True)
-class NotScheduled:
-    """A (test file, arch) the plan does not run, with a reason code and the reason."""
-
-    file: str
-    arch: str | None
-    code: str
-    reason: str
-
-    def to_json(self) -> dict:
-        return {"file": self.file, "arch": self.arch, "code": self.code, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> NotScheduled:
-        r = _Reader(data, where)
-        return cls(r.text("file"), r.opt_text("arch"), r.text("code"), r.text("reason"))
+def _read(how: str, *args: object) -> dict[str, Any]:
+    """Field metadata: the field is read back by ``_Reader.<how>(key, *args)``."""
+    return {"read": (how, args)}
 
 
-@dataclass(frozen=True)
-class PlannedTest:
-    """One test file of a job: its GPUs, its estimate and where it came from, its planned start
-    (seconds after the job starts) and why it runs."""
-
-    file: str
-    num_gpus: int
-    est_seconds: float
-    estimate: str  # "history" | "est_time"
-    start_seconds: float
-    why: str
+class _Record:
+    """JSON of a dataclass record: its fields, in order; nested records and sequences as JSON."""
 
     def to_json(self) -> dict:
-        return {
-            "file": self.file,
-            "num_gpus": self.num_gpus,
-            "est_seconds": self.est_seconds,
-            "estimate": self.estimate,
-            "start_seconds": self.start_seconds,
-            "why": self.why,
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_json(cls, data: object, where: str) -> PlannedTest:
+    def from_json(cls, data: object, where: str):
         r = _Reader(data, where)
         return cls(
-            r.text("file"),
-            r.integer("num_gpus", minimum=0),
-            r.seconds("est_seconds"),
-            r.text("estimate"),
-            r.seconds("start_seconds"),
-            r.text("why"),
+            *(
+                getattr(r, f.metadata["read"][0])(f.name, *f.metadata["read"][1])
+                for f in fields(cls)
+            )
         )
 
 
+def _plain(value: object) -> object:
+    if isinstance(value, _Record):
+        return value.to_json()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
-class Job:
+class NotScheduled(_Record):
+    """A (test file, arch) the plan does not run, with a reason code and the reason."""
+
+    file: str = field(metadata=_read("text"))
+    arch: str | None = field(metadata=_read("opt_text"))
+    code: str = field(metadata=_read("text"))
+    reason: str = field(metadata=_read("text"))
+
+
+@dataclass(frozen=True)
+class PlannedTest(_Record):
+    """One test file of a job: its GPUs, its estimate and where it came from, its planned start
+    (seconds after the job starts) and why it runs."""
+
+    file: str = field(metadata=_read("text"))
+    num_gpus: int = field(metadata=_read("integer", 0))
+    est_seconds: float = field(metadata=_read("seconds"))
+    estimate: str = field(metadata=_read("text"))  # "history" | "est_time"
+    start_seconds: float = field(metadata=_read("seconds"))
+    why: str = field(metadata=_read("text"))
+
+
+@dataclass(frozen=True)
+class Job(_Record):
     """One runner job: a lane on a pool's runner, with its tests in start order."""
 
-    id: str
-    lane: str
-    arch: str | None
-    pool: str
-    runs_on: tuple[str, ...]
-    gpus: int
-    timeout_minutes: int
-    over_budget: bool
-    est_seconds: float
-    tests: tuple[PlannedTest, ...]
+    id: str = field(metadata=_read("text"))
+    lane: str = field(metadata=_read("text"))
+    arch: str | None = field(metadata=_read("opt_text"))
+    pool: str = field(metadata=_read("text"))
+    runs_on: tuple[str, ...] = field(metadata=_read("texts", tuple))
+    gpus: int = field(metadata=_read("integer", 1))
+    timeout_minutes: int = field(metadata=_read("integer", 1))
+    over_budget: bool = field(metadata=_read("flag"))
+    est_seconds: float = field(metadata=_read("seconds"))
+    tests: tuple[PlannedTest, ...] = field(metadata=_read("records", PlannedTest, tuple))
 
     @property
     def files(self) -> list[str]:
         return [t.file for t in self.tests]
 
-    def to_json(self) -> dict:
-        return {
-            "id": self.id,
-            "lane": self.lane,
-            "arch": self.arch,
-            "pool": self.pool,
-            "runs_on": list(self.runs_on),
-            "gpus": self.gpus,
-            "timeout_minutes": self.timeout_minutes,
-            "over_budget": self.over_budget,
-            "est_seconds": self.est_seconds,
-            "tests": [t.to_json() for t in self.tests],
-        }
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> Job:
-        r = _Reader(data, where)
-        return cls(
-            r.text("id"),
-            r.text("lane"),
-            r.opt_text("arch"),
-            r.text("pool"),
-            tuple(r.texts("runs_on")),
-            r.integer("gpus", minimum=1),
-            r.integer("timeout_minutes", minimum=1),
-            r.flag("over_budget"),
-            r.seconds("est_seconds"),
-            tuple(r.records("tests", PlannedTest)),
-        )
-
 
 @dataclass(frozen=True)
-class PoolSummary:
+class PoolSummary(_Record):
     """How one pool's jobs are packed: counts, work, makespan against its lower bound."""
 
-    pool: str
-    lane: str
-    jobs: int
-    runners: int
-    gpus_per_runner: int
-    tests: int
-    gpu_seconds: float
-    makespan_seconds: float
-    lower_bound_seconds: float
-    strategy: str
-
-    def to_json(self) -> dict:
-        return {
-            "pool": self.pool,
-            "lane": self.lane,
-            "jobs": self.jobs,
-            "runners": self.runners,
-            "gpus_per_runner": self.gpus_per_runner,
-            "tests": self.tests,
-            "gpu_seconds": self.gpu_seconds,
-            "makespan_seconds": self.makespan_seconds,
-            "lower_bound_seconds": self.lower_bound_seconds,
-            "strategy": self.strategy,
-        }
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> PoolSummary:
-        r = _Reader(data, where)
-        return cls(
-            r.text("pool"),
-            r.text("lane"),
-            r.integer("jobs", minimum=0),
-            r.integer("runners", minimum=1),
-            r.integer("gpus_per_runner", minimum=1),
-            r.integer("tests", minimum=0),
-            r.seconds("gpu_seconds"),
-            r.seconds("makespan_seconds"),
-            r.seconds("lower_bound_seconds"),
-            r.text("strategy"),
-        )
+    pool: str = field(metadata=_read("text"))
+    lane: str = field(metadata=_read("text"))
+    jobs: int = field(metadata=_read("integer", 0))
+    runners: int = field(metadata=_read("integer", 1))
+    gpus_per_runner: int = field(metadata=_read("integer", 1))
+    tests: int = field(metadata=_read("integer", 0))
+    gpu_seconds: float = field(metadata=_read("seconds"))
+    makespan_seconds: float = field(metadata=_read("seconds"))
+    lower_bound_seconds: float = field(metadata=_read("seconds"))
+    strategy: str = field(metadata=_read("text"))
 
 
 @dataclass(frozen=True)
-class SelectionSummary:
+class SelectionSummary(_Record):
     """Whether the change selected everything (and why), and how many paths it changed."""
 
-    everything: bool
-    because: tuple[str, ...]
-    changed_paths: int
-
-    def to_json(self) -> dict:
-        return {
-            "everything": self.everything,
-            "because": list(self.because),
-            "changed_paths": self.changed_paths,
-        }
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> SelectionSummary:
-        r = _Reader(data, where)
-        return cls(r.flag("everything"), tuple(r.texts("because")), r.integer("changed_paths"))
+    everything: bool = field(metadata=_read("flag"))
+    because: tuple[str, ...] = field(metadata=_read("texts", tuple))
+    changed_paths: int = field(metadata=_read("integer", 0))
 
 
 @dataclass
-class Plan:
+class Plan(_Record):
     """A whole plan (see the module docstring)."""
 
-    event: str
-    cadence: str | None
-    base: str | None
-    head: str | None
-    worktree: bool
-    trusted: bool
-    budget_seconds: float
-    selection: SelectionSummary
-    jobs: list[Job] = field(default_factory=list)
-    pools: list[PoolSummary] = field(default_factory=list)
-    not_scheduled: list[NotScheduled] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    event: str = field(metadata=_read("text"))
+    cadence: str | None = field(metadata=_read("opt_text"))
+    base: str | None = field(metadata=_read("opt_text"))
+    head: str | None = field(metadata=_read("opt_text"))
+    worktree: bool = field(metadata=_read("flag"))
+    trusted: bool = field(metadata=_read("flag"))
+    budget_seconds: float = field(metadata=_read("seconds"))
+    selection: SelectionSummary = field(metadata=_read("record", SelectionSummary))
+    jobs: list[Job] = field(default_factory=list, metadata=_read("records", Job, list))
+    pools: list[PoolSummary] = field(
+        default_factory=list, metadata=_read("records", PoolSummary, list)
+    )
+    not_scheduled: list[NotScheduled] = field(
+        default_factory=list, metadata=_read("records", NotScheduled, list)
+    )
+    warnings: list[str] = field(default_factory=list, metadata=_read("texts", list))
+    errors: list[str] = field(default_factory=list, metadata=_read("texts", list))
 
     def to_json(self) -> dict:
-        return {
-            "version": PLAN_VERSION,
-            "event": self.event,
-            "cadence": self.cadence,
-            "base": self.base,
-            "head": self.head,
-            "worktree": self.worktree,
-            "trusted": self.trusted,
-            "budget_seconds": self.budget_seconds,
-            "selection": self.selection.to_json(),
-            "jobs": [j.to_json() for j in self.jobs],
-            "pools": [p.to_json() for p in self.pools],
-            "not_scheduled": [n.to_json() for n in self.not_scheduled],
-            "warnings": list(self.warnings),
-            "errors": list(self.errors),
-        }
+        return {"version": PLAN_VERSION, **super().to_json()}
 
     def dumps(self) -> str:
         """The plan file's text (what ``--output`` writes)."""
@@ -261,28 +182,11 @@ class Plan:
                 f"{source}: not a version-{PLAN_VERSION} plan; write one with "
                 "`mizzen-ci plan --output`"
             )
+        fields_only = {k: v for k, v in data.items() if k != "version"}
         try:
-            return cls._read(_Reader(data, ""))
+            return super().from_json(fields_only, "")
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
-
-    @classmethod
-    def _read(cls, r: _Reader) -> Plan:
-        return cls(
-            r.text("event"),
-            r.opt_text("cadence"),
-            r.opt_text("base"),
-            r.opt_text("head"),
-            r.flag("worktree"),
-            r.flag("trusted"),
-            r.seconds("budget_seconds"),
-            r.record("selection", SelectionSummary),
-            r.records("jobs", Job),
-            r.records("pools", PoolSummary),
-            r.records("not_scheduled", NotScheduled),
-            r.texts("warnings"),
-            r.texts("errors"),
-        )
 
     @classmethod
     def load(cls, path: Path | str) -> Plan:
@@ -303,16 +207,12 @@ class Plan:
         raise PlanError(f"the plan has no job {job_id!r}; its jobs: {ids or 'none'}")
 
 
-# Seconds a plan may state: finite, non-negative and below a century (a planner never writes more).
-_MAX_SECONDS = 100 * 365 * 86400.0
-
-
 class _Reader:
     """Typed access to one JSON object's fields, with errors naming the field's path."""
 
     def __init__(self, data: object, where: str):
         if not isinstance(data, dict):
-            raise PlanError(f"{where or 'the plan'}: expected a JSON object, got {_kind(data)}")
+            raise PlanError(f"{where or 'the plan'}: expected a JSON object, got {_shown(data)}")
         self.data, self.where = data, where
 
     def _field(self, key: str) -> str:
@@ -324,7 +224,7 @@ class _Reader:
         return self.data[key]
 
     def _bad(self, key: str, wanted: str, value: object) -> PlanError:
-        return PlanError(f"{self._field(key)}: expected {wanted}, got {_kind(value)}")
+        return PlanError(f"{self._field(key)}: expected {wanted}, got {_shown(value)}")
 
     def text(self, key: str) -> str:
         value = self._get(key)
@@ -344,7 +244,7 @@ class _Reader:
             raise self._bad(key, "true or false", value)
         return value
 
-    def integer(self, key: str, minimum: int = 0) -> int:
+    def integer(self, key: str, minimum: int) -> int:
         value = self._get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**31:
             raise self._bad(key, f"an integer from {minimum} to {2**31 - 1}", value)
@@ -355,28 +255,27 @@ class _Reader:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not (math.isfinite(value) and 0 <= value <= _MAX_SECONDS)
+            or not (math.isfinite(value) and 0 <= value <= MAX_SECONDS)
         ):
             raise self._bad(key, "a number of seconds (finite, ≥ 0, under a century)", value)
         return value
 
-    def texts(self, key: str) -> list[str]:
+    def texts(self, key: str, container: type) -> list[str] | tuple[str, ...]:
         value = self._get(key)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self._bad(key, "a list of strings", value)
-        return list(value)
+        return container(value)
 
-    def record(self, key: str, kind: type):
+    def record(self, key: str, kind: type[_Record]) -> _Record:
         return kind.from_json(self._get(key), self._field(key))
 
-    def records(self, key: str, kind: type) -> list:
+    def records(self, key: str, kind: type[_Record], container: type) -> list | tuple:
         value = self._get(key)
         if not isinstance(value, list):
             raise self._bad(key, "a list", value)
-        return [kind.from_json(v, f"{self._field(key)}[{i}]") for i, v in enumerate(value)]
+        return container(kind.from_json(v, f"{self._field(key)}[{i}]") for i, v in enumerate(value))
 
 
-def _kind(value: object) -> str:
+def _shown(value: object) -> str:
     text = json.dumps(value) if isinstance(value, str | int | float | bool | None) else ""
-    shown = f" {text[:40]}" if text else ""
-    return f"{type(value).__name__}{shown}"
+    return f"{type(value).__name__}{f' {text[:40]}' if text else ''}"

@@ -19,7 +19,7 @@ going to fewer jobs):
 1. A test longer than the budget opens a job of its own, timed by that test (the caller warns).
    Its spare GPUs take other tests only where they end before it does, so that job is never
    longer than its test and no budgeted job is stretched by it.
-2. *Job count*: the budgeted jobs number at least ``ceil(W / (gpus × budget))`` (W: GPU-seconds
+2. *PackedJob count*: the budgeted jobs number at least ``ceil(W / (gpus × budget))`` (W: GPU-seconds
    not absorbed beside the long tests) and are spread over up to ``runners`` while each keeps
    ``min_job`` seconds of work (a job costs a runner's set-up); a few counts around that are
    packed longest first, each test into the job where it *finishes* earliest, never past the
@@ -50,7 +50,10 @@ from ..lane.packing import simulate as lane_simulate
 
 
 @dataclass(frozen=True)
-class Job:
+class PackedJob:
+    """A runner job as packed: its tests' slots; ``over_budget`` when it holds one test longer than
+    the budget."""
+
     slots: tuple[Slot, ...]
     over_budget: bool = False  # a single test longer than the budget
 
@@ -63,7 +66,7 @@ class Job:
 class Packing:
     """The jobs of one pool (longest first) and how good the schedule is."""
 
-    jobs: tuple[Job, ...]
+    jobs: tuple[PackedJob, ...]
     gpus: int
     runners: int
     budget: float
@@ -116,7 +119,7 @@ def longest_first(items: Sequence[PackItem]) -> list[PackItem]:
 
 
 def _finalise(
-    jobs: list[Job],
+    jobs: list[PackedJob],
     gpus: int,
     runners: int,
     budget: float,
@@ -133,19 +136,19 @@ def _finalise(
 
 def _fill_beside(
     anchors: Sequence[PackItem], items: list[PackItem], gpus: int
-) -> tuple[list[Job], list[PackItem]]:
+) -> tuple[list[PackedJob], list[PackItem]]:
     """One job per anchor (a test over the budget), its spare GPUs filled with tests that end
     before it does, checked by simulating the job as the lane runs it; the tests left over."""
     contents = [[a] for a in anchors]
     room = [(gpus - a.num_gpus) * a.est_seconds for a in anchors]  # spare GPU-seconds
-    jobs = [Job(simulate_job(c, gpus), over_budget=True) for c in contents]
+    jobs = [PackedJob(simulate_job(c, gpus), over_budget=True) for c in contents]
     left: list[PackItem] = []
     for item in items:
         for k in sorted(range(len(anchors)), key=lambda k: -room[k]):
             a = anchors[k]
             if item.num_gpus > gpus - a.num_gpus or item.gpu_seconds > room[k]:
                 continue
-            trial = Job(simulate_job([*contents[k], item], gpus), over_budget=True)
+            trial = PackedJob(simulate_job([*contents[k], item], gpus), over_budget=True)
             if trial.seconds <= a.est_seconds * (1 + 1e-9):
                 contents[k].append(item)
                 room[k] -= item.gpu_seconds
@@ -158,7 +161,7 @@ def _fill_beside(
 
 def _earliest_finish(
     items: list[PackItem], gpus: int, limits: Sequence[float]
-) -> list[Job | None] | None:
+) -> list[PackedJob | None] | None:
     """Longest-first, each item into the job where it finishes earliest within that job's
     limit (in the conservative model); ``None`` when some item fits no job."""
     jobs = len(limits)
@@ -195,14 +198,14 @@ def _earliest_finish(
             if len(h) > 4 * jobs + 64:  # drop stale entries now and then
                 h[:] = [e for e in h if e[2] == version[e[1]]]
                 heapq.heapify(h)
-    return [Job(simulate_job(p, gpus)) if p else None for p in placed]
+    return [PackedJob(simulate_job(p, gpus)) if p else None for p in placed]
 
 
-def _round_robin(items: Sequence[PackItem], gpus: int, n: int) -> list[Job]:
+def _round_robin(items: Sequence[PackItem], gpus: int, n: int) -> list[PackedJob]:
     per_job: list[list[PackItem]] = [[] for _ in range(n)]
     for k, item in enumerate(items):
         per_job[k % n].append(item)
-    return [Job(simulate_job(longest_first(p), gpus)) for p in per_job if p]
+    return [PackedJob(simulate_job(longest_first(p), gpus)) for p in per_job if p]
 
 
 def job_counts(
@@ -298,7 +301,7 @@ def pack(
     # winner has: the result is never worse than it.
     n = best.budgeted_jobs
     if n:
-        alone = [Job(simulate_job([a], gpus), over_budget=True) for a in anchors]
+        alone = [PackedJob(simulate_job([a], gpus), over_budget=True) for a in anchors]
         rr = alone + _round_robin([i for i in items if i.est_seconds <= budget], gpus, n)
         if _valid(rr, budget):
             candidate = _finalise(rr, gpus, runners, budget, lb, "round-robin")
@@ -307,7 +310,7 @@ def pack(
     return best
 
 
-def _valid(jobs: Sequence[Job], budget: float) -> bool:
+def _valid(jobs: Sequence[PackedJob], budget: float) -> bool:
     """Every budgeted job within the budget, every long test's job no longer than that test."""
     for job in jobs:
         if job.over_budget:
@@ -324,13 +327,13 @@ def _better(a: Packing, b: Packing) -> bool:
 
 
 def _timeline_pack(
-    anchor_jobs: Sequence[Job],
+    anchor_jobs: Sequence[PackedJob],
     rest: list[PackItem],
     gpus: int,
     runners: int,
     budget: float,
     target: float,
-) -> list[Job] | None:
+) -> list[PackedJob] | None:
     """Jobs that give each runner about ``target`` seconds, queued in the order that hands each
     runner its planned jobs; ``None`` when the tests do not fit.
 
@@ -338,7 +341,9 @@ def _timeline_pack(
     remaining time up to ``target`` is cut into jobs of ``budget`` seconds and one shorter
     remainder, and the tests are placed into those by :func:`_earliest_finish`."""
     load = [0.0] * runners
-    plan: list[list[Job | int]] = [[] for _ in range(runners)]  # a job, or an index into found
+    plan: list[list[PackedJob | int]] = [
+        [] for _ in range(runners)
+    ]  # a job, or an index into found
     for job in anchor_jobs:
         r = min(range(runners), key=lambda r: (load[r], r))
         load[r] += job.seconds
@@ -356,9 +361,9 @@ def _timeline_pack(
     if found is None:
         return None
     # Queue order: replay the runners, the one that frees first taking its next planned job.
-    queue = [[x if isinstance(x, Job) else found[x] for x in p] for p in plan]
+    queue = [[x if isinstance(x, PackedJob) else found[x] for x in p] for p in plan]
     queue = [[j for j in q if j is not None] for q in queue]  # planned jobs that got no test
-    order: list[Job] = []
+    order: list[PackedJob] = []
     free = [(0.0, r) for r in range(runners) if queue[r]]
     heapq.heapify(free)
     cursor = [0] * runners
@@ -373,7 +378,7 @@ def _timeline_pack(
 
 
 def _timeline_search(
-    anchor_jobs: Sequence[Job],
+    anchor_jobs: Sequence[PackedJob],
     rest: list[PackItem],
     gpus: int,
     runners: int,

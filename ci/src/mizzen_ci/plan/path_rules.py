@@ -6,7 +6,7 @@ decides.  The effects:
 - ``nothing``: selects no test (documentation, benchmark scripts).
 - ``everything``: selects every test (dependencies, the CI and lanes themselves, workflows).
 - ``python``: package source; the tests whose import closure reaches the module are selected
-  (:mod:`mizzen_ci.impact`).
+  (:mod:`mizzen_ci.plan.impact`).
 - ``tests``: a path under ``tests/``: a test file selects itself; a ``conftest.py`` selects the
   tests of its directory and below; an imported helper module selects its importers; any other
   file there is data, read by the tests of the directories that hold it.

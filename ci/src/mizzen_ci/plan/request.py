@@ -109,6 +109,40 @@ def parse_commands(body: str) -> list[tuple[str, list[str]]]:
 
 def build_request(inputs: Inputs, fleet: Fleet) -> Request:
     """The :class:`Request` for ``inputs``; :class:`RequestError` for contradictory inputs."""
+    cadence = _cadence(inputs)
+    asks = _Asks(fleet)
+    asks.read_labels(inputs.labels)
+    asks.read_comments(inputs.comments)
+    if inputs.event in ("merge_group", "push") and (asks.labels or asks.every_label or asks.arches):
+        asks.warnings.append(
+            f"labels and comment commands apply to pull requests, not {inputs.event}"
+        )
+        asks.labels, asks.every_label, asks.arches = set(), False, []
+    trusted = is_trusted(inputs)
+    scheduled = inputs.event in ("schedule", "workflow_dispatch")
+    if scheduled:
+        mode = Mode.ALL if cadence == "weekly" else (Mode.EXPLICIT if asks.arches else Mode.AUTO)
+    else:
+        mode = Mode.EXPLICIT if asks.arches else Mode.AUTO
+    return Request(
+        event=inputs.event,
+        cadence=cadence,
+        cpu_all=inputs.event != "pull_request",
+        gpu_all=scheduled,
+        gpu_impacted=not scheduled,
+        gpu_labels=frozenset(asks.labels),
+        gpu_every_label=asks.every_label,
+        include_nightly=scheduled,
+        arch_mode=mode,
+        arches=tuple(dict.fromkeys(asks.arches)),
+        trusted=trusted,
+        gpu_blocked=None if trusted else _why_gpu_blocked(inputs),
+        warnings=tuple(asks.warnings),
+    )
+
+
+def _cadence(inputs: Inputs) -> str | None:
+    """The cadence the event runs at; :class:`RequestError` when event and cadence disagree."""
     if inputs.event not in EVENTS:
         raise RequestError(f"unknown event {inputs.event!r}; use one of {', '.join(EVENTS)}")
     cadence = inputs.cadence
@@ -122,92 +156,75 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         raise RequestError(
             f"--cadence applies to schedule and workflow_dispatch, not {inputs.event}"
         )
+    return cadence
 
-    warnings: list[str] = []
-    labels: set[str] = set()
-    every_label = False
-    arches: list[str] = []
 
-    def ask_label(name: str, where: str) -> None:
-        nonlocal every_label
+class _Asks:
+    """What labels and comment commands ask for, checked against the fleet's vocabulary; every
+    name it does not know is a warning, never a silent selection."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self.labels: set[str] = set()
+        self.every_label = False
+        self.arches: list[str] = []
+        self.warnings: list[str] = []
+
+    def label(self, name: str, where: str) -> None:
         if name == "all":
-            every_label = True
-        elif name in fleet.labels:
-            labels.add(name)
+            self.every_label = True
+        elif name in self.fleet.labels:
+            self.labels.add(name)
         else:
-            warnings.append(
-                f"{where}: unknown test label {name!r} (known: {', '.join(sorted(fleet.labels))})"
-            )
+            known = ", ".join(sorted(self.fleet.labels))
+            self.warnings.append(f"{where}: unknown test label {name!r} (known: {known})")
 
-    def ask_arch(name: str, where: str) -> None:
-        if name in fleet.arch_names:
-            arches.append(name)
+    def arch(self, name: str, where: str) -> None:
+        if name in self.fleet.arch_names:
+            self.arches.append(name)
         else:
-            warnings.append(
-                f"{where}: unknown GPU generation {name!r} (known: {', '.join(fleet.arch_names)})"
-            )
+            known = ", ".join(self.fleet.arch_names)
+            self.warnings.append(f"{where}: unknown GPU generation {name!r} (known: {known})")
 
-    for label in inputs.labels:
-        if label == RUN_CI_ALL:
-            every_label = True
-        elif label.startswith(RUN_CI_PREFIX):
-            ask_label(label[len(RUN_CI_PREFIX) :], f"label {label}")
-        elif label.startswith(RUN_ON_PREFIX):
-            ask_arch(label[len(RUN_ON_PREFIX) :], f"label {label}")
+    def read_labels(self, labels: tuple[str, ...]) -> None:
+        for label in labels:
+            if label == RUN_CI_ALL:
+                self.every_label = True
+            elif label.startswith(RUN_CI_PREFIX):
+                self.label(label[len(RUN_CI_PREFIX) :], f"label {label}")
+            elif label.startswith(RUN_ON_PREFIX):
+                self.arch(label[len(RUN_ON_PREFIX) :], f"label {label}")
 
-    for comment in inputs.comments:
-        commands = parse_commands(comment.body)
-        if not commands:
-            continue
-        if comment.association.upper() not in TRUSTED_ASSOCIATIONS:
-            warnings.append(
-                f"ignored comment command(s) {', '.join('/' + c for c, _ in commands)} from an "
-                f"author with association {comment.association}: only "
-                f"{', '.join(sorted(TRUSTED_ASSOCIATIONS))} may ask for GPU runs"
-            )
-            continue
-        for command, args in commands:
-            if not args:
-                warnings.append(f"/{command} without arguments does nothing")
-            for arg in args:
-                (ask_label if command == "run-ci" else ask_arch)(arg, f"/{command} {arg}")
+    def read_comments(self, comments: tuple[Comment, ...]) -> None:
+        for comment in comments:
+            commands = parse_commands(comment.body)
+            if not commands:
+                continue
+            if comment.association.upper() not in TRUSTED_ASSOCIATIONS:
+                self.warnings.append(
+                    f"ignored comment command(s) {', '.join('/' + c for c, _ in commands)} from "
+                    f"an author with association {comment.association}: only "
+                    f"{', '.join(sorted(TRUSTED_ASSOCIATIONS))} may ask for GPU runs"
+                )
+                continue
+            for command, args in commands:
+                if not args:
+                    self.warnings.append(f"/{command} without arguments does nothing")
+                for arg in args:
+                    (self.label if command == "run-ci" else self.arch)(arg, f"/{command} {arg}")
 
-    if inputs.event in ("merge_group", "push") and (labels or every_label or arches):
-        warnings.append(f"labels and comment commands apply to pull requests, not {inputs.event}")
-        labels, every_label, arches = set(), False, []
 
-    trusted = is_trusted(inputs)
-    gpu_blocked = None
-    if not trusted:
-        if OK_TO_TEST not in inputs.labels:
-            gpu_blocked = (
-                f"author not trusted (association {inputs.author_association or 'unknown'}, fork):"
-                f" GPU jobs wait for a maintainer to add the `{OK_TO_TEST}` label"
-            )
-        elif inputs.action != "labeled":
-            gpu_blocked = (
-                f"author not trusted: `{OK_TO_TEST}` approves the commit it was added on; new "
-                f"commits arrived ({inputs.action or 'unknown'} event), so a maintainer adds a "
-                "label again to approve them"
-            )
-
-    scheduled = inputs.event in ("schedule", "workflow_dispatch")
-    if scheduled:
-        mode = Mode.ALL if cadence == "weekly" else (Mode.EXPLICIT if arches else Mode.AUTO)
-    else:
-        mode = Mode.EXPLICIT if arches else Mode.AUTO
-    return Request(
-        event=inputs.event,
-        cadence=cadence,
-        cpu_all=inputs.event != "pull_request",
-        gpu_all=scheduled,
-        gpu_impacted=not scheduled,
-        gpu_labels=frozenset(labels),
-        gpu_every_label=every_label,
-        include_nightly=scheduled,
-        arch_mode=mode,
-        arches=tuple(dict.fromkeys(arches)),
-        trusted=trusted,
-        gpu_blocked=gpu_blocked,
-        warnings=tuple(warnings),
-    )
+def _why_gpu_blocked(inputs: Inputs) -> str | None:
+    """Why an untrusted author's GPU jobs may not run (None: a maintainer approved this head)."""
+    if OK_TO_TEST not in inputs.labels:
+        return (
+            f"author not trusted (association {inputs.author_association or 'unknown'}, fork):"
+            f" GPU jobs wait for a maintainer to add the `{OK_TO_TEST}` label"
+        )
+    if inputs.action != "labeled":
+        return (
+            f"author not trusted: `{OK_TO_TEST}` approves the commit it was added on; new "
+            f"commits arrived ({inputs.action or 'unknown'} event), so a maintainer adds a "
+            "label again to approve them"
+        )
+    return None

@@ -53,17 +53,21 @@ def _check_est_time(value, fleet: Fleet):
     return float(value)
 
 
-def _check_labels(value, fleet: Fleet):
-    labels = _strings(value, "labels")
-    unknown = sorted(set(labels) - fleet.labels)
+def _known(value, field_name: str, known: frozenset[str], rule: str, what: str, fix: str):
+    """A list of names from one of the fleet's vocabularies (``known``)."""
+    names = _strings(value, field_name)
+    unknown = sorted(set(names) - known)
     if unknown:
-        raise RuleBroken(
-            "label-unknown",
-            f"unknown label(s) {', '.join(unknown)}",
-            f"use labels from `labels` in {fleet.path.name} ({', '.join(sorted(fleet.labels))}) "
-            "or add the new label there",
-        )
-    return labels
+        raise RuleBroken(rule, f"unknown {what} {', '.join(unknown)}", fix)
+    return names
+
+
+def _check_labels(value, fleet: Fleet):
+    fix = (
+        f"use labels from `labels` in {fleet.path.name} ({', '.join(sorted(fleet.labels))}) "
+        "or add the new label there"
+    )
+    return _known(value, "labels", fleet.labels, "label-unknown", "label(s)", fix)
 
 
 def _check_nightly(value, fleet: Fleet):
@@ -118,15 +122,8 @@ def _check_num_gpus(value, fleet: Fleet):
 
 
 def _check_needs(value, fleet: Fleet):
-    needs = _strings(value, "needs")
-    unknown = sorted(set(needs) - fleet.capabilities)
-    if unknown:
-        raise RuleBroken(
-            "needs-unknown",
-            f"unknown capability(ies) {', '.join(unknown)}",
-            f"use capabilities from {fleet.path.name}: {', '.join(sorted(fleet.capabilities))}",
-        )
-    return needs
+    fix = f"use capabilities from {fleet.path.name}: {', '.join(sorted(fleet.capabilities))}"
+    return _known(value, "needs", fleet.capabilities, "needs-unknown", "capability(ies)", fix)
 
 
 VALIDATORS: dict[str, Callable] = {

@@ -6,19 +6,19 @@ by the sha256 of the file's bytes:
 
 - ``facts_for(path, key)`` / ``facts_for_many([(path, key), ...])``: the facts of files; ``key``
   names the file in the stat index (e.g. its root-relative path).
-- ``derive_many([(path, key, arg), ...], derive)``: per file ``derive(key, arg, facts) ->
+- ``derive_iter([(path, key, arg), ...], derive)``: per file ``derive(key, arg, facts) ->
   (kept, extra)``, for a caller with per-file results of its own (the planner: a test file's
-  validated registration is ``kept``, a module's resolved import names are ``extra``).  ``kept``
-  is stored and reused by a later run for the same key, bytes, ``arg`` and cache ``context``
-  without looking at the facts at all (then ``extra`` is None); ``extra`` lives for this run
-  only.  With nothing changed a run costs one ``stat`` per file and one cache load.
-  ``derive_iter`` gives the same pairs as they are ready (a cold run's workers start before it
-  returns).  With ``scan(key, arg, source) -> kept | None`` a file read afresh is first offered
-  to ``scan`` (where its bytes are: in a worker on a cold run): a value that is not None is the
-  file's ``kept`` (``extra`` None), and the file is not parsed; None parses it as usual.  So a
-  key's ``kept`` is one of two values for the same bytes and ``arg`` (the caller's ``scan`` and
-  ``derive`` must both be answers it can use); ``scanned`` counts the files answered so.  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the
-  last run kept, ``sha_of(key)`` a file's content hash in this run and ``facts_of(sha)`` the facts
+  validated registration is ``kept``, a module's resolved import names are ``extra``), as
+  ``(index, (kept, extra))`` pairs in the order they are ready (a cold run's workers start before
+  it returns).  ``kept`` is stored and reused by a later run for the same key, bytes, ``arg`` and
+  cache ``context`` without looking at the facts at all (then ``extra`` is None); ``extra`` lives
+  for this run only.  With nothing changed a run costs one ``stat`` per file and one cache load.
+  With ``scan(key, arg, source) -> kept | None`` a file read afresh is first offered to ``scan``
+  (where its bytes are: in a worker on a cold run): a value that is not None is the file's
+  ``kept`` (``extra`` None), and the file is not parsed; None parses it as usual.  So a key's
+  ``kept`` is one of two values for the same bytes and ``arg`` (the caller's ``scan`` and
+  ``derive`` must both be answers it can use); ``scanned`` counts the files answered so.
+  ``recomputed`` names the keys derived afresh, ``previous_derived()`` is what the last run kept, ``sha_of(key)`` a file's content hash in this run and ``facts_of(sha)`` the facts
   of any content this or the last run saw (to update an aggregate incrementally).
 - ``section(name)`` / ``set_section(name, value)``: one aggregate value per name kept with the
   cache (the planner's reverse import index).  Saved only when set in this run and every kept
@@ -216,22 +216,6 @@ class FactsCache:
             out[i] = facts
         return out
 
-    def derive_many(
-        self,
-        items: Sequence[_Item],
-        derive: Derive,
-        workers: int | None = None,
-        scan: Scan | None = None,
-    ) -> list[tuple[object, object]]:
-        """``(kept, extra)`` of each ``(path, key, arg)``: from ``derive(key, arg, facts)``, or
-        ``(kept, None)`` reused from the last run when the key's content, ``arg`` and the cache
-        context are the same.  ``derive`` runs where the facts are (in a worker process on a
-        cold run): it must be a pure function of its arguments."""
-        out: list = [None] * len(items)
-        for i, value in self.derive_iter(items, derive, workers, scan):
-            out[i] = value
-        return out
-
     def derive_iter(
         self,
         items: Sequence[_Item],
@@ -239,7 +223,11 @@ class FactsCache:
         workers: int | None = None,
         scan: Scan | None = None,
     ) -> Iterator[tuple[int, tuple[object, object]]]:
-        """:meth:`derive_many` as ``(index in items, (kept, extra))`` pairs in the order they
+        """``(index in items, (kept, extra))`` of each ``(path, key, arg)``: from
+        ``derive(key, arg, facts)``, or ``(kept, None)`` reused from the last run when the key's
+        content, ``arg`` and the cache context are the same; ``derive`` runs where the facts are
+        (in a worker process on a cold run): it must be a pure function of its arguments.  Pairs
+        come in the order they
         are ready (workers finish in any order), so that a caller can use each while the rest
         is being parsed.  On a cold cache the reading starts before this returns, so the
         caller can do other work first.  Every index comes once; consume it to the end.

@@ -40,7 +40,7 @@ import keyword
 import re
 import sys
 
-from ...imports.reach import is_dict_pair
+from ...imports.reach import is_dict_pair, list_under
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KEYWORDS = frozenset(keyword.kwlist)
@@ -87,7 +87,7 @@ class PendingNodes:
         if node in self.nodes:
             self.remove(node)
         self.nodes[node] = words
-        _list_under_words(self.words, node, words)
+        list_under(self.words, node, words)
         self._sorted = None
 
     def remove(self, node: str) -> None:
@@ -123,19 +123,10 @@ class PendingNodes:
         if self._stale:
             words: dict[str, list[str]] = {}
             for node, spelled in self.nodes.items():
-                _list_under_words(words, node, spelled)
+                list_under(words, node, spelled)
             self.words, self._stale = words, False
         return self.words, self.nodes
 
     @classmethod
     def from_data(cls, data: object) -> PendingNodes | None:
         return cls(data[0], data[1]) if is_dict_pair(data) else None
-
-
-def _list_under_words(table: dict[str, list[str]], node: str, words: tuple[str, ...]) -> None:
-    for w in words:
-        found = table.get(w)
-        if found is None:
-            table[w] = [node]
-        else:
-            found.append(node)
