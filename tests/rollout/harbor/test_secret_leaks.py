@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from mizzen_ci import register_cpu_ci
+from mizzen_rollout.harbor import run_sync
 from mizzen_rollout.harbor.credentials import (
     PROVIDER_SPECS,
     ProviderSpec,
@@ -483,3 +487,67 @@ def test_agent_setup_repr_masks_its_kwargs() -> None:
     merge_agent_kwargs(setup, {"llm_kwargs": {"api_key": SECRET}})
     assert setup.kwargs["llm_kwargs"]["api_key"] == SECRET  # the value is untouched
     assert SECRET not in repr(setup)
+
+
+def test_a_credential_base_url_never_reaches_the_engine(
+    tmp_path: Path, tasks_dir: Path, fake_engine, terminus_reply, leaked
+) -> None:
+    """Through the agent function, over real HTTP on 127.0.0.1: the engine receives nothing and
+    no trial directory (config.json, logs) is written."""
+    engine = fake_engine(replies=[terminus_reply("", task_complete=True)])
+    host = engine.base_url.removeprefix("http://")
+    settings = local_settings(tmp_path, tasks_dir)
+    for base_url in (f"http://user:{SECRET}@{host}", f"{engine.base_url}?api_key={SECRET}"):
+        with pytest.raises(ProviderCredentialError, match="base_url") as e:
+            run_sync(base_url, None, {}, {"instance_id": "write-greeting"}, settings=settings)
+        assert leaked(SECRET, e.value) == []
+    assert engine.requests == []
+    assert not (tmp_path / "trials").exists() or not any((tmp_path / "trials").iterdir())
+
+
+def test_a_worker_refuses_credentials_put_into_its_variables(
+    tmp_path: Path, tasks_dir: Path, monkeypatch, leaked
+) -> None:
+    """Worker variables set by hand (not by harbor_env_vars) go through the same checks."""
+    env = harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir))
+    env[ENV_VARS["agent_kwargs"]] = json.dumps({"llm_kwargs": [{"api_key": SECRET}]})
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_AGENT_KWARGS") as e:
+        run_sync("http://127.0.0.1:9/v1", None, {}, {"instance_id": "write-greeting"})
+    assert leaked(SECRET, e.value) == []
+
+
+def test_the_command_line_refuses_a_credential_base_url_without_printing_it(
+    tmp_path: Path, tasks_dir: Path
+) -> None:
+    """`python -m mizzen_rollout.harbor run-trial`, a real subprocess: exit 2, a message naming
+    base_url, the password nowhere in its output or in any file it wrote."""
+    trials = tmp_path / "trials"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mizzen_rollout.harbor",
+            "run-trial",
+            "--tasks-dir",
+            str(tasks_dir),
+            "--task",
+            "write-greeting",
+            "--agent",
+            "terminus-2",
+            "--trials-dir",
+            str(trials),
+            "--base-url",
+            f"http://user:{SECRET}@127.0.0.1:9/v1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert "configuration error: base_url" in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    written = [p for p in trials.rglob("*") if p.is_file()] if trials.exists() else []
+    assert [p for p in written if SECRET.encode() in p.read_bytes()] == []
