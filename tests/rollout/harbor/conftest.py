@@ -3,6 +3,8 @@ and `leaked`, the one check of where a secret shows up."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import importlib.util
 import sys
 import traceback
@@ -46,6 +48,21 @@ def fake_engine() -> Iterator[Callable[..., Any]]:
     yield make
     for engine in started:
         engine.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def provider_specs() -> dict[str, Any]:
+    """The real `PROVIDER_SPECS` with an SDK that is installed here (httpx), so that checks
+    before the SDK check (key files, addresses) reach their success paths on the CPU image."""
+    from mizzen_rollout.harbor.credentials import PROVIDER_SPECS
+
+    version = importlib.metadata.version("httpx")
+    return {
+        name: dataclasses.replace(
+            spec, sdk_module="httpx", sdk_distribution="httpx", sdk_min_version=version
+        )
+        for name, spec in PROVIDER_SPECS.items()
+    }
 
 
 @pytest.fixture(scope="session")

@@ -2,20 +2,21 @@
 
 Every test drives the public entry points (`provision_provider`, `harbor_env_vars`,
 `HarborSettings`, `build_trial_config` building a real Harbor `TrialConfig`,
-`resolve_provider_credentials`) and checks, with the `leaked` fixture, that the secret appears in
-no error text, exception chain, `repr()`, worker variable, printed line or serialised config.
+`resolve_provider_credentials`, the agent function `run_sync` against a scripted engine over real
+HTTP on 127.0.0.1, `python -m mizzen_rollout.harbor` as a subprocess) and checks, with the
+`leaked` fixture, that the secret appears in no error text, exception chain, `repr()`, worker
+variable, printed line, request to the engine or file written.
 Invariant of this file: it uses only entry points that existed before the redaction work, so each
 test can be run against the old code and fails there.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ from mizzen_ci import register_cpu_ci
 from mizzen_rollout.harbor import run_sync
 from mizzen_rollout.harbor.credentials import (
     PROVIDER_SPECS,
-    ProviderSpec,
     export_provider_credentials,
     provision_provider,
     resolve_provider_credentials,
@@ -41,29 +41,23 @@ register_cpu_ci(est_time=6, labels=["rollout", "harbor"])
 SECRET = "Q42pw-SECRET-7f3a9c"
 
 
-def specs_with_sdk() -> dict[str, ProviderSpec]:
-    """The real specs with an SDK that is installed here (httpx), to reach the address checks."""
-    version = importlib.metadata.version("httpx")
-    return {
-        name: dataclasses.replace(
-            spec, sdk_module="httpx", sdk_distribution="httpx", sdk_min_version=version
-        )
-        for name, spec in PROVIDER_SPECS.items()
-    }
-
-
 class Printed(list[str]):
     def __call__(self, line: str) -> None:
         self.append(line)
 
 
-def provision(variable: str, value: str, provider: str = "daytona") -> Printed:
-    """Provision `provider` with `variable=value` (and a key in the environment); returns the
-    printed lines if it succeeded."""
-    env = {var: "k-env" for var in PROVIDER_SPECS[provider].key_vars} | {variable: value}
-    printed = Printed()
-    provision_provider(provider, env, specs=specs_with_sdk(), echo=printed)
-    return printed
+@pytest.fixture
+def provision(provider_specs) -> Callable[..., Printed]:
+    """`provision(variable, value, provider="daytona")`: provision `provider` with
+    `variable=value` (and a key in the environment); returns the printed lines."""
+
+    def run(variable: str, value: str, provider: str = "daytona") -> Printed:
+        env = {var: "k-env" for var in PROVIDER_SPECS[provider].key_vars} | {variable: value}
+        printed = Printed()
+        provision_provider(provider, env, specs=provider_specs, echo=printed)
+        return printed
+
+    return run
 
 
 def local_settings(tmp_path: Path, tasks_dir: Path, **overrides) -> HarborSettings:
@@ -104,7 +98,7 @@ def launcher_kwargs(tmp_path: Path, tasks_dir: Path, **overrides) -> dict:
     ],
 )
 def test_a_secret_in_an_address_fragment_is_refused(
-    variable: str, value: str, provider: str, leaked
+    variable: str, value: str, provider: str, leaked, provision
 ) -> None:
     with pytest.raises(ProviderCredentialError, match=f"{variable}=.* carries credentials") as e:
         provision(variable, value, provider)
@@ -122,7 +116,7 @@ def test_a_secret_in_an_address_fragment_is_refused(
     ],
 )
 def test_a_secret_in_address_params_is_refused(
-    variable: str, value: str, provider: str, leaked
+    variable: str, value: str, provider: str, leaked, provision
 ) -> None:
     with pytest.raises(ProviderCredentialError, match=f"{variable}=") as e:
         provision(variable, value, provider)
@@ -138,7 +132,9 @@ def test_a_secret_in_address_params_is_refused(
         f"https://{SECRET}\uff20daytona.example.com/api",
     ],
 )
-def test_a_fullwidth_at_sign_in_the_userinfo_is_a_clear_refusal(value: str, leaked) -> None:
+def test_a_fullwidth_at_sign_in_the_userinfo_is_a_clear_refusal(
+    value: str, leaked, provision
+) -> None:
     with pytest.raises(
         ProviderCredentialError, match=r"DAYTONA_API_URL=.*carries credentials"
     ) as e:
@@ -158,13 +154,15 @@ def test_a_fullwidth_at_sign_in_the_userinfo_is_a_clear_refusal(value: str, leak
         f"HTTPS://user:{SECRET}@daytona.example.com/api",
     ],
 )
-def test_userinfo_in_odd_url_forms_is_refused_without_the_password(value: str, leaked) -> None:
+def test_userinfo_in_odd_url_forms_is_refused_without_the_password(
+    value: str, leaked, provision
+) -> None:
     with pytest.raises(ProviderCredentialError, match="carries credentials") as e:
         provision("DAYTONA_API_URL", value)
     assert leaked(SECRET, e.value) == []
 
 
-def test_a_password_with_url_delimiters_never_shows(leaked) -> None:
+def test_a_password_with_url_delimiters_never_shows(leaked, provision) -> None:
     """A password holding `/`, `?` or `#` ends the authority early (as clients read it): the
     rest must not be shown as a host, port or path."""
     for password in (f"{SECRET}/x", f"a/{SECRET}", f"{SECRET}?q", f"{SECRET}#f", f"x#{SECRET}"):
@@ -197,7 +195,7 @@ def test_a_password_with_url_delimiters_never_shows(leaked) -> None:
     ],
 )
 def test_a_malformed_address_is_a_clear_credential_error(
-    variable: str, value: str, provider: str, rule: str
+    variable: str, value: str, provider: str, rule: str, provision
 ) -> None:
     with pytest.raises(ProviderCredentialError, match=f"{variable}=") as e:
         provision(variable, value, provider)
@@ -206,7 +204,7 @@ def test_a_malformed_address_is_a_clear_credential_error(
     assert "\x1b" not in message
 
 
-def test_clean_addresses_of_every_kind_are_forwarded() -> None:
+def test_clean_addresses_of_every_kind_are_forwarded(provision) -> None:
     for variable, value, provider in (
         ("DAYTONA_API_URL", "https://daytona.internal:8443/api", "daytona"),
         ("DAYTONA_API_URL", "http://[::1]:3000/api", "daytona"),
@@ -336,12 +334,14 @@ def test_the_designed_engine_key_path_keeps_the_config_clean(
 # ------------------------------------------------------------------------------ key files
 
 
-def test_a_non_utf8_key_file_is_a_clear_error_that_holds_no_key(tmp_path: Path, leaked) -> None:
+def test_a_non_utf8_key_file_is_a_clear_error_that_holds_no_key(
+    tmp_path: Path, leaked, provider_specs
+) -> None:
     key_file = tmp_path / "daytona.key"
     key_file.write_bytes(SECRET.encode() + b"\xff\xfe" + SECRET.encode())
     env = {"DAYTONA_API_KEY_FILE": str(key_file)}
     with pytest.raises(ProviderCredentialError, match=r"DAYTONA_API_KEY_FILE.*not UTF-8") as e:
-        provision_provider("daytona", env, specs=specs_with_sdk(), echo=Printed())
+        provision_provider("daytona", env, specs=provider_specs, echo=Printed())
     assert leaked(SECRET, e.value) == []  # UnicodeDecodeError.object would hold the whole file
     with pytest.raises(ProviderCredentialError, match="not UTF-8") as e:
         resolve_provider_credentials("daytona", env)
@@ -358,21 +358,23 @@ def test_a_non_utf8_key_file_is_a_clear_error_that_holds_no_key(tmp_path: Path, 
         ("sk-\u00e9t\u00e9".encode(), "characters no key has"),
     ],
 )
-def test_an_empty_or_binary_key_file_is_refused(tmp_path: Path, content: bytes, rule: str) -> None:
+def test_an_empty_or_binary_key_file_is_refused(
+    tmp_path: Path, content: bytes, rule: str, provider_specs
+) -> None:
     key_file = tmp_path / "e2b.key"
     key_file.write_bytes(content)
     env = {"E2B_API_KEY_FILE": str(key_file)}
     with pytest.raises(ProviderCredentialError, match=f"E2B_API_KEY_FILE.*{rule}"):
-        provision_provider("e2b", env, specs=specs_with_sdk(), echo=Printed())
+        provision_provider("e2b", env, specs=provider_specs, echo=Printed())
     with pytest.raises(ProviderCredentialError, match=rule):
         resolve_provider_credentials("e2b", env)
 
 
-def test_an_unreadable_key_file_is_a_clear_error(tmp_path: Path) -> None:
+def test_an_unreadable_key_file_is_a_clear_error(tmp_path: Path, provider_specs) -> None:
     # /proc/self/mem is a regular file whose first page cannot be read (EIO), root or not
     env = {"RUNLOOP_API_KEY_FILE": "/proc/self/mem"}
     with pytest.raises(ProviderCredentialError, match=r"RUNLOOP_API_KEY_FILE.*cannot be read"):
-        provision_provider("runloop", env, specs=specs_with_sdk(), echo=Printed())
+        provision_provider("runloop", env, specs=provider_specs, echo=Printed())
 
 
 def test_a_huge_key_file_is_not_read_whole(tmp_path: Path) -> None:
@@ -383,20 +385,22 @@ def test_a_huge_key_file_is_not_read_whole(tmp_path: Path) -> None:
         resolve_provider_credentials("e2b", {"E2B_API_KEY_FILE": str(key_file)})
 
 
-def test_a_key_pasted_into_the_key_file_variable_is_not_printed(tmp_path: Path, leaked) -> None:
+def test_a_key_pasted_into_the_key_file_variable_is_not_printed(
+    tmp_path: Path, leaked, provider_specs
+) -> None:
     env = {"DAYTONA_API_KEY_FILE": SECRET}
     with pytest.raises(ProviderCredentialError, match="names no existing file") as e:
-        provision_provider("daytona", env, specs=specs_with_sdk(), echo=Printed())
+        provision_provider("daytona", env, specs=provider_specs, echo=Printed())
     assert leaked(SECRET, e.value) == []
     with pytest.raises(ProviderCredentialError, match="names no existing file") as e:
         resolve_provider_credentials("daytona", env)
     assert leaked(SECRET, e.value) == []
 
 
-def test_an_unknown_home_in_the_key_file_path_is_a_clear_error() -> None:
+def test_an_unknown_home_in_the_key_file_path_is_a_clear_error(provider_specs) -> None:
     env = {"DAYTONA_API_KEY_FILE": "~mizzen-no-such-user/daytona.key"}
     with pytest.raises(ProviderCredentialError, match="names no existing file"):
-        provision_provider("daytona", env, specs=specs_with_sdk(), echo=Printed())
+        provision_provider("daytona", env, specs=provider_specs, echo=Printed())
 
 
 def test_resolved_keys_have_a_masked_repr(tmp_path: Path) -> None:
