@@ -229,6 +229,7 @@ def test_clean_addresses_of_every_kind_are_forwarded(provision) -> None:
         {"MY_SECRET": SECRET},
         {"a": [[{"b": [{"x_token": SECRET}]}]]},
         {"llm_kwargs": {"api_key": f"${{{SECRET}}}"}},  # templates are not resolved in kwargs
+        {"auth": {SECRET: True}},  # a mapping key under a password-like name is text too
     ],
 )
 def test_password_like_kwargs_at_any_depth_never_reach_the_workers(
@@ -457,12 +458,20 @@ def test_a_malformed_kwargs_variable_is_not_echoed(tasks_dir: Path, tmp_path: Pa
     assert leaked(SECRET, e.value) == []  # JSONDecodeError.doc would hold the whole text
 
 
-def test_a_credential_url_as_model_name_is_refused(tmp_path: Path, tasks_dir: Path) -> None:
-    with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_MODEL") as e:
-        harbor_env_vars(
-            **launcher_kwargs(tmp_path, tasks_dir, model_name=f"https://u:{SECRET}@hub/m")
-        )
-    assert SECRET not in str(e.value)
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"model_name": f"https://u:{SECRET}@hub.example/m"},
+        {"reward_key": f"Bearer {SECRET}"},
+        {"engine_api_key_var": f"sk-{SECRET}"},  # the key given instead of its variable's name
+    ],
+)
+def test_credentials_in_text_settings_are_refused(
+    override: dict, tmp_path: Path, tasks_dir: Path, leaked
+) -> None:
+    with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_") as e:
+        harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir, **override))
+    assert leaked(SECRET, e.value) == []
 
 
 def test_harbor_validation_errors_do_not_echo_input_values(

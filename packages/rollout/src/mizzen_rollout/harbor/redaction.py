@@ -327,11 +327,14 @@ def _redact_string(text: str) -> str:
 def redact_value(value: Any, *, sensitive: bool = False) -> Any:
     """A copy of a JSON-like `value` that is safe to show.
 
-    Every string under a password-like key (at any depth, lists included) is `***`; other strings
+    Every string and non-empty mapping under a password-like key (at any depth, lists included)
+    is `***`; other strings
     go through the credential shapes above (URLs through `redact_url`) and are escaped; numbers,
     booleans and None are kept (they are limits and switches, such as `max_tokens`).
     """
     if isinstance(value, Mapping):
+        if sensitive and value:
+            return MASK  # its keys are text under a password-like name too
         shown_items: dict[Any, Any] = {}
         for key, item in value.items():
             key_text = str(key)

@@ -12,7 +12,8 @@ Invariants:
   engine key as the NAME of the variable that holds it (`engine_api_key_var`). Credentials in
   `agent_kwargs` / `environment_kwargs` are refused (`kwargs_credential_problems`), by `validate`
   and again by `to_env`, so they reach neither the worker variables nor Harbor's config.json: any
-  string at any depth (lists included) under a password-like key (`redaction.is_sensitive_name`),
+  string at any depth (lists included; mapping keys too) under a password-like key
+  (`redaction.is_sensitive_name`),
   `${VAR}` templates included (Harbor resolves those only in `AgentConfig.env`, so in kwargs they
   would reach the agent as literal text); anywhere, a string of a credential shape
   (`redaction.credential_shape`: `Bearer ...`, `API_KEY=...`, a URL with a userinfo or a
@@ -170,18 +171,24 @@ class HarborSettings:
 
     def check_no_credentials(self) -> None:
         """Raise ProviderCredentialError if `agent_kwargs` / `environment_kwargs` are not JSON
-        objects free of credentials, or `model_name` has a credential shape (see the module
-        docstring); the message shows where, never the value."""
+        objects free of credentials, or any text or path setting (`model_name`, `reward_key`,
+        `tasks_dir`, ...) has a credential shape (see the module docstring); the message shows
+        where, never the value."""
         for name in _KWARGS:
             value = getattr(self, name)
             if not isinstance(value, dict):
                 raise _error(name, "is not a mapping", "use a JSON object")
             refuse_kwargs_credentials(name, value)
-        if isinstance(self.model_name, str) and credential_shape(self.model_name):
-            raise ProviderCredentialError(
-                f"{ENV_VARS['model_name']} (model_name) carries credentials "
-                f"({credential_shape(self.model_name)}); fix: give only the served model's name"
-            )
+        for item in fields(self):
+            value = getattr(self, item.name)
+            shape = credential_shape(str(value)) if isinstance(value, str | Path) else None
+            if shape:
+                raise ProviderCredentialError(
+                    f"{ENV_VARS[item.name]} ({item.name}) carries credentials ({shape}); fix: "
+                    "settings reach the workers in plain text: give only the "
+                    f"{item.name.replace('_', ' ')} there, and keys through their own paths "
+                    "(engine_api_key_var, provider key variables or key files)"
+                )
 
     def _check_trials_dir(self, create: bool) -> None:
         if self.trials_dir.exists() and not self.trials_dir.is_dir():
@@ -389,6 +396,12 @@ def _walk(value: Any, path: str, under: str | None, problems: list[str], depth: 
         problems.append(f"{where}: nested deeper than {_MAX_KWARGS_DEPTH} levels")
         return
     if isinstance(value, Mapping):
+        if under is not None and value:
+            problems.append(
+                f"{where} holds a mapping under the password-like name {_key_shown(under)!r} "
+                "(its keys are text)"
+            )
+            return
         for key, item in value.items():
             if not isinstance(key, str):
                 problems.append(f"{where}: a key of type {type(key).__name__} (JSON keys are text)")
