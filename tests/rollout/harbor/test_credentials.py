@@ -14,10 +14,10 @@ from mizzen_rollout.harbor.credentials import (
     ProviderSpec,
     check_sdk,
     provision_provider,
-    redact_address,
     resolve_provider_credentials,
 )
 from mizzen_rollout.harbor.errors import ProviderCredentialError
+from mizzen_rollout.harbor.redaction import redact_url
 
 register_cpu_ci(est_time=4, labels=["rollout", "harbor"])
 
@@ -86,7 +86,7 @@ def test_key_file_path_is_forwarded_never_the_value(tmp_path: Path) -> None:
 
 def test_explicit_missing_key_file_is_an_error(tmp_path: Path) -> None:
     env = {"E2B_API_KEY_FILE": str(tmp_path / "nope.key"), "E2B_API_KEY": SECRET}
-    with pytest.raises(ProviderCredentialError, match=r"E2B_API_KEY_FILE=.*does not exist") as e:
+    with pytest.raises(ProviderCredentialError, match=r"E2B_API_KEY_FILE is set but names no") as e:
         provision_provider("e2b", env, specs=specs_with_sdk(), echo=Printed())
     assert SECRET not in str(e.value)
 
@@ -195,9 +195,10 @@ def test_default_endpoint_is_printed() -> None:
     assert "endpoint e2b.app (default)" in printed[0]
 
 
-def test_redact_address() -> None:
-    assert redact_address("https://u:p@h:1/x?token=abc&b=1") == "https://***@h:1/x?token=***&b=1"
-    assert redact_address("u:p@host") == "***@host"
+def test_redact_url() -> None:
+    # the whole query is masked now, not only its password-like values
+    assert redact_url("https://u:p@h:1/x?token=abc&b=1") == "https://***@h:1/x?***"
+    assert redact_url("u:p@host") == "***@host"
 
 
 # ------------------------------------------------------------------------------------- SDK

@@ -325,3 +325,26 @@ def test_importing_the_package_imports_no_heavy_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "imported", out.stderr
+
+
+def test_harbor_resolves_templates_in_agent_env_only(tmp_path: Path, monkeypatch) -> None:
+    """Why credentials never go in kwargs, not even as `${VAR}`: Harbor resolves templates in
+    `AgentConfig.env` (our engine key path) but hands kwargs to the agent as literal text."""
+    from harbor.agents.factory import AgentFactory
+    from harbor.models.trial.config import AgentConfig
+
+    monkeypatch.setenv("MIZZEN_CONTRACT_KEY", "resolved-value")
+    config = AgentConfig(
+        name="terminus-2",
+        model_name="openai/x",
+        base_url="http://127.0.0.1:9/v1",
+        kwargs={
+            "llm_kwargs": {"api_key": "${MIZZEN_CONTRACT_KEY}"},
+            "record_terminal_session": False,
+        },
+        env={"MIZZEN_ENGINE_API_KEY": "${MIZZEN_CONTRACT_KEY}"},
+    )
+    agent = AgentFactory.create_agent_from_config(config, logs_dir=tmp_path)
+    assert agent._llm._llm_kwargs["api_key"] == "${MIZZEN_CONTRACT_KEY}"  # not resolved
+    assert agent._extra_env["MIZZEN_ENGINE_API_KEY"] == "resolved-value"
+    assert "resolved-value" not in config.model_dump_json()  # the config keeps the reference

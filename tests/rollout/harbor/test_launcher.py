@@ -151,11 +151,16 @@ def test_invalid_settings_are_refused(
     assert SECRET not in str(error.value)
 
 
-def test_templated_credentials_in_agent_kwargs_are_fine(tmp_path: Path, tasks_dir: Path) -> None:
-    env = harbor_env_vars(
-        **base(tmp_path, tasks_dir), agent_kwargs={"llm_kwargs": {"api_key": "${MY_KEY}"}}
-    )
-    assert "${MY_KEY}" in env[ENV_VARS["agent_kwargs"]]
+def test_templated_credentials_in_agent_kwargs_are_refused(tmp_path: Path, tasks_dir: Path) -> None:
+    # Harbor resolves ${VAR} only in AgentConfig.env (see test_harbor_contract), so a template in
+    # kwargs would reach the agent as literal text: the engine key has its own path.
+    with pytest.raises(
+        ProviderCredentialError, match=r"llm_kwargs\.api_key holds a \$\{VAR\}"
+    ) as e:
+        harbor_env_vars(
+            **base(tmp_path, tasks_dir), agent_kwargs={"llm_kwargs": {"api_key": "${MY_KEY}"}}
+        )
+    assert "MIZZEN_HARBOR_ENGINE_API_KEY_VAR" in str(e.value)
 
 
 def test_known_provider_is_provisioned(tmp_path: Path, tasks_dir: Path, monkeypatch) -> None:

@@ -89,6 +89,39 @@ def test_commands_get_a_clean_environment(layers: Path, monkeypatch) -> None:
     assert secret not in output and "DAYTONA_API_KEY" not in output
 
 
+def test_command_env_values_never_appear_in_any_argv(layers: Path) -> None:
+    """Env values handed to a command (an installed agent's API key) travel in the process
+    environment, never in an argv: every host user can read /proc/*/cmdline."""
+    secret = "Q55-argv-secret-0f9e8d7c"
+
+    def argv_holding_the_secret() -> list[str]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if secret.encode() in cmdline.read_bytes():
+                    found.append(str(cmdline))
+            except OSError:  # the process ended while we looked
+                continue
+        return found
+
+    async def scenario() -> tuple[list[str], str]:
+        sandbox = NamespaceSandbox(layers, "argv")
+        await sandbox.start()
+        try:
+            command = asyncio.ensure_future(
+                sandbox.run('sleep 1.5; printf %s "$AGENT_API_KEY"', env={"AGENT_API_KEY": secret})
+            )
+            await asyncio.sleep(0.7)  # the command (nsenter, shell, sleep) is running now
+            found = argv_holding_the_secret()
+            return found, (await command).stdout
+        finally:
+            await sandbox.stop(delete=True)
+
+    found, output = run(scenario())
+    assert output == secret  # the command did receive the value (so the scan is not vacuous)
+    assert found == []
+
+
 def test_transfers_resolve_symlinks_inside_the_sandbox(layers: Path, tmp_path: Path) -> None:
     payload = tmp_path / "payload"
     (payload / "sub").mkdir(parents=True)

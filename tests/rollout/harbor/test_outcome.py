@@ -148,6 +148,25 @@ def test_error_messages_are_scrubbed(tasks_dir: Path, monkeypatch) -> None:
     assert out["error"]["message"] == "Incorrect API key *** given"
 
 
+def test_error_messages_lose_urls_credentials_and_terminal_escapes(tasks_dir: Path) -> None:
+    """Harbor's message may hold secrets no credential-named variable holds: a proxy URL with a
+    password (HTTPS_PROXY is not credential-named), an `API_KEY=...` it echoed, a bearer token;
+    and terminal escapes from model output."""
+    password = "Q77proxy-password-1234"
+    message = (
+        f"ConnectError via http://user:{password}@proxy.internal:3128 (HTTPS_PROXY); "
+        f"sent OPENAI_API_KEY={password} and Authorization: Bearer {password}\n"
+        "\x1b[2J\x1b]0;owned\x07 \u202egnp.exe"
+    )
+    result = make_result(tasks_dir, exception="NonZeroAgentExitCodeError", message=message)
+    out = trial_outcome(result, reward_key="reward")
+    shown = out["error"]["message"]
+    assert password not in json.dumps(out)
+    assert "http://***@proxy.internal:3128" in shown and "OPENAI_API_KEY=***" in shown
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\n" in shown  # line breaks stay
+
+
 def test_turns_from_the_trajectory_and_missing_data_is_none(tasks_dir: Path, tmp_path) -> None:
     (tmp_path / "agent").mkdir()
     (tmp_path / "agent" / "trajectory.json").write_text(

@@ -1,6 +1,12 @@
 """Harbor agents in the rollout: each sample runs as an in-process Harbor trial.
 
 Modules (one concern each):
+- `redaction`: what may be shown — the one redaction of URL-like values (`redact_url`), of free
+  text, of kwargs-like structures, and the password-like name rule; every message, `repr()`, log
+  line and serialised value that may hold a secret goes through it.
+- `addresses`: endpoint values we forward (provider address variables, the engine `base_url`):
+  `scheme://host[:port][/path]` only, checked before anything is forwarded.
+- `errors`: `HarborConfigError` and `ProviderCredentialError` (the one type of credential error).
 - `credentials`: sandbox-provider keys — provisioned on the launcher (file paths forwarded, never
   values), resolved on the workers.
 - `settings`: the run settings and the one table of worker environment variables carrying them.
@@ -15,9 +21,11 @@ Modules (one concern each):
   loadable by Harbor through `LOCAL_ENVIRONMENT_IMPORT_PATH`.
 - `__main__`: `python -m mizzen_rollout.harbor run-trial ...`, one trial from the command line.
 
-Invariant: importing any of these modules imports no harbor, torch, ray or transformers; Harbor
+Invariants: importing any of these modules imports no harbor, torch, ray or transformers; Harbor
 is imported inside the functions that need it (and the local environment class is built on first
-access).
+access). No secret (provider key, engine key, password in a URL) reaches a log line, an error, a
+`repr()`, a worker variable or a config Harbor writes: keys travel by file path or variable name,
+credentials anywhere else are refused, and what is shown goes through `redaction`.
 """
 
 from mizzen_rollout.harbor.agent import run, run_sync

@@ -19,7 +19,9 @@ Invariants:
 - `prompt` is not sent anywhere: Harbor agents build their own prompt from the task's
   instruction.md and what they observe in the sandbox; the sample's prompt is that instruction.
 - Provider keys are resolved on the worker into this process's environment only (never into the
-  trial config, logs or metadata). LiteLLM's model-cost map is read from its bundled copy
+  trial config, logs or metadata); the worker's provider address variables and the sample's
+  `base_url` are checked like the launcher's (`addresses.check_address`). Harbor's error texts
+  reach our errors and the metadata only through `redaction.redact_text`. LiteLLM's model-cost map is read from its bundled copy
   (`LITELLM_LOCAL_MODEL_COST_MAP`, unless already set) so no worker fetches it from the network.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 from mizzen_rollout.harbor.credentials import PROVIDER_SPECS, export_provider_credentials
 from mizzen_rollout.harbor.errors import HarborConfigError
 from mizzen_rollout.harbor.outcome import trial_outcome
-from mizzen_rollout.harbor.redaction import redact
+from mizzen_rollout.harbor.redaction import redact_text
 from mizzen_rollout.harbor.settings import HarborSettings
 from mizzen_rollout.harbor.task_ids import instance_id_from_metadata
 from mizzen_rollout.harbor.trial_config import build_trial_config
@@ -67,13 +69,16 @@ async def run(
     )
     from harbor.trial.trial import Trial
 
+    refusal = ""
     try:
         trial = await Trial.create(config)
     except Exception as exc:  # Harbor refused the configuration (task, agent or environment)
+        refusal = f"{type(exc).__name__}: {redact_text(str(exc))}"
+    if refusal:  # raised outside the except: Harbor's exception (its text, its chain) stays here
         raise HarborConfigError(
-            f"Harbor could not create the trial for {instance_id!r} "
-            f"({type(exc).__name__}): {redact(str(exc))}"
-        ) from None
+            f"Harbor could not create the trial for {instance_id!r} ({refusal}); fix: correct the "
+            "task, agent or environment settings it names"
+        )
 
     trial_dir = Path(config.trials_dir) / config.trial_name
     task = asyncio.ensure_future(trial.run())

@@ -7,15 +7,21 @@ Invariants:
 - A key VALUE never leaves the process that read it: the launcher forwards the key FILE PATH to
   workers (runtime environments are logged in plain text), never the key. Keys already in the
   launcher's environment are assumed present in the workers' environment and are not forwarded.
-- An explicitly given key file (`<key_file_var>`) that does not exist is an error; the default key
-  path is used only when it exists. No key at all is an error with a hint on how to provide one.
-- Address variables (endpoints, regions) are forwarded by value, but refused when they carry
-  credentials (`user:pass@host`, `token@host`, `?api_key=...`).
+- An explicitly given key file (`<key_file_var>`) that does not exist is an error, and its value
+  is not repeated (a key pasted into the path variable must not be printed); the default key path
+  is used only when it exists. No key at all is an error with a hint on how to provide one.
+- A key file is read bounded (`MAX_KEY_FILE_BYTES`), as UTF-8, and must hold one key of printable
+  ASCII; unreadable, too large, not UTF-8, empty or malformed files are errors naming the
+  variable and the path, never the content (and never chained to an exception that holds it).
+- Address variables (endpoints, regions) are forwarded by value only after `addresses.check_address`
+  for their kind (`ProviderSpec.address_vars`), on the launcher and again on the worker: no
+  userinfo, query, `;params` or fragment; a valid host and port.
 - The provider's SDK must import at its minimum version before anything is forwarded.
-- Printed lines name the source of the key (variable or file path) and the endpoint in effect,
-  never a secret; error messages likewise.
+- Printed lines name the source of the key (variable or file path) and the endpoint in effect
+  (in its `redact_url` form), never a secret; error messages likewise.
+- Every error here is a `ProviderCredentialError`.
 - Worker side: the key comes from the variable, else the key file (`<key_file_var>` or the default
-  path), else a clear error.
+  path), else a clear error. Resolved values are `redaction.Secret`s (their `repr()` is masked).
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from typing import Literal, NoReturn
 
+from mizzen_rollout.harbor.addresses import FORMS, AddressKind, check_address
 from mizzen_rollout.harbor.errors import ProviderCredentialError
+from mizzen_rollout.harbor.redaction import Secret, redact_url, shown
 
 KeyFileFormat = Literal["raw", "modal-toml"]
 
 _LOG_PREFIX = "[mizzen-harbor]"
-_SENSITIVE_QUERY_KEY = re.compile(r"key|secret|token|passw|auth|sig|credential", re.IGNORECASE)
+#: the largest key file read (keys are short; modal's config file holds a few profiles)
+MAX_KEY_FILE_BYTES = 64 * 1024
+_KEY_CHARACTERS = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,8 @@ class ProviderSpec:
         key_file_format: `raw` (the file holds the key) or `modal-toml` (modal's own config file,
             profile from MODAL_PROFILE, else the active one, else the only one).
         sdk_module / sdk_distribution / sdk_min_version: the SDK Harbor's environment imports.
-        address_vars: endpoint/region variables forwarded by value (credential-free only).
+        address_vars: endpoint/region variable -> its kind (`addresses.FORMS`), forwarded by
+            value once checked.
         default_endpoint: what is in effect when no address variable is set.
         harbor_extra: the `harbor[...]` extra that installs the SDK.
     """
@@ -65,7 +75,7 @@ class ProviderSpec:
     sdk_module: str
     sdk_distribution: str
     sdk_min_version: str
-    address_vars: tuple[str, ...]
+    address_vars: Mapping[str, AddressKind]
     default_endpoint: str
     harbor_extra: str
 
@@ -82,7 +92,7 @@ PROVIDER_SPECS: dict[str, ProviderSpec] = {
             sdk_module="daytona",
             sdk_distribution="daytona",
             sdk_min_version="0.210.0",
-            address_vars=("DAYTONA_API_URL", "DAYTONA_TARGET"),
+            address_vars={"DAYTONA_API_URL": "url", "DAYTONA_TARGET": "name"},
             default_endpoint="https://app.daytona.io/api",
             harbor_extra="daytona",
         ),
@@ -95,7 +105,7 @@ PROVIDER_SPECS: dict[str, ProviderSpec] = {
             sdk_module="e2b",
             sdk_distribution="e2b",
             sdk_min_version="2.25.0",
-            address_vars=("E2B_DOMAIN",),
+            address_vars={"E2B_DOMAIN": "host"},
             default_endpoint="e2b.app",
             harbor_extra="e2b",
         ),
@@ -108,7 +118,7 @@ PROVIDER_SPECS: dict[str, ProviderSpec] = {
             sdk_module="modal",
             sdk_distribution="modal",
             sdk_min_version="1.5.4",
-            address_vars=("MODAL_SERVER_URL",),
+            address_vars={"MODAL_SERVER_URL": "url"},
             default_endpoint="https://api.modal.com",
             harbor_extra="modal",
         ),
@@ -121,7 +131,7 @@ PROVIDER_SPECS: dict[str, ProviderSpec] = {
             sdk_module="runloop_api_client",
             sdk_distribution="runloop-api-client",
             sdk_min_version="1.23.2",
-            address_vars=("RUNLOOP_BASE_URL",),
+            address_vars={"RUNLOOP_BASE_URL": "url"},
             default_endpoint="https://api.runloop.ai",
             harbor_extra="runloop",
         ),
@@ -134,7 +144,7 @@ def _spec(name: str, specs: Mapping[str, ProviderSpec]) -> ProviderSpec:
         return specs[name]
     except KeyError:
         raise ProviderCredentialError(
-            f"no credential spec for provider {name!r}; known providers: {sorted(specs)}. "
+            f"no credential spec for provider {shown(name)}; known providers: {sorted(specs)}. "
             "Unknown environment types are passed through by harbor_env_vars instead."
         ) from None
 
@@ -142,41 +152,77 @@ def _spec(name: str, specs: Mapping[str, ProviderSpec]) -> ProviderSpec:
 # ------------------------------------------------------------------------------ key files
 
 
-def read_key_file(spec: ProviderSpec, path: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The key variables' values from a key file; errors name the file, never its content."""
+def _key_file_error(spec: ProviderSpec, path: Path, origin: str, problem: str) -> NoReturn:
+    raise ProviderCredentialError(
+        f"{spec.name}: the key file {path} ({origin}) {problem}; fix: write only the key into "
+        f"it (UTF-8 text, one line), make it readable by the launcher and every worker, or set "
+        f"{' and '.join(spec.key_vars)} instead."
+    )
+
+
+def _read_text(path: Path) -> tuple[str | None, str]:
+    """The file's text, or None and why not (without any of its content)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
-        raise ProviderCredentialError(
-            f"{spec.name}: cannot read key file {path} ({exc.strerror}); make it readable by "
-            "the launcher and the workers, or set "
-            f"{' and '.join(spec.key_vars)} instead."
-        ) from None
+        return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if len(data) > MAX_KEY_FILE_BYTES:
+        return None, f"is larger than {MAX_KEY_FILE_BYTES} bytes, too large for a key file"
+    try:
+        return data.decode("utf-8-sig"), ""
+    except UnicodeDecodeError as exc:  # exc.object is the whole file: only its offset leaves
+        return None, f"is not UTF-8 text (undecodable byte at offset {exc.start})"
+
+
+def _check_key(value: object) -> str | None:
+    """Why `value` cannot be a key, or None."""
+    if not isinstance(value, str):
+        return "is not a text value"
+    if not value.strip():
+        return "is empty"
+    if len(value.split()) != 1:
+        return "must hold exactly one key (one token, no spaces)"
+    if not _KEY_CHARACTERS.fullmatch(value.strip()):
+        return "holds characters no key has (control or non-ASCII characters)"
+    return None
+
+
+def read_key_file(
+    spec: ProviderSpec, path: Path, environ: Mapping[str, str], *, origin: str
+) -> dict[str, Secret]:
+    """The key variables' values from a key file; errors name the file and `origin` (the
+    variable that named it, or "default key file"), never its content."""
+    text, problem = _read_text(path)
+    if text is None:
+        _key_file_error(spec, path, origin, problem)
     if spec.key_file_format == "raw":
-        key = text.strip()
-        if not key or len(key.split()) != 1:
-            raise ProviderCredentialError(
-                f"{spec.name}: key file {path} must hold exactly one key (one token, no spaces); "
-                "write only the key into it."
-            )
-        return {spec.key_vars[0]: key}
-    return _read_modal_toml(spec, path, text, environ)
+        problem = _check_key(text)
+        if problem is not None:
+            _key_file_error(spec, path, origin, problem)
+        return {spec.key_vars[0]: Secret(text.strip())}
+    return _read_modal_toml(spec, path, text, environ, origin)
 
 
 def _read_modal_toml(
-    spec: ProviderSpec, path: Path, text: str, environ: Mapping[str, str]
-) -> dict[str, str]:
+    spec: ProviderSpec, path: Path, text: str, environ: Mapping[str, str], origin: str
+) -> dict[str, Secret]:
+    position = ""
     try:
         profiles = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"\(at (line \d+, column \d+)\)", str(exc))
+        position, profiles = (found.group(1) if found else ""), None
+    if profiles is None:  # raised here, outside the except: the decode error holds the text
         raise ProviderCredentialError(
-            f"{spec.name}: {path} is not valid TOML; recreate it with `modal token new`."
-        ) from None
+            f"{spec.name}: {path} ({origin}) is not valid TOML"
+            f"{f' ({position})' if position else ''}; recreate it with `modal token new`."
+        )
     tables = {name: table for name, table in profiles.items() if isinstance(table, dict)}
     wanted = environ.get("MODAL_PROFILE")
     if wanted:
         chosen = tables.get(wanted)
-        where = f"profile {wanted!r} (MODAL_PROFILE)"
+        where = f"profile {shown(wanted)} (MODAL_PROFILE)"
     else:
         active = [table for table in tables.values() if table.get("active")]
         chosen = (
@@ -185,57 +231,69 @@ def _read_modal_toml(
         where = "the active profile"
     if chosen is None:
         raise ProviderCredentialError(
-            f"{spec.name}: {path} has no {where} (profiles: {sorted(tables)}); set MODAL_PROFILE "
-            "or run `modal profile activate <name>`."
+            f"{spec.name}: {path} ({origin}) has no {where} (profiles: "
+            f"{shown(sorted(tables))}); set MODAL_PROFILE or run `modal profile activate <name>`."
         )
     missing = [field for field in ("token_id", "token_secret") if not chosen.get(field)]
     if missing:
         raise ProviderCredentialError(
-            f"{spec.name}: {where} in {path} lacks {missing}; recreate it with `modal token new`."
+            f"{spec.name}: {where} in {path} ({origin}) lacks {missing}; recreate it with "
+            "`modal token new`."
         )
+    for field in ("token_id", "token_secret"):
+        problem = _check_key(chosen[field])
+        if problem is not None:
+            raise ProviderCredentialError(
+                f"{spec.name}: {field} of {where} in {path} ({origin}) {problem}; recreate it "
+                "with `modal token new`."
+            )
     return {
-        "MODAL_TOKEN_ID": str(chosen["token_id"]),
-        "MODAL_TOKEN_SECRET": str(chosen["token_secret"]),
+        "MODAL_TOKEN_ID": Secret(chosen["token_id"].strip()),
+        "MODAL_TOKEN_SECRET": Secret(chosen["token_secret"].strip()),
     }
+
+
+def _expanded(raw: str) -> Path | None:
+    """`raw` with `~` expanded; None when it cannot be (an unknown `~user`)."""
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:
+        return None
+
+
+def _not_a_file_hint(spec: ProviderSpec) -> str:
+    return (
+        f"{spec.key_file_var} is set but names no existing file (its value is not repeated "
+        "here: it must be a PATH to a file holding the key, and if the key itself was put "
+        "there it must not be printed)"
+    )
 
 
 # ------------------------------------------------------------------------------ addresses
 
 
-def redact_address(value: str) -> str:
-    """`value` with any userinfo and sensitive query values replaced by `***`."""
-    if "://" not in value:
-        return re.sub(r"^[^@/]*@", "***@", value)
-    parts = urlsplit(value)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(
-        f"{key}=***" if _SENSITIVE_QUERY_KEY.search(key) else f"{key}={val}"
-        for key, val in parse_qsl(parts.query, keep_blank_values=True)
+def _address_fix(spec: ProviderSpec, kind: AddressKind) -> str:
+    return (
+        f"address variables reach the workers in plain text (runtime environments are logged), "
+        f"so write only {FORMS[kind]} there, and pass the key through "
+        f"{' and '.join(spec.key_vars)} or a key file named by {spec.key_file_var}"
     )
-    rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
-    return f"{rebuilt}?{query}" if query else rebuilt
 
 
-def check_address(spec: ProviderSpec, variable: str, value: str) -> str:
-    """Return `value` if it carries no credentials; raise otherwise (without echoing them)."""
-    carries = False
-    if "://" in value:
-        parts = urlsplit(value)
-        carries = "@" in parts.netloc or any(
-            _SENSITIVE_QUERY_KEY.search(key) for key, _ in parse_qsl(parts.query)
-        )
-    else:
-        carries = "@" in value
-    if carries:
-        raise ProviderCredentialError(
-            f"{spec.name}: {variable}={redact_address(value)} carries credentials; address "
-            "variables are forwarded to workers in plain text, so they may hold only "
-            "scheme://host[:port]/path. Pass the key through "
-            f"{' and '.join(spec.key_vars)} or a key file named by {spec.key_file_var}."
-        )
-    return value
+def check_provider_addresses(spec: ProviderSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The provider's address variables set in `environ`, each checked for its kind; raises
+    ProviderCredentialError (showing only the redacted value) otherwise."""
+    checked: dict[str, str] = {}
+    for variable, kind in spec.address_vars.items():
+        value = environ.get(variable, "")
+        if value.strip():
+            checked[variable] = check_address(
+                value,
+                kind=kind,
+                field=f"{spec.name}: {variable}",
+                fix=_address_fix(spec, kind),
+            )
+    return checked
 
 
 # ------------------------------------------------------------------------------------ SDK
@@ -304,15 +362,15 @@ def provision_provider(
     explicit_file = env.get(spec.key_file_var, "").strip()
     key_file: Path | None = None
     if explicit_file:
-        key_file = Path(explicit_file).expanduser()
-        if not key_file.is_file():
+        key_file = _expanded(explicit_file)
+        if key_file is None or not key_file.is_file():
             raise ProviderCredentialError(
-                f"{spec.name}: {spec.key_file_var}={key_file} does not exist (or is not a file); "
-                "fix the path, or unset it to use "
+                f"{spec.name}: {_not_a_file_hint(spec)}; fix: check it with "
+                f'`ls -l "${spec.key_file_var}"`, or unset it to use '
                 f"{' and '.join(spec.key_vars)} or {spec.default_key_path}."
             )
         key_file = key_file.resolve()
-        read_key_file(spec, key_file, env)  # validates the content; the values are dropped
+        read_key_file(spec, key_file, env, origin=spec.key_file_var)  # content checked, dropped
 
     present = [var for var in spec.key_vars if env.get(var, "").strip()]
     if present and len(present) != len(spec.key_vars):
@@ -325,21 +383,20 @@ def provision_provider(
         source = f"environment ({', '.join(spec.key_vars)}; assumed set on the workers too)"
     else:
         if key_file is None:
-            default = Path(spec.default_key_path).expanduser()
-            if not default.is_file():
+            default = _expanded(spec.default_key_path)
+            if default is None or not default.is_file():
                 raise ProviderCredentialError(_missing_key_hint(spec))
             key_file = default.resolve()
-            read_key_file(spec, key_file, env)
+            read_key_file(spec, key_file, env, origin="default key file")
         forward[spec.key_file_var] = str(key_file)
         source = f"file {key_file} (forwarded as {spec.key_file_var})"
 
+    addresses = check_provider_addresses(spec, env)
+    forward.update(addresses)
     endpoint = f"{spec.default_endpoint} (default)"
-    for variable in spec.address_vars:
-        value = env.get(variable, "").strip()
-        if value:
-            forward[variable] = check_address(spec, variable, value)
-            if endpoint.endswith("(default)"):
-                endpoint = f"{value} ({variable})"
+    if addresses:
+        variable, value = next(iter(addresses.items()))
+        endpoint = f"{redact_url(value)} ({variable})"
 
     version = check_sdk(spec)
     echo(
@@ -367,25 +424,27 @@ def resolve_provider_credentials(
     env = os.environ if environ is None else environ
     values = {var: env.get(var, "").strip() for var in spec.key_vars}
     if all(values.values()):
-        return values
+        return {var: Secret(value) for var, value in values.items()}
     explicit = env.get(spec.key_file_var, "").strip()
-    path = Path(explicit or spec.default_key_path).expanduser()
-    if not path.is_file():
-        origin = f"{spec.key_file_var}={path}" if explicit else f"default key file {path}"
+    path = _expanded(explicit or spec.default_key_path)
+    if path is None or not path.is_file():
+        origin = _not_a_file_hint(spec) if explicit else f"the default key file {path} is missing"
         raise ProviderCredentialError(
-            f"{spec.name}: on this worker {' and '.join(spec.key_vars)} are not set and the "
-            f"{origin} does not exist. The launcher forwards only the key file path: make that "
-            "file exist on every worker (shared filesystem or image), or set the variables in "
-            "the workers' environment."
+            f"{spec.name}: on this worker {' and '.join(spec.key_vars)} are not set and {origin}. "
+            "The launcher forwards only the key file path: make that file exist on every worker "
+            "(shared filesystem or image), or set the variables in the workers' environment."
         )
-    return read_key_file(spec, path, env)
+    return read_key_file(
+        spec, path, env, origin=spec.key_file_var if explicit else "default key file"
+    )
 
 
 def export_provider_credentials(
     name: str, *, specs: Mapping[str, ProviderSpec] = PROVIDER_SPECS
 ) -> list[str]:
-    """Resolve the keys on this worker and set them in `os.environ` (where Harbor's environment
-    and the SDK read them); returns the variable NAMES set."""
+    """Check the address variables of this worker, resolve the keys and set them in `os.environ`
+    (where Harbor's environment and the SDK read them); returns the variable NAMES set."""
+    check_provider_addresses(_spec(name, specs), os.environ)
     values = resolve_provider_credentials(name, specs=specs)
     for variable, value in values.items():
         os.environ[variable] = value

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.redaction import redact_value, shown
 from mizzen_rollout.harbor.terminus_abort import ABORTING_TERMINUS_IMPORT_PATH
 
 #: the normalised sampling vocabulary
@@ -85,9 +86,10 @@ OPENAI_CHAT = "openai_chat_completions"
 ANTHROPIC_MESSAGES = "anthropic_messages"
 
 
-@dataclass
+@dataclass(repr=False)
 class AgentSetup:
-    """What a harness contributes to Harbor's `AgentConfig`."""
+    """What a harness contributes to Harbor's `AgentConfig` (`repr()` through
+    `redaction.redact_value`: `kwargs` also hold the user's `agent_kwargs`)."""
 
     name: str | None
     import_path: str | None = None  # a Harbor agent class loaded instead of the named one
@@ -97,6 +99,13 @@ class AgentSetup:
     env: dict[str, str] = field(default_factory=dict)
     substituted_for: str | None = None  # set when max_iterations=0 swapped in the nop agent
     harness: str = ""  # the harness asked for (the row of HARNESSES)
+
+    def __repr__(self) -> str:
+        shown_fields = ", ".join(
+            f"{item.name}={redact_value(getattr(self, item.name))!r}"
+            for item in dataclasses.fields(self)
+        )
+        return f"AgentSetup({shown_fields})"
 
 
 SamplingBuilder = Callable[[dict[str, Any], AgentSetup], None]
@@ -283,7 +292,7 @@ def harness(name: str) -> Harness:
         return HARNESSES[name]
     except KeyError:
         raise HarborConfigError(
-            f"MIZZEN_HARBOR_AGENT (agent): {name!r} is not a supported harness; fix: use one of "
+            f"MIZZEN_HARBOR_AGENT (agent): {shown(name)} is not a supported harness; fix: use one of "
             f"{sorted(HARNESSES)}"
         ) from None
 
@@ -315,7 +324,9 @@ def normalize_sampling_params(params: Mapping[str, Any] | Any | None) -> dict[st
         raise HarborConfigError("sampling_params: 'extra' must be a mapping")
     clash = sorted(set(extra) & set(items))
     if clash:
-        raise HarborConfigError(f"sampling_params: {clash} given both directly and in 'extra'")
+        raise HarborConfigError(
+            f"sampling_params: {shown(clash)} given both directly and in 'extra'"
+        )
     items.update(extra)
     normalized: dict[str, Any] = {}
     for raw_key, value in items.items():
@@ -326,12 +337,12 @@ def normalize_sampling_params(params: Mapping[str, Any] | Any | None) -> dict[st
         key = _ALIASES.get(raw_key, raw_key)
         if key not in SAMPLING_KEYS:
             raise HarborConfigError(
-                f"sampling_params: unknown parameter {raw_key!r}; fix: use "
+                f"sampling_params: unknown parameter {shown(raw_key)}; fix: use "
                 f"{list(SAMPLING_KEYS)} (max_new_tokens is accepted for max_tokens)"
             )
         if key in normalized and normalized[key] != value:
             raise HarborConfigError(
-                f"sampling_params: {raw_key!r} conflicts with another spelling of {key!r}; "
+                f"sampling_params: {shown(raw_key)} conflicts with another spelling of {key!r}; "
                 "fix: give it once"
             )
         normalized[key] = value
@@ -388,7 +399,7 @@ def merge_agent_kwargs(setup: AgentSetup, extra: Mapping[str, Any]) -> None:
     clash = sorted(set(extra) & set(setup.kwargs))
     if clash:
         raise HarborConfigError(
-            f"MIZZEN_HARBOR_AGENT_KWARGS (agent_kwargs): {clash} are derived from the sampling "
+            f"MIZZEN_HARBOR_AGENT_KWARGS (agent_kwargs): {shown(clash)} are derived from the sampling "
             "params / max_iterations / response_too_long settings; fix: set them there instead"
         )
     setup.kwargs.update(extra)

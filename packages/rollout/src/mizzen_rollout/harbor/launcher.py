@@ -10,7 +10,8 @@ Invariants:
   created; the model name is non-empty; timeouts are positive; the harness and the
   response-too-long policy go together.
 - Known providers (`credentials.PROVIDER_SPECS`) are provisioned: the result carries their key
-  FILE path and credential-free address variables, never a key. Unknown environment types are
+  FILE path and checked, credential-free address variables, never a key; `agent_kwargs` and
+  `environment_kwargs` carry no credential (`HarborSettings.check_no_credentials`). Unknown environment types are
   passed through with a printed notice (their credentials are the operator's business).
 - Optional knobs appear in the result only when set (`max_iterations=0` is set).
 - Importable and usable without torch or ray; Harbor is imported lazily (environment checks).
@@ -25,6 +26,7 @@ from typing import Any
 
 from mizzen_rollout.harbor.credentials import PROVIDER_SPECS, provision_provider
 from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.redaction import redact_text
 from mizzen_rollout.harbor.settings import HarborSettings
 
 
@@ -33,14 +35,18 @@ def check_environment_import_path(import_path: str) -> None:
     from harbor.environments.base import BaseEnvironment
 
     module_name, _, class_name = import_path.partition(":")
+    environment_class: Any = None
+    failure = ""
     try:
         module = importlib.import_module(module_name)
         environment_class = getattr(module, class_name)
     except (ImportError, AttributeError) as exc:
+        failure = redact_text(str(exc))
+    if failure:  # raised outside the except: no chained exception
         raise HarborConfigError(
-            f"MIZZEN_HARBOR_ENVIRONMENT_IMPORT_PATH: cannot import {import_path!r} ({exc}); "
+            f"MIZZEN_HARBOR_ENVIRONMENT_IMPORT_PATH: cannot import {import_path!r} ({failure}); "
             "fix: use 'package.module:ClassName' importable on the launcher and the workers"
-        ) from None
+        )
     if not (isinstance(environment_class, type) and issubclass(environment_class, BaseEnvironment)):
         raise HarborConfigError(
             f"MIZZEN_HARBOR_ENVIRONMENT_IMPORT_PATH: {import_path!r} is not a Harbor "

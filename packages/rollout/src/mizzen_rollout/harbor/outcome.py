@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mizzen_rollout.harbor.redaction import redact
+from mizzen_rollout.harbor.redaction import redact_text
 from mizzen_rollout.harbor.terminus_abort import RESPONSE_LENGTH_ERROR
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def trial_outcome(
     if timed_out:
         error = {"type": "TrialTimeout", "message": "the trial exceeded its wall-clock limit"}
     elif exception is not None:
-        message = redact(exception.exception_message)[:_MAX_ERROR_CHARS]
+        message = redact_text(exception.exception_message)[:_MAX_ERROR_CHARS]
         error = {"type": exception.exception_type, "message": message}
     elif verifier_rewards is None:
         status = ExitStatus.AGENT_ERROR

@@ -9,8 +9,19 @@ Invariants:
 - `ENV_VARS` is the only place a variable name is spelled; `to_env` and `from_env` derive from it.
 - Optional knobs are written only when set; `max_iterations=0` is set (zero, not "unset").
 - No secret is ever a setting: provider keys travel as key-file paths (see `credentials`), the
-  engine key as the NAME of the variable that holds it. `agent_kwargs` with a credential-looking
-  name and a literal value are refused.
+  engine key as the NAME of the variable that holds it (`engine_api_key_var`). Credentials in
+  `agent_kwargs` / `environment_kwargs` are refused (`kwargs_credential_problems`), by `validate`
+  and again by `to_env`, so they reach neither the worker variables nor Harbor's config.json: any
+  string at any depth (lists included; mapping keys too) under a password-like key
+  (`redaction.is_sensitive_name`),
+  `${VAR}` templates included (Harbor resolves those only in `AgentConfig.env`, so in kwargs they
+  would reach the agent as literal text); anywhere, a string of a credential shape
+  (`redaction.credential_shape`: `Bearer ...`, `API_KEY=...`, a URL with a userinfo or a
+  password-like or unnamed query/`;params`/fragment item); a key name that is not ASCII after
+  NFKC (a look-alike would hide a password-like name). Numbers, booleans and null under
+  password-like names are fine (`max_tokens`, `max_thinking_tokens`). Kwargs must be JSON.
+- `repr()` shows every field through `redaction.redact_value`; no error message repeats a raw
+  value (they go through `redaction.shown`), and none is chained to the exception that held it.
 - Importing this module imports no Harbor; `validate` imports `harbor` lazily to check the
   environment type against Harbor's own `EnvironmentType` and the harness against `AgentName`.
 """
@@ -25,13 +36,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mizzen_rollout.harbor.errors import HarborConfigError
-from mizzen_rollout.harbor.redaction import is_sensitive_name
+from mizzen_rollout.harbor.errors import HarborConfigError, ProviderCredentialError
+from mizzen_rollout.harbor.redaction import (
+    credential_shape,
+    is_sensitive_name,
+    is_template,
+    normalize,
+    redact_value,
+    shown,
+)
 
 RESPONSE_TOO_LONG_POLICIES = ("abort", "recover")
 DEFAULT_REWARD_KEY = "reward"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
-_TEMPLATE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
+_KWARGS = ("environment_kwargs", "agent_kwargs")
+_MAX_KWARGS_DEPTH = 32
 
 #: setting name -> worker environment variable
 ENV_VARS: dict[str, str] = {
@@ -54,7 +73,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 
-@dataclass
+@dataclass(repr=False)
 class HarborSettings:
     """How every trial of a run is configured (see `ENV_VARS` for the variables).
 
@@ -92,6 +111,12 @@ class HarborSettings:
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     keep_sandbox: bool = False
 
+    def __repr__(self) -> str:
+        shown_fields = ", ".join(
+            f"{item.name}={redact_value(getattr(self, item.name))!r}" for item in fields(self)
+        )
+        return f"HarborSettings({shown_fields})"
+
     # --------------------------------------------------------------------------- validation
 
     def validate(self, *, create_trials_dir: bool = False) -> HarborSettings:
@@ -124,7 +149,7 @@ class HarborSettings:
                 setattr(self, name, _positive(name, value))
         if self.max_iterations is not None:
             if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int):
-                raise _error("max_iterations", f"is {self.max_iterations!r}", "use an integer")
+                raise _error("max_iterations", f"is {shown(self.max_iterations)}", "use an integer")
             if self.max_iterations < 0:
                 raise _error(
                     "max_iterations",
@@ -133,20 +158,37 @@ class HarborSettings:
                 )
         if not self.reward_key or not isinstance(self.reward_key, str):
             raise _error("reward_key", "is empty", f"use a reward name, e.g. {DEFAULT_REWARD_KEY}")
-        if self.engine_api_key_var is not None and not re.fullmatch(
-            r"[A-Za-z_][A-Za-z0-9_]*", self.engine_api_key_var
+        if self.engine_api_key_var is not None and not (
+            isinstance(self.engine_api_key_var, str)
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.engine_api_key_var)
         ):
-            raise _error(
-                "engine_api_key_var",
-                "is not a variable name",
-                "give the NAME of the variable holding the key, never the key",
+            raise ProviderCredentialError(
+                f"{ENV_VARS['engine_api_key_var']} (engine_api_key_var): is not a variable name; "
+                "fix: give the NAME of the variable holding the engine key (on the workers), never the key"
             )
-        for name in ("environment_kwargs", "agent_kwargs"):
-            if not isinstance(getattr(self, name), dict):
-                raise _error(name, "is not a mapping", "use a JSON object")
-        _refuse_literal_secrets(self.agent_kwargs, "agent_kwargs")
-        _refuse_literal_secrets(self.environment_kwargs, "environment_kwargs")
+        self.check_no_credentials()
         return self
+
+    def check_no_credentials(self) -> None:
+        """Raise ProviderCredentialError if `agent_kwargs` / `environment_kwargs` are not JSON
+        objects free of credentials, or any text or path setting (`model_name`, `reward_key`,
+        `tasks_dir`, ...) has a credential shape (see the module docstring); the message shows
+        where, never the value."""
+        for name in _KWARGS:
+            value = getattr(self, name)
+            if not isinstance(value, dict):
+                raise _error(name, "is not a mapping", "use a JSON object")
+            refuse_kwargs_credentials(name, value)
+        for item in fields(self):
+            value = getattr(self, item.name)
+            shape = credential_shape(str(value)) if isinstance(value, str | Path) else None
+            if shape:
+                raise ProviderCredentialError(
+                    f"{ENV_VARS[item.name]} ({item.name}) carries credentials ({shape}); fix: "
+                    "settings reach the workers in plain text: give only the "
+                    f"{item.name.replace('_', ' ')} there, and keys through their own paths "
+                    "(engine_api_key_var, provider key variables or key files)"
+                )
 
     def _check_trials_dir(self, create: bool) -> None:
         if self.trials_dir.exists() and not self.trials_dir.is_dir():
@@ -183,7 +225,7 @@ class HarborSettings:
             if not _IMPORT_PATH.fullmatch(self.environment_import_path):
                 raise _error(
                     "environment_import_path",
-                    f"is {self.environment_import_path!r}",
+                    f"is {shown(self.environment_import_path)}",
                     "use 'package.module:ClassName' of a Harbor BaseEnvironment",
                 )
         if (self.environment_type is None) == (self.environment_import_path is None):
@@ -215,7 +257,9 @@ class HarborSettings:
     # ----------------------------------------------------------------------- (de)serialising
 
     def to_env(self) -> dict[str, str]:
-        """The worker variables; optional knobs only when set (0 counts as set)."""
+        """The worker variables; optional knobs only when set (0 counts as set). Refuses
+        credentials (`check_no_credentials`) even if `validate` was skipped."""
+        self.check_no_credentials()
         env: dict[str, str] = {}
         for item in fields(self):
             value = getattr(self, item.name)
@@ -266,7 +310,7 @@ def normalize_environment_type(raw: str) -> str:
     if value not in valid:
         raise _error(
             "environment_type",
-            f"{raw!r} is not a Harbor environment type",
+            f"{shown(raw)} is not a Harbor environment type",
             f"use one of {valid}, or an environment import path",
         )
     return value
@@ -277,18 +321,20 @@ def _error(name: str, problem: str, fix: str) -> HarborConfigError:
 
 
 def _positive(name: str, value: Any) -> float:
+    number: float | None
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise _error(
-            name, f"is {value!r}, not a number", "use a positive number of seconds"
-        ) from None
+    except (TypeError, ValueError):  # the error text repeats the value: raised outside
+        number = None
+    if number is None:
+        raise _error(name, f"is {shown(value)}, not a number", "use a positive number of seconds")
     if not number > 0 or number == float("inf"):
-        raise _error(name, f"is {value!r}", "use a positive, finite number of seconds")
+        raise _error(name, f"is {shown(value)}", "use a positive, finite number of seconds")
     return number
 
 
 def _parse(name: str, variable: str, raw: str) -> Any:
+    problem = ""
     try:
         if name in ("tasks_dir", "trials_dir"):
             return Path(raw)
@@ -296,28 +342,90 @@ def _parse(name: str, variable: str, raw: str) -> Any:
             return float(raw)
         if name == "max_iterations":
             return int(raw)
-        if name in ("environment_kwargs", "agent_kwargs"):
+        if name in _KWARGS:
             return json.loads(raw)
         if name == "keep_sandbox":
             return raw.strip().lower() in ("1", "true", "yes")
-    except (ValueError, json.JSONDecodeError):
-        raise HarborConfigError(f"{variable} ({name}): cannot parse {raw!r}") from None
+    except json.JSONDecodeError as exc:  # exc.doc is the whole (maybe secret-holding) text
+        problem = f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except ValueError:
+        problem = f"cannot parse {shown(raw)}"
+    if problem:  # raised outside the except, so no exception holding `raw` is chained
+        raise HarborConfigError(
+            f"{variable} ({name}): {problem}; fix: write it as "
+            f"mizzen_rollout.harbor.harbor_env_vars(...) does"
+        )
     return raw
 
 
-def _refuse_literal_secrets(values: Mapping[str, Any], where: str, path: str = "") -> None:
-    for key, value in values.items():
-        here = f"{path}.{key}" if path else str(key)
-        if isinstance(value, Mapping):
-            _refuse_literal_secrets(value, where, here)
-        elif (
-            is_sensitive_name(str(key))
-            and isinstance(value, str)
-            and value
-            and not _TEMPLATE.fullmatch(value)
-        ):
-            raise HarborConfigError(
-                f"{ENV_VARS[where]} ({where}): {here} holds a literal credential; worker "
-                "variables are logged in plain text. fix: put the secret in a worker variable and "
-                "write '${THAT_VARIABLE}' here."
+_KWARGS_FIX = (
+    "credentials never travel in kwargs (worker variables and Harbor's config.json are plain "
+    "text, and Harbor does not resolve ${VAR} there): give the engine key by variable name "
+    "through MIZZEN_HARBOR_ENGINE_API_KEY_VAR (engine_api_key_var), provider keys through their "
+    "key variables or key files (see mizzen_rollout.harbor.credentials); numbers and booleans "
+    "under such names (max_tokens) are fine"
+)
+
+
+def _key_shown(name: str) -> str:
+    return "***" if credential_shape(name) else shown(name, limit=60).strip("'\"")
+
+
+def refuse_kwargs_credentials(name: str, values: Mapping[str, Any]) -> None:
+    """Raise ProviderCredentialError naming `ENV_VARS[name]` if `values` hold a credential."""
+    problems = kwargs_credential_problems(values)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ProviderCredentialError(
+            f"{ENV_VARS[name]} ({name}) carries credentials: {'; '.join(problems[:5])}{more}. "
+            f"fix: {_KWARGS_FIX}"
+        )
+
+
+def kwargs_credential_problems(values: Mapping[str, Any]) -> list[str]:
+    """Where `values` (kwargs, at any depth) hold a credential or something not JSON, one line
+    each (the path and the rule, never the value); empty when they may be forwarded."""
+    problems: list[str] = []
+    _walk(values, "", None, problems, 0)
+    return problems
+
+
+def _walk(value: Any, path: str, under: str | None, problems: list[str], depth: int) -> None:
+    where = path or "(top level)"
+    if depth > _MAX_KWARGS_DEPTH:
+        problems.append(f"{where}: nested deeper than {_MAX_KWARGS_DEPTH} levels")
+        return
+    if isinstance(value, Mapping):
+        if under is not None and value:
+            problems.append(
+                f"{where} holds a mapping under the password-like name {_key_shown(under)!r} "
+                "(its keys are text)"
             )
+            return
+        for key, item in value.items():
+            if not isinstance(key, str):
+                problems.append(f"{where}: a key of type {type(key).__name__} (JSON keys are text)")
+                continue
+            here = f"{path}.{_key_shown(key)}" if path else _key_shown(key)
+            if not normalize(key).isascii():
+                problems.append(
+                    f"{here}: the key is not ASCII after NFKC (a look-alike could hide a "
+                    "password-like name); spell it in ASCII"
+                )
+            elif credential_shape(key):
+                problems.append(f"{here}: the key itself is {credential_shape(key)}")
+            sensitive = under or (key if is_sensitive_name(key) else None)
+            _walk(item, here, sensitive, problems, depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _walk(item, f"{path}[{index}]", under, problems, depth + 1)
+    elif isinstance(value, str):
+        if under is not None and value:
+            kind = "a ${VAR} template" if is_template(value) else "a literal credential"
+            problems.append(
+                f"{where} holds {kind} (text under the password-like name {_key_shown(under)!r})"
+            )
+        elif credential_shape(value):
+            problems.append(f"{where} holds {credential_shape(value)}")
+    elif not (value is None or isinstance(value, bool | int | float)):
+        problems.append(f"{where}: a {type(value).__name__} is not a JSON value")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.redaction import shown
 
 INSTANCE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -41,7 +42,7 @@ def resolve_task_dir(tasks_root: Path, instance_id: str) -> Path:
     """The task directory for `instance_id` inside `tasks_root` (checked, resolved)."""
     if not INSTANCE_ID_PATTERN.fullmatch(instance_id) or ".." in instance_id:
         raise HarborConfigError(
-            f"instance id {instance_id!r} is not a valid task name; fix: use one path component "
+            f"instance id {shown(instance_id)} is not a valid task name; fix: use one path component "
             "of letters, digits, '.', '_' and '-' (starting with a letter or digit, no '..', at "
             "most 128 characters)"
         )
@@ -49,17 +50,17 @@ def resolve_task_dir(tasks_root: Path, instance_id: str) -> Path:
     candidate = (root / instance_id).resolve()
     if not candidate.is_relative_to(root) or candidate == root:
         raise HarborConfigError(
-            f"instance id {instance_id!r} resolves to {candidate}, outside the tasks root {root} "
+            f"instance id {shown(instance_id)} resolves to {candidate}, outside the tasks root {root} "
             "(a symlink?); fix: keep every task directory inside the tasks root"
         )
     if not candidate.is_dir():
         raise HarborConfigError(
-            f"instance id {instance_id!r}: no task directory {candidate}; fix: check the id or "
+            f"instance id {shown(instance_id)}: no task directory {candidate}; fix: check the id or "
             "MIZZEN_HARBOR_TASKS_DIR"
         )
     if not (candidate / "task.toml").is_file():
         raise HarborConfigError(
-            f"instance id {instance_id!r}: {candidate} has no task.toml, so it is not a Harbor "
+            f"instance id {shown(instance_id)}: {candidate} has no task.toml, so it is not a Harbor "
             "task; fix: point MIZZEN_HARBOR_TASKS_DIR at the directory of task directories"
         )
     return candidate

@@ -5,8 +5,16 @@ Invariants:
   here, lazily); any Harbor validation error becomes a HarborConfigError naming the field.
 - The task comes only from `task_ids.resolve_task_dir` (strict id, inside the tasks root).
 - The agent points at the engine endpoint `base_url` with the sample's sampling parameters, as
-  `harnesses.agent_setup` derives them. The engine key, if any, is referenced as `${VAR}` (Harbor
-  resolves it in-process), so no secret is ever part of a config Harbor writes to disk.
+  `harnesses.agent_setup` derives them. `base_url` passes `addresses.check_address` (kind `url`)
+  first: a userinfo, `;params`, query or fragment is refused (ProviderCredentialError, showing
+  only the redacted URL), as is a malformed host or port. The engine key, if any, is referenced
+  as `${VAR}` in `AgentConfig.env` (Harbor resolves it in-process), so no secret is ever part of
+  a config Harbor writes to disk (config.json) or of its `repr()`.
+- The agent kwargs as merged (derived + `agent_kwargs`) and the environment kwargs are checked
+  once more with `settings.refuse_kwargs_credentials`, whatever the settings object went
+  through before.
+- A Harbor validation error is reported by field location and message only (pydantic's own text
+  repeats the input values), and raised outside the `except` block.
 - Optional limits (agent/verifier timeouts, max_iterations) are applied only when set.
 """
 
@@ -14,9 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mizzen_rollout.harbor.addresses import check_address
 from mizzen_rollout.harbor.errors import HarborConfigError
 from mizzen_rollout.harbor.harnesses import AgentSetup, agent_setup, merge_agent_kwargs
-from mizzen_rollout.harbor.settings import HarborSettings
+from mizzen_rollout.harbor.settings import ENV_VARS, HarborSettings, refuse_kwargs_credentials
 from mizzen_rollout.harbor.task_ids import resolve_task_dir
 
 if TYPE_CHECKING:
@@ -25,6 +34,22 @@ if TYPE_CHECKING:
 #: the placeholder key sent when the engine needs none (OpenAI clients refuse an empty key)
 NO_ENGINE_KEY = "mizzen-no-key"
 ENGINE_KEY_VAR = "MIZZEN_ENGINE_API_KEY"
+BASE_URL_FIX = (
+    "base_url is written into Harbor's config.json and its logs, so pass the engine's "
+    "OpenAI-compatible endpoint alone, http(s)://host[:port][/path] (e.g. "
+    "http://127.0.0.1:30000/v1), and its key by variable name through "
+    f"{ENV_VARS['engine_api_key_var']} (engine_api_key_var)"
+)
+
+
+def check_base_url(base_url: object) -> str:
+    """`base_url` if it is a credential-free http(s) endpoint; else ProviderCredentialError."""
+    return check_address(
+        base_url,
+        kind="url",
+        field="base_url (the engine endpoint given to the agent function)",
+        fix=BASE_URL_FIX,
+    )
 
 
 def build_trial_config(
@@ -52,8 +77,12 @@ def build_trial_config(
         max_iterations=settings.max_iterations,
         response_too_long=settings.response_too_long,
     )
+    if base_url is not None or setup.model_name is not None:
+        base_url = check_base_url(base_url)
     if setup.substituted_for is None:
         merge_agent_kwargs(setup, settings.agent_kwargs)
+    refuse_kwargs_credentials("agent_kwargs", setup.kwargs)
+    refuse_kwargs_credentials("environment_kwargs", settings.environment_kwargs)
 
     agent_fields: dict[str, Any] = {
         "name": setup.name,
@@ -62,11 +91,6 @@ def build_trial_config(
     }
     env = dict(setup.env)
     if setup.model_name is not None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise HarborConfigError(
-                f"base_url {base_url!r} is not an http(s) URL; fix: pass the engine's "
-                "OpenAI-compatible endpoint, e.g. http://127.0.0.1:30000/v1"
-            )
         key_var = settings.engine_api_key_var
         env[ENGINE_KEY_VAR] = f"${{{key_var}}}" if key_var else NO_ENGINE_KEY
         agent_fields.update(
@@ -93,6 +117,7 @@ def build_trial_config(
     if settings.verifier_timeout_s is not None:
         verifier_fields["override_timeout_sec"] = settings.verifier_timeout_s
 
+    problems: list[str] = []
     try:
         config = TrialConfig(
             task=TaskConfig(path=task_dir),
@@ -101,9 +126,14 @@ def build_trial_config(
             environment=EnvironmentConfig(**environment_fields),
             verifier=VerifierConfig(**verifier_fields),
         )
-    except ValidationError as exc:
+    except ValidationError as exc:  # its text repeats the input values: locations and rules only
+        problems = [
+            f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+            for error in exc.errors(include_input=False, include_url=False, include_context=False)
+        ]
+    if problems:
         raise HarborConfigError(
             f"the trial configuration for {instance_id!r} does not validate as a Harbor "
-            f"TrialConfig: {exc}"
-        ) from None
+            f"TrialConfig: {'; '.join(problems)}; fix: correct the settings named there"
+        )
     return config, setup
