@@ -94,10 +94,12 @@ def registry(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def plan(session: nox.Session) -> None:
-    """The CI plan for the working tree's change against its merge-base with main: the jobs, their
-    runners and tests, and why every other test is not run.  Posargs go to `mizzen-ci plan`
-    (e.g. `-- --verbose`, `--label run-ci-lora`, `--event schedule --cadence weekly`)."""
-    _bare_mizzen_ci(session, "plan", *session.posargs)
+    """The CI plan for the working tree's change against its merge-base with main, as a pull
+    request from this repository: the jobs, their runners and tests, and why every other test is
+    not run.  Posargs go to `mizzen-ci plan` (e.g. `-- --verbose`, `--label run-ci-lora`,
+    `--event schedule --cadence weekly`, `--fork --author-association NONE`)."""
+    origin = [] if {"--fork", "--same-repo"} & set(session.posargs) else ["--same-repo"]
+    _bare_mizzen_ci(session, "plan", *origin, *session.posargs)
 
 
 @nox.session(name="lazy-imports")

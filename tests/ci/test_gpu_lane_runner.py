@@ -300,15 +300,18 @@ def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_
         return PlannedTest(file, num_gpus, est, "est_time", 0.0, "asked for")
 
     job = Job(
-        "gpu-hopper-h200-2gpu-1", "gpu-hopper", "hopper", "h200-2gpu",
-        ("self-hosted", "h200", "gpu-2"), 2, 30, False, 12.0,
-        (planned("tests/gpu/test_w3.py", 1, 3.0), planned("tests/gpu/test_wide.py", 2, 9.0)),
+        id="gpu-hopper-h200-2gpu-1", lane="gpu-hopper", arch="hopper", pool="h200-2gpu",
+        runs_on=("self-hosted", "h200", "gpu-2"), runner_group="h200", gpus=2,
+        timeout_minutes=30, over_budget=False, est_seconds=12.0,
+        tests=(planned("tests/gpu/test_w3.py", 1, 3.0), planned("tests/gpu/test_wide.py", 2, 9.0)),
     )  # fmt: skip
     foreign = replace(job, id="gpu-blackwell-b200-8gpu-1", lane="gpu-blackwell", arch="blackwell")
     stale = replace(job, id="stale", tests=(planned("tests/gpu/test_w3.py", 2, 3.0),))
     plan = tmp_path / "plan.json"
     everything = SelectionSummary(True, ("asked for",), 0)
-    record = Plan("pull_request", None, None, None, False, True, 3600.0, everything)
+    record = Plan(event="pull_request", cadence=None, base=None, head=None, worktree=False,
+                  trusted=True, approval=None, fleet="ci/fleet.toml", budget_seconds=3600.0,
+                  selection=everything)  # fmt: skip
     record.jobs = [job, foreign, stale]
     plan.write_text(record.dumps())
 

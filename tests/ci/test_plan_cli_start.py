@@ -64,6 +64,7 @@ OWN_ARGUMENT = {
     "validate": "--root",
     "list": "--lane",
     "plan": "--budget-minutes",
+    "comment": "--body-file",
     "gpu-lane": "arch",
     "lazy-imports": "--static",
     "history": "record",

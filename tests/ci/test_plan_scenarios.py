@@ -56,6 +56,7 @@ gpu = "H200"
 gpus_per_runner = 2
 runners = 2
 runs_on = ["self-hosted", "h200", "gpu-2"]
+runner_group = "mizzen-h200-2gpu"
 
 [[pool]]
 name = "h100-8gpu-rdma"
@@ -64,6 +65,7 @@ gpu = "H100"
 gpus_per_runner = 8
 runners = 1
 runs_on = ["self-hosted", "h100", "gpu-8", "rdma"]
+runner_group = "mizzen-h100-8gpu-rdma"
 capabilities = ["rdma"]
 
 [[pool]]
@@ -73,6 +75,7 @@ gpu = "B200"
 gpus_per_runner = 8
 runners = 1
 runs_on = ["self-hosted", "b200", "gpu-8"]
+runner_group = "mizzen-b200-8gpu"
 """
 
 CPU = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time={t}, labels=['ci']{extra})\n"
@@ -190,6 +193,7 @@ def commit(repo: Path, message: str = "change") -> None:
 
 def plan(repo: Path, base: str | None = "main", head: str | None = "HEAD", **inputs):
     options = inputs.pop("options", PlanOptions())
+    inputs.setdefault("fork", False)  # a pull request from this repository unless told otherwise
     fleet = load_fleet(repo / "ci" / "fleet.toml")
     change = git_change(repo, base, head)
     p = build_plan(repo, fleet, change, Inputs(**inputs), options).to_json()
@@ -404,22 +408,33 @@ def test_run_ci_all_and_unknown_labels(repo):
     assert any("volta" in w for w in p["warnings"])
 
 
-def test_untrusted_author_runs_cpu_only_until_ok_to_test_is_labeled(repo):
+def test_untrusted_author_runs_cpu_only_until_this_event_approves_the_head(repo):
     write(repo, "packages/alpha/src/alpha/leaf.py", "def f():\n    return 4\n")
     commit(repo)
     untrusted = {"fork": True, "author_association": "FIRST_TIME_CONTRIBUTOR"}
     p = plan(repo, labels=("run-ci-all",), action="synchronize", **untrusted)
     assert {a for _, a in scheduled(p)} == {None}
     assert not_scheduled(p)[("tests/beta/test_model_gpu.py", "hopper")] == "untrusted"
-    assert p["trusted"] is False
-    # the label approves the head it was added on ...
-    p = plan(repo, labels=("ok-to-test",), action="labeled", **untrusted)
+    assert p["trusted"] is False and p["approval"] is None
+    # the labeled event that adds ok-to-test approves the head it carries ...
+    p = plan(repo, labels=("ok-to-test",), action="labeled", label_added="ok-to-test", **untrusted)
     assert ("tests/beta/test_model_gpu.py", "hopper") in scheduled(p)
-    # ... and a later push needs a new approval
+    assert "ok-to-test" in p["approval"]
+    # ... another label added later approves nothing, nor does a later push
+    p = plan(repo, labels=("ok-to-test", "x"), action="labeled", label_added="x", **untrusted)
+    assert ("tests/beta/test_model_gpu.py", "hopper") not in scheduled(p)
     p = plan(repo, labels=("ok-to-test",), action="synchronize", **untrusted)
     assert ("tests/beta/test_model_gpu.py", "hopper") not in scheduled(p)
-    assert any("approves the commit it was added on" in w for w in p["warnings"])
-    # a fork of a member is trusted
+    assert any("a later push needs a new one" in w for w in p["warnings"])
+    # a trusted commenter's command approves the head the run is pinned to; an untrusted one not
+    p = plan(repo, comments=(Comment("NONE", "/run-ci all"),), **untrusted)
+    assert {a for _, a in scheduled(p)} == {None}
+    p = plan(repo, comments=(Comment("MEMBER", "/run-ci lora"),), **untrusted)
+    assert ("tests/beta/test_model_gpu.py", "hopper") in scheduled(p)
+    assert "comment command from MEMBER" in p["approval"]
+    # unknown fork status is untrusted; a fork of a member is trusted
+    p = plan(repo, fork=None, author_association="CONTRIBUTOR", labels=("run-ci-all",))
+    assert {a for _, a in scheduled(p)} == {None}
     p = plan(repo, fork=True, author_association="MEMBER", action="synchronize")
     assert ("tests/beta/test_model_gpu.py", "hopper") in scheduled(p)
 
@@ -494,7 +509,7 @@ def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
     out, summary, gh = tmp_path / "plan.json", tmp_path / "summary.md", tmp_path / "gh.txt"
     proc = subprocess.run(
         [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base", "main",
-         "--head", "HEAD", "--label", "run-ci-train", "--output", str(out), "--summary",
+         "--head", "HEAD", "--same-repo", "--label", "run-ci-train", "--output", str(out), "--summary",
          str(summary), "--github-output", str(gh), "--verbose"],
         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
         capture_output=True, text=True, timeout=60, cwd=repo,
@@ -511,7 +526,10 @@ def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
     matrix = json.loads(lines["matrix"])
     assert int(lines["jobs"]) == len(matrix["include"]) == len(loaded.jobs)
     entry = next(e for e in matrix["include"] if e["id"] == gpu_job.id)
-    assert json.loads(entry["runs_on"]) == list(gpu_job.runs_on)
+    assert json.loads(entry["runs_on"]) == {
+        "group": gpu_job.runner_group,
+        "labels": list(gpu_job.runs_on),
+    }
     assert entry["lane"] == "gpu-hopper"
 
 
@@ -522,7 +540,7 @@ def test_cli_reads_a_comment_from_a_file_whatever_its_text(repo, tmp_path):
     body.write_text("--help me; $(rm -rf /)\n/run-ci lora\n")
     proc = subprocess.run(
         [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base=main",
-         "--head", "HEAD", "--comment-file", "MEMBER", str(body), "--json"],
+         "--head", "HEAD", "--same-repo", "--comment-file", "MEMBER", str(body), "--json"],
         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
         capture_output=True, text=True, timeout=60, cwd=repo,
     )  # fmt: skip

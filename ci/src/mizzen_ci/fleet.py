@@ -7,6 +7,10 @@ Invariants:
 - Pool derivation is deterministic: on one arch, the smallest pool (fewest GPUs per runner) that
   has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
 - A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
+- Hosting is part of the table and checked: every GPU pool is self-hosted (its ``runs_on`` starts
+  with ``self-hosted``) and names the runner group that holds its machines (``runner_group``; the
+  group is what restricts those runners to the default branch's GPU workflow — labels alone do
+  not); the CPU pool is GitHub-hosted (no ``self-hosted`` label, no group).
 - Lane names are derived here and nowhere else: :data:`CPU_LANE` and :func:`lane_name` (the nox
   session and plan lane of an arch, ``gpu-<arch>``).
 """
@@ -41,9 +45,13 @@ class Arch:
     gpus: tuple[str, ...] = ()
 
 
+SELF_HOSTED = "self-hosted"
+
+
 @dataclass(frozen=True)
 class Pool:
-    """A set of identical GPU runners: ``runners`` machines of ``gpus_per_runner`` GPUs each."""
+    """A set of identical self-hosted GPU runners: ``runners`` machines of ``gpus_per_runner``
+    GPUs each, in the runner group ``runner_group``."""
 
     name: str
     arch: str
@@ -51,16 +59,18 @@ class Pool:
     gpus_per_runner: int
     runners: int
     runs_on: tuple[str, ...]
+    runner_group: str
     capabilities: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
 class CpuPool:
-    """The pool that runs CPU jobs (hosted runners)."""
+    """The pool that runs CPU jobs (GitHub-hosted runners: no runner group)."""
 
     name: str
     runs_on: tuple[str, ...]
     runners: int
+    runner_group: None = None
 
 
 @dataclass(frozen=True)
@@ -155,10 +165,20 @@ def load_fleet(path: Path | str) -> Fleet:
     """Read and check ``fleet.toml``."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FleetError(f"{path}: no such fleet file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FleetError(f"{path}: cannot read the fleet file: {e}") from None
+    return parse_fleet(text, path)
+
+
+def parse_fleet(text: str, path: Path | str) -> Fleet:
+    """Check the text of a fleet table (``path`` names it in errors; e.g. ``BASE:ci/fleet.toml``
+    for the table as a base revision has it)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise FleetError(f"{path}: not valid TOML: {e}") from None
     return _parse(path, data)
@@ -238,6 +258,15 @@ def _parse(path: Path, data: dict) -> Fleet:
             )
         if any(p.name == name for p in pools):
             raise FleetError(f"{path}: pool {name!r} is listed twice")
+        runs_on = _strings(path, f"pool {name}.runs_on", raw.get("runs_on"))
+        if runs_on[0] != SELF_HOSTED:
+            raise FleetError(
+                f"{path}: pool {name}: a GPU pool is self-hosted; its runs_on starts with "
+                f"{SELF_HOSTED!r}, got {list(runs_on)}"
+            )
+        group = _need(path, where, raw, "runner_group", str)
+        if not group.strip():
+            raise FleetError(f"{path}: pool {name}: runner_group is empty; name the group")
         pools.append(
             Pool(
                 name=name,
@@ -245,7 +274,8 @@ def _parse(path: Path, data: dict) -> Fleet:
                 gpu=_need(path, where, raw, "gpu", str),
                 gpus_per_runner=gpus,
                 runners=runners,
-                runs_on=_strings(path, f"pool {name}.runs_on", raw.get("runs_on")),
+                runs_on=runs_on,
+                runner_group=group,
                 capabilities=caps,
             )
         )
@@ -256,6 +286,11 @@ def _parse(path: Path, data: dict) -> Fleet:
         runs_on=_strings(path, "cpu_pool.runs_on", raw_cpu.get("runs_on")),
         runners=_need(path, "[cpu_pool]", raw_cpu, "runners", int),
     )
+    if SELF_HOSTED in cpu_pool.runs_on or "runner_group" in raw_cpu:
+        raise FleetError(
+            f"{path}: [cpu_pool] runs on GitHub-hosted runners (untrusted pull requests get "
+            f"exactly these): drop {SELF_HOSTED!r} and runner_group from it"
+        )
     if any(p.name == cpu_pool.name for p in pools):
         raise FleetError(f"{path}: the cpu pool and a GPU pool are both named {cpu_pool.name!r}")
     return Fleet(path, tuple(archs), capabilities, labels, tuple(pools), cpu_pool)

@@ -126,6 +126,15 @@ def resolve(root: Path, rev: str) -> str:
     return _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
 
 
+def file_at(root: Path, rev: str, path: str) -> str:
+    """The text of ``path`` as revision ``rev`` has it (``git show REV:PATH``); :class:`GitError`
+    when the revision or the file is missing, or the file is not UTF-8 text."""
+    text = _git(root, "show", f"{resolve(root, rev)}:{path}")
+    if any(0xDC80 <= ord(c) <= 0xDCFF for c in text):  # undecodable bytes (surrogateescape)
+        raise GitError(f"{path} at {rev} is not UTF-8 text")
+    return text
+
+
 def default_base(root: Path, main_branches=MAIN_BRANCHES) -> str:
     """The merge-base of HEAD with the first main branch that exists."""
     tried = []

@@ -1,17 +1,27 @@
-"""``mizzen-ci plan``: plan the CI jobs for a change and print, write or publish the plan.
+"""``mizzen-ci plan``: plan the CI jobs for a change and print, write or publish the plan; and
+``mizzen-ci comment``: read the commands of a pull-request comment.
 
-Default: the working tree's change against its merge-base with main, as a trusted pull request
-without labels, printed as a table (``nox -s plan``).  In CI the workflow passes the event, the
-range, the labels and the trust facts through environment variables into these options.
+Default: the working tree's change against its merge-base with main, printed as a table (``nox -s
+plan``, which plans as a pull request from this repository).  In CI the workflow passes the
+event, the range, the labels and the trust facts (``--fork``/``--same-repo``,
+``--author-association``, ``--action``, ``--label-added``, comments) as options.
 
 Outputs: ``--output plan.json`` (the plan, see :mod:`mizzen_ci.plan.model`), ``--summary FILE``
 (Markdown appended, e.g. ``$GITHUB_STEP_SUMMARY``), ``--github-output FILE`` (appends
-``matrix=<json>`` and ``jobs=<n>`` for a ``strategy.matrix`` of the lanes), ``--json`` (the plan on
-stdout instead of the table).
+``matrix=<json>``, ``jobs=<n>``, ``sha=<head>`` and ``blocked=<n>`` (GPU test runs waiting for an
+approval) for a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs
+of that kind of runner), ``--json`` (the plan on stdout instead of the table).
 
-Invariants: stdlib only (runs with ``python3 -S`` and only ``ci/src`` on the path); exit 0 when a
-plan was made (registry errors are listed in it and annotated; ``mizzen-ci validate`` is the
-check that fails on them), 2 for bad input.
+Invariants:
+- Stdlib only (runs with ``python3 -S`` and only ``ci/src`` on the path).
+- Trust and hosting never come from the change: for a pull request the arches, pools and
+  ``runs_on`` labels come from ``ci/fleet.toml`` as the *base* revision has it (read with git);
+  the change's own table only checks the change's registrations.  A pull request whose base
+  has no readable fleet table is refused (exit 2).  An unknown fork status is untrusted.
+- Exit 0 when a plan was made; 1 when it was made but the registry has violations (written,
+  annotated and printed first: CI fails on what it cannot trust); 2 for bad input.
+- ``comment`` prints, as JSON, the commands the body holds (whole lines only) and whether the
+  association may give them; it exits 0 either way (the JSON says), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -22,9 +32,16 @@ import sys
 from pathlib import Path
 
 from .. import output
-from ..fleet import add_root_and_fleet_arguments, root_and_fleet
+from ..fleet import (
+    FLEET_RELATIVE_PATH,
+    Fleet,
+    FleetError,
+    add_root_and_fleet_arguments,
+    parse_fleet,
+    root_and_fleet,
+)
 from . import report
-from .change import git_change
+from .change import Change, GitError, file_at, git_change
 from .model import Plan
 from .pipeline import (
     CACHE_DIR,
@@ -34,10 +51,26 @@ from .pipeline import (
     build_plan,
     default_history,
 )
-from .request import CADENCES, EVENTS, Comment, Inputs, RequestError
+from .request import (
+    CADENCES,
+    EVENTS,
+    TRUSTED_ASSOCIATIONS,
+    Comment,
+    Inputs,
+    RequestError,
+    parse_commands,
+)
+from .selection import UNTRUSTED
+
+RUNNER_KINDS = ("all", "hosted", "self-hosted")
+MAX_COMMENT_BYTES = 65536  # GitHub caps a comment body at 65,536 characters
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
+    if command == "comment":
+        parser.add_argument("--body-file", type=Path, required=True, help="the comment's text")
+        parser.add_argument("--association", required=True, help="the commenter's association")
+        return
     add_root_and_fleet_arguments(parser)
     g = parser.add_argument_group("the event")
     g.add_argument("--event", choices=EVENTS, default="pull_request")
@@ -65,8 +98,19 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         help="like --comment, the body read from a file (safe for any text in CI)",
     )
     g.add_argument("--author-association", help="the PR author's association")
-    g.add_argument("--fork", action="store_true", help="the PR comes from a fork")
+    origin = g.add_mutually_exclusive_group()
+    origin.add_argument(
+        "--fork", dest="fork", action="store_const", const=True, help="the PR comes from a fork"
+    )
+    origin.add_argument(
+        "--same-repo",
+        dest="fork",
+        action="store_const",
+        const=False,
+        help="the PR comes from a branch of this repository (without either: unknown, untrusted)",
+    )
     g.add_argument("--action", help="the pull_request activity (opened, synchronize, labeled, …)")
+    g.add_argument("--label-added", help="on a `labeled` event: the label it added")
     p = parser.add_argument_group("planning")
     p.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES)
     p.add_argument("--min-job-minutes", type=float, default=DEFAULT_MIN_JOB_MINUTES)
@@ -82,7 +126,13 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     o = parser.add_argument_group("outputs")
     o.add_argument("--output", type=Path, help="write the plan JSON here")
     o.add_argument("--summary", type=Path, help="append the Markdown summary here")
-    o.add_argument("--github-output", type=Path, help="append matrix=… and jobs=… here")
+    o.add_argument("--github-output", type=Path, help="append matrix=…, jobs=… and sha=… here")
+    o.add_argument(
+        "--matrix",
+        choices=RUNNER_KINDS,
+        default="all",
+        help="which jobs the matrix holds: hosted (CPU), self-hosted (GPU) or all",
+    )
     o.add_argument("--json", action="store_true", help="print the plan JSON, not the table")
     o.add_argument("--verbose", action="store_true", help="list every test and every reason")
 
@@ -94,38 +144,95 @@ def _labels(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def matrix(plan: Plan) -> dict:
-    """The ``strategy.matrix`` of the lane jobs: one entry per planned job (its ``lane`` is the
-    nox session that runs it)."""
+def matrix(plan: Plan, runners: str = "all") -> dict:
+    """The ``strategy.matrix`` of the lane jobs: one entry per planned job of the ``runners``
+    kind (its ``lane`` is the nox session that runs it; ``runs_on`` the JSON of its runs-on)."""
     return {
         "include": [
             {
                 "id": j.id,
                 "lane": j.lane,
-                "runs_on": json.dumps(list(j.runs_on)),
+                "runs_on": json.dumps(j.runs_on_value()),
                 "timeout_minutes": j.timeout_minutes,
                 "tests": len(j.tests),
             }
             for j in plan.jobs
+            if runners == "all" or j.self_hosted == (runners == "self-hosted")
         ]
     }
 
 
 def run(command: str, args: argparse.Namespace) -> int:
+    try:
+        if command == "comment":
+            return _comment(args)
+        return _plan(args)
+    except (RequestError, PlanInputError) as e:
+        print(f"mizzen-ci {command}: {e}", file=sys.stderr)
+        return 2
+
+
+class PlanInputError(ValueError):
+    """An input the plan cannot be made from; the message says which and how to fix it."""
+
+
+def _comment(args: argparse.Namespace) -> int:
+    body = _read_comment(args.body_file)
+    commands = parse_commands(body)
+    association = args.association.upper()
+    print(
+        json.dumps(
+            {
+                "commands": [{"command": c, "args": a} for c, a in commands],
+                "association": association,
+                "accepted": bool(commands) and association in TRUSTED_ASSOCIATIONS,
+            }
+        )
+    )
+    return 0
+
+
+def _read_comment(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PlanInputError(f"{path}: cannot read the comment: {e.strerror}") from None
+    if len(data) > 4 * MAX_COMMENT_BYTES:
+        raise PlanInputError(f"{path}: {len(data)} bytes is longer than any GitHub comment")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanInputError(f"{path}: the comment is not UTF-8 text") from None
+
+
+def base_fleet(root: Path, change: Change) -> Fleet:
+    """The fleet table as the change's base revision has it: the trusted source of a pull
+    request's arches, pools and runner labels."""
+    if not change.usable or not change.base:
+        raise PlanInputError(
+            f"the base of this pull request cannot be read ({change.reason}), so its pools and "
+            "runner labels cannot come from the base revision. Fix: fetch the base "
+            "(`git fetch origin main`, a checkout with fetch-depth: 0) or pass --base"
+        )
+    where = f"{change.base[:12]}:{FLEET_RELATIVE_PATH.as_posix()}"
+    try:
+        return parse_fleet(file_at(root, change.base, FLEET_RELATIVE_PATH.as_posix()), where)
+    except GitError as e:
+        raise PlanInputError(
+            f"the base revision has no readable {FLEET_RELATIVE_PATH} ({e}): a pull request's "
+            "pools come from its base. Fix: land the fleet table on the base branch first"
+        ) from None
+    except FleetError as e:
+        raise PlanInputError(f"the base revision's fleet table is broken: {e}") from None
+
+
+def _plan(args: argparse.Namespace) -> int:
     root, fleet = root_and_fleet(args)
     if args.budget_minutes <= 0 or args.min_job_minutes < 0:
-        print(
-            "mizzen-ci plan: --budget-minutes must be > 0 and --min-job-minutes ≥ 0",
-            file=sys.stderr,
-        )
-        return 2
+        raise PlanInputError("--budget-minutes must be > 0 and --min-job-minutes ≥ 0")
     comments = [Comment(a, b) for a, b in args.comment]
     for association, path in args.comment_file:
-        try:
-            comments.append(Comment(association, Path(path).read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as e:
-            print(f"mizzen-ci plan: --comment-file {path}: {e}", file=sys.stderr)
-            return 2
+        comments.append(Comment(association, _read_comment(Path(path))))
     inputs = Inputs(
         event=args.event,
         cadence=args.cadence,
@@ -134,6 +241,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         author_association=args.author_association,
         fork=args.fork,
         action=args.action,
+        label_added=args.label_added,
     )
     cache_dir = None if args.no_cache else (args.cache_dir or root / CACHE_DIR)
     options = PlanOptions(
@@ -143,11 +251,8 @@ def run(command: str, args: argparse.Namespace) -> int:
         cache_dir=cache_dir,
     )
     change = git_change(root, args.base, args.head)
-    try:
-        plan = build_plan(root, fleet, change, inputs, options)
-    except RequestError as e:
-        print(f"mizzen-ci plan: {e}", file=sys.stderr)
-        return 2
+    pools = base_fleet(root, change) if args.event == "pull_request" else fleet
+    plan = build_plan(root, fleet, change, inputs, options, pools=pools)
 
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -156,9 +261,12 @@ def run(command: str, args: argparse.Namespace) -> int:
         with args.summary.open("a", encoding="utf-8") as f:
             f.write(report.markdown(plan) + "\n")
     if args.github_output:
+        chosen = matrix(plan, args.matrix)
         with args.github_output.open("a", encoding="utf-8") as f:
-            f.write(f"matrix={json.dumps(matrix(plan), separators=(',', ':'))}\n")
-            f.write(f"jobs={len(plan.jobs)}\n")
+            f.write(f"matrix={json.dumps(chosen, separators=(',', ':'))}\n")
+            f.write(f"jobs={len(chosen['include'])}\n")
+            f.write(f"sha={plan.head or ''}\n")
+            f.write(f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n")
     for w in plan.warnings:
         output.emit("warning", w, title="mizzen plan")
     for e in plan.errors:
@@ -167,4 +275,11 @@ def run(command: str, args: argparse.Namespace) -> int:
         sys.stdout.write(plan.dumps())
     else:
         sys.stdout.write(report.terminal(plan, verbose=args.verbose))
+    if plan.errors:
+        print(
+            f"mizzen-ci plan: {len(plan.errors)} registry error(s): CI fails until they are "
+            "fixed (`mizzen-ci validate` lists them)",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -110,6 +110,7 @@ def _job_record(
         arch=arch,
         pool=pool.name,
         runs_on=tuple(pool.runs_on),
+        runner_group=pool.runner_group,
         gpus=gpus,
         timeout_minutes=math.ceil(job.seconds * TIMEOUT_FACTOR / 60 + TIMEOUT_SLACK_MINUTES),
         over_budget=job.over_budget,

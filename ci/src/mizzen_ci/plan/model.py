@@ -3,10 +3,12 @@
 The plan JSON (``version`` 1; fields may be added, never renamed)::
 
     {"version": 1, "event": "pull_request", "cadence": null, "base": SHA, "head": SHA,
-     "worktree": false, "trusted": true, "budget_seconds": 3600,
+     "worktree": false, "trusted": true, "approval": null, "fleet": "BASE:ci/fleet.toml",
+     "budget_seconds": 3600,
      "selection": {"everything": false, "because": [...], "changed_paths": 3},
      "jobs": [{"id": "hopper-h200-2gpu-1", "lane": "gpu-hopper", "arch": "hopper",
-               "pool": "h200-2gpu", "runs_on": ["self-hosted", ...], "gpus": 2,
+               "pool": "h200-2gpu", "runs_on": ["self-hosted", ...],
+               "runner_group": "mizzen-h200-2gpu", "gpus": 2,
                "timeout_minutes": 75, "over_budget": false, "est_seconds": 1234.0,
                "tests": [{"file": "tests/...", "num_gpus": 1, "est_seconds": 60.0,
                           "estimate": "history" | "est_time", "start_seconds": 0.0,
@@ -17,7 +19,10 @@ The plan JSON (``version`` 1; fields may be added, never renamed)::
      "not_scheduled": [{"file": ..., "arch": ..., "code": ..., "reason": ...}],
      "warnings": [...], "errors": [...]}
 
-A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``).  A job's tests
+A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``).  ``head`` is the
+commit the plan is for: the lanes check out exactly that commit (an approval holds for it only).
+``fleet`` names the table the pools and ``runs_on`` labels came from (for a pull request: the base
+revision's, never the change's); ``approval`` says what approved an untrusted author's head.  A job's tests
 are listed in their planned start order (longest first): the lanes run them so.  CPU jobs have
 ``arch: null``, ``lane: "cpu"`` and ``gpus: 1``.
 
@@ -109,6 +114,7 @@ class Job(_Record):
     arch: str | None = field(metadata=_read("opt_text"))
     pool: str = field(metadata=_read("text"))
     runs_on: tuple[str, ...] = field(metadata=_read("texts", tuple))
+    runner_group: str | None = field(metadata=_read("opt_text"))
     gpus: int = field(metadata=_read("integer", 1))
     timeout_minutes: int = field(metadata=_read("integer", 1))
     over_budget: bool = field(metadata=_read("flag"))
@@ -118,6 +124,17 @@ class Job(_Record):
     @property
     def files(self) -> list[str]:
         return [t.file for t in self.tests]
+
+    @property
+    def self_hosted(self) -> bool:
+        """Whether the job needs a self-hosted runner (a runner group holds its machines)."""
+        return self.runner_group is not None
+
+    def runs_on_value(self) -> list[str] | dict:
+        """The job's ``runs-on``: its labels, inside its runner group when it has one."""
+        if self.runner_group is None:
+            return list(self.runs_on)
+        return {"group": self.runner_group, "labels": list(self.runs_on)}
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,8 @@ class Plan(_Record):
     head: str | None = field(metadata=_read("opt_text"))
     worktree: bool = field(metadata=_read("flag"))
     trusted: bool = field(metadata=_read("flag"))
+    approval: str | None = field(metadata=_read("opt_text"))
+    fleet: str = field(metadata=_read("text"))
     budget_seconds: float = field(metadata=_read("seconds"))
     selection: SelectionSummary = field(metadata=_read("record", SelectionSummary))
     jobs: list[Job] = field(default_factory=list, metadata=_read("records", Job, list))

@@ -47,10 +47,15 @@ def build_plan(
     change: Change,
     inputs: Inputs,
     options: PlanOptions = PlanOptions(),
+    pools: Fleet | None = None,
 ) -> Plan:
-    """The plan for ``change`` under ``inputs`` (see the module docstring)."""
+    """The plan for ``change`` under ``inputs`` (see the module docstring).  ``fleet`` is the
+    tree's own table (its registrations are checked against it); ``pools`` is the trusted table
+    the arches, pools and runner labels come from (default: ``fleet``; for a pull request the
+    caller passes the base revision's)."""
     root = Path(root).resolve()
-    request = build_request(inputs, fleet)
+    pools = pools or fleet
+    request = build_request(inputs, pools)
     everything = request.cpu_all and request.gpu_all
     index = build_index(
         root,
@@ -63,7 +68,7 @@ def build_plan(
     impact = _impact(index, change, request)
     index.save()  # with the files the impact search parsed
     selected, not_scheduled = select(
-        registry.registrations, registry.violations, fleet, request, impact
+        registry.registrations, registry.violations, pools, request, impact
     )
     plan = Plan(
         event=request.event,
@@ -72,6 +77,8 @@ def build_plan(
         head=change.head,
         worktree=change.worktree,
         trusted=request.trusted,
+        approval=request.approval,
+        fleet=_shown_path(pools.path, root),
         budget_seconds=options.budget_seconds,
         selection=SelectionSummary(
             impact.everything, tuple(impact.everything_because), len(change.paths)
@@ -84,16 +91,27 @@ def build_plan(
         plan.warnings.append(f"selecting everything: {change.reason}")
     if request.gpu_blocked:
         plan.warnings.append(request.gpu_blocked)
-    jobs, pools, warnings = pack_jobs(
+    jobs, summaries, warnings = pack_jobs(
         selected,
-        fleet,
+        pools,
         _estimator(options, plan),
         options.budget_seconds,
         options.min_job_seconds,
     )
-    plan.jobs, plan.pools = jobs, pools
+    plan.jobs, plan.pools = jobs, summaries
     plan.warnings += warnings
     return plan
+
+
+def _shown_path(path: Path, root: Path) -> str:
+    """A fleet's path as the plan names it: root-relative when inside the tree (plans are the
+    same on every checkout), as given otherwise (``SHA:ci/fleet.toml``)."""
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _impact(index: PlanIndex, change: Change, request: Request) -> Impact:

@@ -72,12 +72,24 @@ def headline(plan: Plan) -> str:
     )
 
 
+def provenance(plan: Plan) -> str:
+    """Which commit the plan is for, where its pools came from, and whether it is trusted."""
+    if plan.trusted:
+        trust = "trusted"
+    elif plan.approval:
+        trust = f"untrusted author, approved by {plan.approval}"
+    else:
+        trust = "untrusted author: hosted CPU jobs only"
+    head = (plan.head or "?")[:12] + (" + working tree" if plan.worktree else "")
+    return f"head {head}; pools and runner labels from {plan.fleet}; {trust}"
+
+
 def reason_counts(plan: Plan) -> list[tuple[str, int]]:
     return sorted(Counter(n.code for n in plan.not_scheduled).items())
 
 
 def terminal(plan: Plan, *, verbose: bool = False) -> str:
-    out = [headline(plan), ""]
+    out = [headline(plan), provenance(plan), ""]
     if plan.jobs:
         out += [text_table(JOB_HEADERS, _job_rows(plan)), ""]
         out += [text_table(POOL_HEADERS, _pool_rows(plan)), ""]
@@ -106,7 +118,7 @@ def terminal(plan: Plan, *, verbose: bool = False) -> str:
 
 
 def markdown(plan: Plan) -> str:
-    out = ["## mizzen CI plan", "", headline(plan), ""]
+    out = ["## mizzen CI plan", "", headline(plan), "", provenance(plan), ""]
     for w in plan.warnings:
         out.append(f"> [!WARNING]\n> {w}\n")
     for e in plan.errors:

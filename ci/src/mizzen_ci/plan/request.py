@@ -4,9 +4,10 @@ Vocabulary (names of labels and commands live here and nowhere else):
 
 - PR labels: ``run-ci-<label>`` runs the GPU tests carrying that domain label, ``run-ci-all``
   every GPU test, ``run-on-<arch>`` adds that GPU generation for tests that declare it,
-  ``ok-to-test`` lets the GPU jobs of an untrusted author run (see below).
-- Comment commands (one per line): ``/run-ci <label> [<label> …]``, ``/run-ci all``,
-  ``/run-on <arch> [<arch> …]``.  They count only from trusted author associations.
+  ``ok-to-test`` approves the GPU jobs of an untrusted author's head (see below).
+- Comment commands: a line of the comment that *starts* with ``/run-ci <label> [<label> …]``,
+  ``/run-ci all`` or ``/run-on <arch> [<arch> …]`` (no indentation, outside fenced code
+  blocks); everything else in the body is ignored.  They count only from trusted associations.
 
 Per event:
 
@@ -22,13 +23,18 @@ workflow_dispatch         as its cadence (default nightly), plus ``run-on`` arch
 ========================  ================  ========================================  ===========
 
 Invariants:
-- Trust: an author is trusted when the pull request comes from a branch of the repository itself
-  (only writers can push there) or their author association is OWNER, MEMBER or COLLABORATOR.
-  An untrusted author's CPU jobs run; their GPU jobs run only on the ``labeled`` event of a PR
-  that carries ``ok-to-test``: a label is set by someone with triage rights and approves the head
-  it was set on; a later push needs a label applied again.
+- Trust is decided from event data only (never from the change): a pull request is trusted when
+  it comes from a branch of the repository itself (``fork=False``: only writers can push there)
+  or its author's association is OWNER, MEMBER or COLLABORATOR.  An unknown fork status
+  (``fork=None``) is untrusted.  Pushes, merge queues and schedules run what the repository
+  already holds.
+- An untrusted pull request's CPU jobs run; its GPU jobs run only when this very event approves
+  the head it carries: the ``labeled`` event that adds ``ok-to-test`` (a label is set by someone
+  with triage rights), or a comment command from a trusted association.  The caller pins the run
+  to that head (the plan's ``head``); a later push needs a new approval.
 - Comment commands from untrusted associations are ignored, with a warning in the plan.
-- Unknown labels, arches and commands never select anything silently: each is a warning.
+- Unknown labels, arches and commands never select anything silently: each is a warning, with
+  the code points of any character outside printable ASCII (a look-alike is shown as such).
 """
 
 from __future__ import annotations
@@ -46,7 +52,10 @@ RUN_CI_PREFIX = "run-ci-"
 RUN_CI_ALL = "run-ci-all"
 RUN_ON_PREFIX = "run-on-"
 OK_TO_TEST = "ok-to-test"
-_COMMAND = re.compile(r"^\s*/(run-ci|run-on)\b(.*)$")
+COMMANDS = ("run-ci", "run-on")
+_COMMAND = re.compile(r"/(run-ci|run-on)(?:[ \t]+(.*))?")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+MAX_COMMANDS = 20  # per comment; more is a mistake (or an attack on the plan's size)
 
 
 class RequestError(ValueError):
@@ -68,8 +77,9 @@ class Inputs:
     labels: tuple[str, ...] = ()
     comments: tuple[Comment, ...] = ()
     author_association: str | None = None
-    fork: bool = False
+    fork: bool | None = None  # None: unknown, which is untrusted
     action: str | None = None  # the pull_request activity type (opened, synchronize, labeled, …)
+    label_added: str | None = None  # on a ``labeled`` event: the label it added
 
 
 @dataclass(frozen=True)
@@ -88,23 +98,39 @@ class Request:
     arches: tuple[str, ...]
     trusted: bool
     gpu_blocked: str | None  # why no GPU job may run (untrusted author), else None
+    approval: str | None = None  # what approved an untrusted author's head, else None
     warnings: tuple[str, ...] = field(default=())
 
 
 def is_trusted(inputs: Inputs) -> bool:
     if inputs.event != "pull_request":
         return True  # pushes, merge queues and schedules run what is already in the repository
-    return not inputs.fork or (inputs.author_association or "").upper() in TRUSTED_ASSOCIATIONS
+    association = (inputs.author_association or "").upper()
+    return inputs.fork is False or association in TRUSTED_ASSOCIATIONS
 
 
 def parse_commands(body: str) -> list[tuple[str, list[str]]]:
-    """``[(command, args)]`` for each ``/run-ci …`` or ``/run-on …`` line of a comment."""
+    """``[(command, args)]`` for each line of a comment that starts with ``/run-ci`` or
+    ``/run-on`` (see the module docstring); lines inside fenced code blocks do not count."""
     out = []
+    fenced = False
     for line in body.splitlines():
-        m = _COMMAND.match(line)
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        m = None if fenced else _COMMAND.fullmatch(line.rstrip())
         if m:
-            out.append((m.group(1), m.group(2).replace(",", " ").split()))
-    return out
+            out.append((m.group(1), (m.group(2) or "").replace(",", " ").split()))
+    return out[:MAX_COMMANDS]
+
+
+def shown_name(name: str) -> str:
+    """``name`` as a warning shows it: printable ASCII as is, anything else with its code points
+    (``run‐ci`` is not ``run-ci``)."""
+    if name.isascii() and name.isprintable():
+        return repr(name)
+    points = " ".join(f"U+{ord(c):04X}" for c in name if not (c.isascii() and c.isprintable()))
+    return f"{name!a} (not plain ASCII: {points})"
 
 
 def build_request(inputs: Inputs, fleet: Fleet) -> Request:
@@ -119,6 +145,7 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         )
         asks.labels, asks.every_label, asks.arches = set(), False, []
     trusted = is_trusted(inputs)
+    approval = None if trusted else _approval(inputs)
     scheduled = inputs.event in ("schedule", "workflow_dispatch")
     if scheduled:
         mode = Mode.ALL if cadence == "weekly" else (Mode.EXPLICIT if asks.arches else Mode.AUTO)
@@ -136,7 +163,8 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         arch_mode=mode,
         arches=tuple(dict.fromkeys(asks.arches)),
         trusted=trusted,
-        gpu_blocked=None if trusted else _why_gpu_blocked(inputs),
+        gpu_blocked=None if trusted or approval else _why_gpu_blocked(inputs),
+        approval=approval,
         warnings=tuple(asks.warnings),
     )
 
@@ -177,23 +205,25 @@ class _Asks:
             self.labels.add(name)
         else:
             known = ", ".join(sorted(self.fleet.labels))
-            self.warnings.append(f"{where}: unknown test label {name!r} (known: {known})")
+            self.warnings.append(f"{where}: unknown test label {shown_name(name)} (known: {known})")
 
     def arch(self, name: str, where: str) -> None:
         if name in self.fleet.arch_names:
             self.arches.append(name)
         else:
             known = ", ".join(self.fleet.arch_names)
-            self.warnings.append(f"{where}: unknown GPU generation {name!r} (known: {known})")
+            self.warnings.append(
+                f"{where}: unknown GPU generation {shown_name(name)} (known: {known})"
+            )
 
     def read_labels(self, labels: tuple[str, ...]) -> None:
         for label in labels:
             if label == RUN_CI_ALL:
                 self.every_label = True
             elif label.startswith(RUN_CI_PREFIX):
-                self.label(label[len(RUN_CI_PREFIX) :], f"label {label}")
+                self.label(label[len(RUN_CI_PREFIX) :], f"label {shown_name(label)}")
             elif label.startswith(RUN_ON_PREFIX):
-                self.arch(label[len(RUN_ON_PREFIX) :], f"label {label}")
+                self.arch(label[len(RUN_ON_PREFIX) :], f"label {shown_name(label)}")
 
     def read_comments(self, comments: tuple[Comment, ...]) -> None:
         for comment in comments:
@@ -211,20 +241,27 @@ class _Asks:
                 if not args:
                     self.warnings.append(f"/{command} without arguments does nothing")
                 for arg in args:
-                    (self.label if command == "run-ci" else self.arch)(arg, f"/{command} {arg}")
+                    where = f"/{command} {shown_name(arg)}"
+                    (self.label if command == "run-ci" else self.arch)(arg, where)
 
 
-def _why_gpu_blocked(inputs: Inputs) -> str | None:
-    """Why an untrusted author's GPU jobs may not run (None: a maintainer approved this head)."""
-    if OK_TO_TEST not in inputs.labels:
-        return (
-            f"author not trusted (association {inputs.author_association or 'unknown'}, fork):"
-            f" GPU jobs wait for a maintainer to add the `{OK_TO_TEST}` label"
-        )
-    if inputs.action != "labeled":
-        return (
-            f"author not trusted: `{OK_TO_TEST}` approves the commit it was added on; new "
-            f"commits arrived ({inputs.action or 'unknown'} event), so a maintainer adds a "
-            "label again to approve them"
-        )
+def _approval(inputs: Inputs) -> str | None:
+    """What approves an untrusted pull request's head in this very event, or None."""
+    if inputs.action == "labeled" and inputs.label_added == OK_TO_TEST:
+        return f"the `{OK_TO_TEST}` label added on this head"
+    for comment in inputs.comments:
+        association = comment.association.upper()
+        if association in TRUSTED_ASSOCIATIONS and parse_commands(comment.body):
+            return f"a comment command from {association} on this head"
     return None
+
+
+def _why_gpu_blocked(inputs: Inputs) -> str:
+    """Why an untrusted author's GPU jobs may not run in this event."""
+    fork = {True: "fork", False: "same repository", None: "fork status unknown"}[inputs.fork]
+    return (
+        f"author not trusted (association {inputs.author_association or 'unknown'}, {fork}): "
+        f"GPU jobs wait for a maintainer to add the `{OK_TO_TEST}` label or to comment "
+        "`/run-ci <label>`; the approval holds for the head it was given on, a later push needs "
+        "a new one"
+    )

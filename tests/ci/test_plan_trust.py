@@ -1,0 +1,223 @@
+"""Trust cannot be steered by the change: `mizzen-ci plan` (a real subprocess under ``python3 -S``
+over a real git repository) takes pools and runner labels from the base revision's fleet table,
+treats an unknown fork status as untrusted, approves an untrusted head only by an approving event,
+reads comment commands as whole lines, and fails on registry errors after writing the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=25, labels=["ci"])
+
+CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
+FLEET = """\
+labels = ["ci", "lora"]
+
+[[arch]]
+name = "hopper"
+compute_capabilities = ["9.0"]
+
+[cpu_pool]
+name = "cpu-hosted"
+runs_on = ["ubuntu-24.04"]
+runners = 2
+
+[[pool]]
+name = "h200-2gpu"
+arch = "hopper"
+gpu = "H200"
+gpus_per_runner = 2
+runners = 1
+runs_on = ["self-hosted", "h200"]
+runner_group = "mizzen-h200"
+"""
+# What a hostile head makes of the table: hosted jobs on GPU machines, GPU jobs elsewhere.
+HOSTILE_FLEET = FLEET.replace(
+    'runs_on = ["self-hosted", "h200"]\nrunner_group = "mizzen-h200"',
+    'runs_on = ["self-hosted", "h200", "prod-deploy"]\nrunner_group = "production"',
+).replace('runs_on = ["ubuntu-24.04"]', 'runs_on = ["ubuntu-24.04-gpu"]')
+CPU_TEST = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=5)\n"
+GPU_TEST = (
+    "from mizzen_ci import register_cuda_ci\n"
+    "register_cuda_ci(est_time=5, hardware=['hopper'], labels=['lora'])\n"
+)
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def write(repo: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    write(
+        root,
+        {
+            "ci/fleet.toml": FLEET,
+            "pyproject.toml": '[project]\nname = "t"\nversion = "0"\n',
+            "tests/t/test_cpu.py": CPU_TEST,
+            "tests/t/test_gpu.py": GPU_TEST,
+        },
+    )
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    git(root, "checkout", "-qb", "change")
+    return root
+
+
+def plan(repo: Path, *args: str, out: Path | None = None) -> tuple[int, dict, str, dict]:
+    """(exit code, plan JSON, stderr, the --github-output values) of one planner run."""
+    out = out or repo.parent / "out"
+    out.mkdir(exist_ok=True)
+    gh = out / "gh.txt"
+    gh.unlink(missing_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base", "main",
+         "--head", "HEAD", "--no-cache", "--output", str(out / "plan.json"),
+         "--github-output", str(gh), *args],
+        capture_output=True, text=True, timeout=120, cwd=repo,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
+    )  # fmt: skip
+    data = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
+    outputs = (
+        dict(line.split("=", 1) for line in gh.read_text().splitlines()) if gh.exists() else {}
+    )
+    return done.returncode, data, done.stderr, outputs
+
+
+def labels_of(p: dict) -> set[tuple[str, ...]]:
+    return {tuple(j["runs_on"]) for j in p["jobs"]}
+
+
+def test_a_fork_that_edits_the_fleet_gets_the_base_fleets_hosted_cpu_pool_only(repo: Path):
+    write(repo, {"ci/fleet.toml": HOSTILE_FLEET, "tests/t/test_gpu.py": GPU_TEST + "# x\n"})
+    git(repo, "commit", "-qam", "hostile")
+    code, p, err, gh = plan(repo, "--fork", "--author-association", "NONE", "--label", "run-ci-all")
+    assert code == 0, err
+    assert p["trusted"] is False and p["approval"] is None
+    assert p["fleet"] == f"{git(repo, 'rev-parse', 'main')[:12]}:ci/fleet.toml"
+    assert labels_of(p) == {("ubuntu-24.04",)}  # the base's CPU pool, nothing else
+    assert all(j["runner_group"] is None for j in p["jobs"])
+    assert json.loads(gh["matrix"])["include"] and gh["blocked"] == "1"
+    for kind in ("hosted", "self-hosted"):
+        _, _, _, out = plan(repo, "--fork", "--author-association", "NONE", "--matrix", kind)
+        labels = {e["runs_on"] for e in json.loads(out["matrix"])["include"]}
+        assert labels <= {json.dumps(["ubuntu-24.04"])}, kind
+
+
+def test_a_trusted_change_to_the_fleet_does_not_move_its_own_gpu_jobs(repo: Path):
+    write(repo, {"ci/fleet.toml": HOSTILE_FLEET})
+    git(repo, "commit", "-qam", "move the pools")
+    code, p, err, gh = plan(
+        repo, "--same-repo", "--label", "run-ci-lora", "--matrix", "self-hosted"
+    )
+    assert code == 0, err
+    assert p["trusted"] is True
+    (gpu,) = [j for j in p["jobs"] if j["arch"] == "hopper"]
+    assert (tuple(gpu["runs_on"]), gpu["runner_group"]) == (("self-hosted", "h200"), "mizzen-h200")
+    (entry,) = json.loads(gh["matrix"])["include"]
+    assert json.loads(entry["runs_on"]) == {
+        "group": "mizzen-h200",
+        "labels": ["self-hosted", "h200"],
+    }
+    assert labels_of(p) == {("ubuntu-24.04",), ("self-hosted", "h200")}
+
+
+def test_an_unknown_fork_status_is_untrusted(repo: Path):
+    write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
+    git(repo, "commit", "-qam", "change")
+    code, p, _, _ = plan(repo, "--author-association", "CONTRIBUTOR")
+    assert code == 0 and p["trusted"] is False
+    assert not [j for j in p["jobs"] if j["arch"]]
+    assert any("fork status unknown" in w for w in p["warnings"])
+    _, p, _, _ = plan(repo, "--same-repo", "--author-association", "CONTRIBUTOR")
+    assert p["trusted"] is True and [j for j in p["jobs"] if j["arch"]]
+
+
+def test_only_the_event_that_adds_ok_to_test_approves_and_the_plan_names_the_pinned_head(
+    repo: Path,
+):
+    write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
+    git(repo, "commit", "-qam", "change")
+    head = git(repo, "rev-parse", "HEAD")
+    untrusted = ("--fork", "--author-association", "NONE", "--label", "ok-to-test")
+    _, p, _, gh = plan(repo, *untrusted, "--action", "labeled", "--label-added", "ok-to-test")
+    assert p["approval"] and [j for j in p["jobs"] if j["arch"]]
+    assert p["head"] == head and gh["sha"] == head
+    _, p, _, _ = plan(repo, *untrusted, "--action", "synchronize")
+    assert p["approval"] is None and not [j for j in p["jobs"] if j["arch"]]
+
+
+def test_comment_commands_are_whole_lines_from_trusted_associations(repo: Path, tmp_path: Path):
+    write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
+    git(repo, "commit", "-qam", "change")
+    body = tmp_path / "comment.md"
+    untrusted = ("--fork", "--author-association", "NONE")
+    cases = {
+        "Please do NOT /run-ci this yet": False,
+        "> /run-ci lora": False,  # a quoted command is not a command
+        "  /run-ci lora": False,  # nor an indented one
+        "```\n/run-ci lora\n```": False,  # nor one in a fenced code block
+        "x/run-ci lora": False,
+        "/run-cilora": False,
+        "thanks!\n/run-ci lora\nmore text": True,
+    }
+    for text, runs in cases.items():
+        body.write_text(text)
+        _, p, _, _ = plan(repo, *untrusted, "--comment-file", "MEMBER", str(body))
+        assert bool([j for j in p["jobs"] if j["arch"]]) is runs, text
+        done = subprocess.run(
+            [sys.executable, "-S", "-m", "mizzen_ci", "comment", "--body-file", str(body),
+             "--association", "member"],
+            capture_output=True, text=True, env={"PYTHONPATH": str(CI_SRC)},
+        )  # fmt: skip
+        assert json.loads(done.stdout)["accepted"] is runs, text
+    body.write_text("/run-ci lora")
+    _, p, _, _ = plan(repo, *untrusted, "--comment-file", "NONE", str(body))
+    assert not [j for j in p["jobs"] if j["arch"]]
+    assert any("association NONE" in w for w in p["warnings"])
+
+
+def test_registry_errors_fail_the_plan_after_it_is_written(repo: Path):
+    write(repo, {"tests/t/test_broken.py": "register_cpu_ci(est_time=-1)\n"})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "broken")
+    code, p, err, gh = plan(repo, "--same-repo")
+    assert code == 1
+    assert "registry error" in err and "mizzen-ci validate" in err
+    assert p["errors"] and any("test_broken.py" in e for e in p["errors"])
+    assert "matrix" in gh  # the plan and its outputs exist: the failure is readable
+
+
+def test_a_base_without_a_fleet_table_is_refused(tmp_path: Path):
+    root = tmp_path / "bare"
+    write(root, {"README.md": "x\n"})
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    git(root, "checkout", "-qb", "change")
+    write(root, {"ci/fleet.toml": FLEET, "tests/t/test_cpu.py": CPU_TEST})
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "add the fleet")
+    code, p, err, _ = plan(root, "--same-repo", out=tmp_path / "o")
+    assert code == 2 and not p
+    assert "the base revision has no readable ci/fleet.toml" in err and "Traceback" not in err
