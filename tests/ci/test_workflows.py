@@ -21,14 +21,17 @@ from mizzen_ci.plan.request import TRUSTED_ASSOCIATIONS
 
 register_cpu_ci(est_time=3, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-WORKFLOWS = REPO / ".github" / "workflows"
-FILES = sorted(WORKFLOWS.glob("*.yml"))
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 
 
-def load(name: str) -> dict:
-    return yaml.safe_load((WORKFLOWS / name).read_text())
+@pytest.fixture
+def load(repo_root: Path):
+    """``load(NAME)``: the parsed ``.github/workflows/NAME``."""
+
+    def read(name: str) -> dict:
+        return yaml.safe_load((repo_root / ".github" / "workflows" / name).read_text())
+
+    return read
 
 
 def triggers(wf: dict) -> dict:
@@ -41,12 +44,12 @@ def steps(wf: dict):
             yield job_id, step
 
 
-def test_the_three_workflows_exist():
-    assert {f.name for f in FILES} >= {"pr.yml", "nightly.yml", "comment.yml"}
+def test_the_three_workflows_exist(workflow_files):
+    assert {f.name for f in workflow_files} >= {"pr.yml", "nightly.yml", "comment.yml"}
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
-def test_actions_are_pinned_by_full_commit_sha(path):
+def test_actions_are_pinned_by_full_commit_sha(workflow_file):
+    path = workflow_file
     wf = yaml.safe_load(path.read_text())
     for job in wf["jobs"].values():
         uses = [job["uses"]] if "uses" in job else [s["uses"] for s in job["steps"] if "uses" in s]
@@ -56,8 +59,8 @@ def test_actions_are_pinned_by_full_commit_sha(path):
     assert all(re.match(r" # v\d", c) for c in comments), "a pinned SHA names its version"
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
-def test_least_privilege_and_no_expression_inside_scripts(path):
+def test_least_privilege_and_no_expression_inside_scripts(workflow_file):
+    path = workflow_file
     wf = yaml.safe_load(path.read_text())
     assert wf["permissions"] == {}, "workflow-level permissions are empty; jobs ask for theirs"
     for job_id, job in wf["jobs"].items():
@@ -70,7 +73,7 @@ def test_least_privilege_and_no_expression_inside_scripts(path):
             assert step["with"]["persist-credentials"] is False
 
 
-def test_the_matrix_the_plan_writes_is_what_the_lane_jobs_read():
+def test_the_matrix_the_plan_writes_is_what_the_lane_jobs_read(load):
     pr = load("pr.yml")
     lanes = pr["jobs"]["lanes"]
     assert lanes["runs-on"] == "${{ fromJSON(matrix.runs_on) }}"
@@ -91,15 +94,15 @@ def test_the_matrix_the_plan_writes_is_what_the_lane_jobs_read():
     assert {"matrix", "jobs"} <= set(pr["jobs"]["plan"]["outputs"])
 
 
-def test_lane_sessions_named_by_the_planner_exist_in_the_noxfile():
-    noxfile = (REPO / "noxfile.py").read_text()
+def test_lane_sessions_named_by_the_planner_exist_in_the_noxfile(repo_root):
+    noxfile = (repo_root / "noxfile.py").read_text()
     assert re.search(r"^def cpu\(", noxfile, re.M) and re.search(r"^def plan\(", noxfile, re.M)
     # the gpu-<arch> sessions are generated from the fleet table, one per generation, named as the
     # planner names their lanes
     assert re.search(r"name=lane_name\(arch\)", noxfile)
 
 
-def test_comment_commands_only_from_the_trusted_associations_of_the_planner():
+def test_comment_commands_only_from_the_trusted_associations_of_the_planner(load):
     wf = load("comment.yml")
     assert set(triggers(wf)) == {"issue_comment"}
     (job,) = wf["jobs"].values()
@@ -109,7 +112,7 @@ def test_comment_commands_only_from_the_trusted_associations_of_the_planner():
     assert job["with"]["comment_body"] == "${{ github.event.comment.body }}"  # data, into env
 
 
-def test_nightly_and_weekly_cadences():
+def test_nightly_and_weekly_cadences(load):
     wf = load("nightly.yml")
     crons = [c["cron"] for c in triggers(wf)["schedule"]]
     cadence = wf["jobs"]["run"]["with"]["cadence"]
@@ -121,7 +124,7 @@ def test_nightly_and_weekly_cadences():
     assert wf["jobs"]["history"]["cache-mode"] == "write"  # the only writer of the cache
 
 
-def test_pr_workflow_triggers_and_read_only_cache():
+def test_pr_workflow_triggers_and_read_only_cache(load):
     pr = load("pr.yml")
     assert set(triggers(pr)) == {"pull_request", "push", "merge_group", "workflow_call"}
     assert "labeled" in triggers(pr)["pull_request"]["types"]  # ok-to-test / run-ci-* labels
