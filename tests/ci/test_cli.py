@@ -4,9 +4,6 @@ path (what a bare runner has), plus the GitHub annotation format."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,45 +15,37 @@ from mizzen_ci.registry import read_registry
 
 register_cpu_ci(est_time=15, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "ci" / "fixtures" / "registry"
+
+@pytest.fixture(scope="module")
+def fixtures(ci_fixtures: Path) -> Path:
+    return ci_fixtures / "registry"
 
 
-def expected_bad_errors() -> set[tuple[str, int, str]]:
+@pytest.fixture(scope="module")
+def expected_bad(fixtures: Path) -> set[tuple[str, int, str]]:
     """What the registry itself reports for the bad tree (test_registry pins that to the tree's
     expected-errors.txt); the CLI must print exactly these."""
-    registry = read_registry(FIXTURES / "bad", load_fleet(FIXTURES / "fleet.toml"))
+    registry = read_registry(fixtures / "bad", load_fleet(fixtures / "fleet.toml"))
     return {(e.path, e.line, e.rule) for e in registry.violations}
 
 
-EXPECTED_BAD = expected_bad_errors()
+@pytest.fixture(scope="module")
+def fixture_args(fixtures: Path):
+    def args(tree: str) -> list[str]:
+        return ["--root", str(fixtures / tree), "--fleet", str(fixtures / "fleet.toml")]
+
+    return args
 
 
-def mizzen_ci(*args: str, github: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO / "ci" / "src")}
-    if github:
-        env["GITHUB_ACTIONS"] = "true"
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def fixture_args(tree: str) -> list[str]:
-    return ["--root", str(FIXTURES / tree), "--fleet", str(FIXTURES / "fleet.toml")]
-
-
-def test_validate_passes_on_the_repository_with_python_S():
+def test_validate_passes_on_the_repository_with_python_S(mizzen_ci):
     out = mizzen_ci("validate")
     assert out.returncode == 0, out.stderr
     assert "no errors" in out.stdout
 
 
-def test_validate_rejects_every_bad_fixture_with_file_and_line():
+def test_validate_rejects_every_bad_fixture_with_file_and_line(
+    mizzen_ci, fixture_args, expected_bad
+):
     out = mizzen_ci("validate", *fixture_args("bad"))
     assert out.returncode == 1
     lines = [ln for ln in out.stderr.splitlines() if ": [" in ln]
@@ -65,11 +54,11 @@ def test_validate_rejects_every_bad_fixture_with_file_and_line():
         where, rest = ln.split(": [", 1)
         path, line = where.rsplit(":", 1)
         got.add((path, int(line), rest.split("]", 1)[0]))
-    assert got == EXPECTED_BAD
-    assert f"{len(EXPECTED_BAD)} error(s)" in out.stderr
+    assert got == expected_bad
+    assert f"{len(expected_bad)} error(s)" in out.stderr
 
 
-def test_validate_prints_github_annotations_under_actions():
+def test_validate_prints_github_annotations_under_actions(mizzen_ci, fixture_args):
     out = mizzen_ci("validate", *fixture_args("bad"), github=True)
     assert out.returncode == 1
     assert (
@@ -80,7 +69,7 @@ def test_validate_prints_github_annotations_under_actions():
     assert "::error" not in plain.stdout
 
 
-def test_list_json_shows_derived_pool_and_disabled_reason():
+def test_list_json_shows_derived_pool_and_disabled_reason(mizzen_ci, fixture_args):
     out = mizzen_ci("list", "--json", *fixture_args("good"))
     assert out.returncode == 0, out.stderr
     rows = {r["file"]: r for r in json.loads(out.stdout)["tests"]}
@@ -90,7 +79,7 @@ def test_list_json_shows_derived_pool_and_disabled_reason():
     assert rows["tests/test_disabled.py"]["disabled"] == "waiting on upstream fix"
 
 
-def test_list_lane_filters_to_what_the_lane_runs():
+def test_list_lane_filters_to_what_the_lane_runs(mizzen_ci, fixture_args):
     out = mizzen_ci("list", "--json", "--lane", "blackwell", *fixture_args("good"))
     rows = {r["file"]: r for r in json.loads(out.stdout)["tests"]}
     assert set(rows) == {"tests/deep/nested/folder/test_gpu_two.py", "tests/test_gpu_rdma.py"}
@@ -102,13 +91,13 @@ def test_list_lane_filters_to_what_the_lane_runs():
     assert bad.returncode == 2 and "unknown lane 'volta'" in bad.stderr
 
 
-def test_table_lists_every_repository_test_with_its_pool():
+def test_table_lists_every_repository_test_with_its_pool(mizzen_ci):
     out = mizzen_ci("list")
     assert out.returncode == 0, out.stderr
     assert "tests/ci/test_cli.py" in out.stdout and "cpu-hosted" in out.stdout
 
 
-def test_missing_fleet_is_a_clear_usage_error(tmp_path: Path):
+def test_missing_fleet_is_a_clear_usage_error(mizzen_ci, tmp_path: Path):
     out = mizzen_ci("validate", cwd=tmp_path)
     assert out.returncode == 2
     assert "no ci/fleet.toml found" in out.stderr and "--root" in out.stderr

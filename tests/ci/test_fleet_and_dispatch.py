@@ -14,7 +14,6 @@ from mizzen_ci.registry import Registration
 register_cpu_ci(est_time=5, labels=["ci"])
 
 FIXTURE_FLEET = load_fleet(Path(__file__).parent / "fixtures" / "registry" / "fleet.toml")
-REPO_FLEET = load_fleet(Path(__file__).resolve().parents[2] / "ci" / "fleet.toml")
 
 
 def cuda(hardware, num_gpus=1, needs=()):
@@ -63,15 +62,16 @@ def test_pool_ties_break_on_fewer_capabilities_then_name(tmp_path: Path):
     assert fleet.pool_for("hopper", 2, {"rdma"}).name == "a-h200-2-rdma"
 
 
-def test_repo_fleet_has_the_required_generations_and_pools():
-    assert REPO_FLEET.arch_names[0] == "hopper"
-    assert {"ampere", "ada", "hopper", "blackwell"} <= set(REPO_FLEET.arch_names)
-    assert REPO_FLEET.arch_of_capability("9.0") == "hopper"
-    assert REPO_FLEET.arch_of_capability("10.0") == "blackwell"
-    assert REPO_FLEET.arch_of_capability("12.0") != "blackwell"  # consumer Blackwell is separate
-    assert REPO_FLEET.arch_of_capability("7.5") is None
+def test_repo_fleet_has_the_required_generations_and_pools(repo_root):
+    repo_fleet = load_fleet(repo_root / "ci" / "fleet.toml")
+    assert repo_fleet.arch_names[0] == "hopper"
+    assert {"ampere", "ada", "hopper", "blackwell"} <= set(repo_fleet.arch_names)
+    assert repo_fleet.arch_of_capability("9.0") == "hopper"
+    assert repo_fleet.arch_of_capability("10.0") == "blackwell"
+    assert repo_fleet.arch_of_capability("12.0") != "blackwell"  # consumer Blackwell is separate
+    assert repo_fleet.arch_of_capability("7.5") is None
     shapes = {
-        (p.arch, p.gpu, p.gpus_per_runner, "rdma" in p.capabilities) for p in REPO_FLEET.pools
+        (p.arch, p.gpu, p.gpus_per_runner, "rdma" in p.capabilities) for p in repo_fleet.pools
     }
     assert {
         ("hopper", "H200", 2, False),
@@ -79,7 +79,7 @@ def test_repo_fleet_has_the_required_generations_and_pools():
         ("hopper", "H100", 8, True),
         ("blackwell", "B200", 8, False),
     } <= shapes
-    assert REPO_FLEET.cpu_pool.runs_on
+    assert repo_fleet.cpu_pool.runs_on
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ prints what nvidia-smi prints (same query, same CSV), so the real probe code run
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from mizzen_ci.lane.hardware import Gpu, ProbeError, parse_nvidia_smi, probe, re
 
 register_cpu_ci(est_time=12, labels=["ci", "gpu-lane"])
 
-REPO = Path(__file__).resolve().parents[2]
 H200_X2 = (
     "0, GPU-5c2a1e3b-0000-1111-2222-333344445555, NVIDIA H200, 9.0\n"
     "1, GPU-9f8e7d6c-0000-1111-2222-333344445555, NVIDIA H200, 9.0\n"
@@ -77,18 +75,17 @@ def test_without_nvidia_smi_the_probe_asks_torch_in_a_subprocess(tmp_path, monke
     assert "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized()
 
 
-def run_lane(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "gpu-lane", *args],
-        cwd=REPO,
-        env={**env, "PYTHONPATH": str(REPO / "ci" / "src")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def run_lane(mizzen_ci):
+    """``mizzen-ci gpu-lane ARGS`` under ``python3 -S``, with ``env`` (a PATH) on top."""
+
+    def run(*args: str, env: dict[str, str]):
+        return mizzen_ci("gpu-lane", *args, env=env, timeout=120)
+
+    return run
 
 
-def test_the_lane_refuses_gpus_of_another_generation_and_names_the_right_lane(tmp_path):
+def test_the_lane_refuses_gpus_of_another_generation_and_names_the_right_lane(tmp_path, run_lane):
     env = fake_nvidia_smi(tmp_path, "0, GPU-aaaa, NVIDIA L4, 8.9\n1, GPU-bbbb, NVIDIA L4, 8.9\n")
     out = run_lane("hopper", env=env)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -101,7 +98,7 @@ def test_the_lane_refuses_gpus_of_another_generation_and_names_the_right_lane(tm
     assert out.stdout == ""  # nothing ran
 
 
-def test_the_lane_refuses_a_machine_whose_driver_does_not_answer(tmp_path):
+def test_the_lane_refuses_a_machine_whose_driver_does_not_answer(tmp_path, run_lane):
     env = fake_nvidia_smi(
         tmp_path,
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n",

@@ -11,9 +11,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
@@ -26,9 +23,6 @@ from mizzen_ci.lane.progress import Progress
 from mizzen_ci.plan import Job, Plan, PlannedTest, SelectionSummary
 
 register_cpu_ci(est_time=45, labels=["ci", "gpu-lane"])
-
-REPO = Path(__file__).resolve().parents[2]
-CI_SRC = REPO / "ci" / "src"
 
 HEAD = "import json, os, pathlib, time, subprocess, sys, pytest\n"
 HEAD += "from mizzen_ci import register_cpu_ci, register_cuda_ci\n"
@@ -90,39 +84,47 @@ FILES = {
 }
 
 
-def make_repo(root: Path, files: dict[str, str]) -> Path:
-    (root / "ci").mkdir(parents=True)
-    (root / "ci" / "fleet.toml").write_text((REPO / "ci" / "fleet.toml").read_text())
-    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
-    for rel, src in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(src)
-    (root / "trace").mkdir()
-    return root
+@pytest.fixture(scope="module")
+def make_repo(repo_root: Path):
+    """``make_repo(root, files)``: a repository at ``root`` with this checkout's fleet table,
+    ``files`` ({path: source}) and an empty ``trace/``."""
+
+    def make(root: Path, files: dict[str, str]) -> Path:
+        (root / "ci").mkdir(parents=True)
+        (root / "ci" / "fleet.toml").write_text((repo_root / "ci" / "fleet.toml").read_text())
+        (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+        for rel, src in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(src)
+        (root / "trace").mkdir()
+        return root
+
+    return make
 
 
-def lane(
-    root: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    fake_gpus: int = 2,
-    cwd: Path | None = None,
-):
-    return subprocess.run(
-        [sys.executable, "-m", "mizzen_ci", "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
-         "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args],
-        cwd=cwd or root,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(CI_SRC),
-            "LANE_TRACE": str(root / "trace"),
-            "CI": "",
-            **(env or {}),
-        },
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def lane(mizzen_ci):
+    """``lane(root, *args, env=None, fake_gpus=2, cwd=None)``: ``mizzen-ci gpu-lane hopper`` on
+    pretend GPUs over ``root``, in this environment (site-packages, pytest and its plugins)."""
+
+    def run(
+        root: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        fake_gpus: int = 2,
+        cwd: Path | None = None,
+    ):
+        return mizzen_ci(
+            "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
+            "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args,
+            cwd=cwd or root,
+            env={"LANE_TRACE": str(root / "trace"), "CI": "", **(env or {})},
+            inherit_env=True,
+            site=True,
+            timeout=240,
+        )  # fmt: skip
+
+    return run
 
 
 def traces(root: Path) -> list[dict]:
@@ -144,7 +146,7 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def full_run(tmp_path_factory, make_repo, lane):
     """One lane run over every kind of file, as the H200 image runs it (plugin loaded by -p)."""
     root = make_repo(tmp_path_factory.mktemp("lane"), FILES)
     out = lane(root, "--timeout-factor", "2", "--min-timeout", "0",
@@ -268,7 +270,9 @@ def test_full_run_writes_the_merged_junit_and_the_duration_history(full_run):
     assert {r["lane"] for r in records} == {"gpu-hopper"}
 
 
-def test_named_files_are_checked_against_their_registrations_before_anything_runs(tmp_path):
+def test_named_files_are_checked_against_their_registrations_before_anything_runs(
+    tmp_path, make_repo, lane
+):
     root = make_repo(tmp_path, FILES)
     out = lane(root, "tests/gpu/test_blackwell_only.py", "tests/test_cpu.py", "tests/nope.py")
     assert out.returncode == 2
@@ -282,7 +286,7 @@ def test_named_files_are_checked_against_their_registrations_before_anything_run
     assert not (root / ".ci-artifacts").exists()
 
 
-def test_under_ci_a_file_too_wide_for_the_host_fails_the_lane(tmp_path):
+def test_under_ci_a_file_too_wide_for_the_host_fails_the_lane(tmp_path, make_repo, lane):
     root = make_repo(tmp_path, FILES)
     out = lane(root, "tests/gpu/test_three.py", "tests/gpu/test_w3.py", env={"CI": "true"})
     assert out.returncode == 1, out.stdout + out.stderr
@@ -293,7 +297,9 @@ def test_under_ci_a_file_too_wide_for_the_host_fails_the_lane(tmp_path):
     assert tree.get("errors") == "1"
 
 
-def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_path):
+def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(
+    tmp_path, make_repo, lane
+):
     root = make_repo(tmp_path, FILES)
 
     def planned(file: str, num_gpus: int, est: float) -> PlannedTest:
@@ -335,7 +341,7 @@ def test_a_planned_job_runs_its_tests_and_a_stale_or_foreign_job_is_refused(tmp_
 
 
 def test_gpus_leased_by_another_lane_are_not_used_and_waiting_too_long_is_a_lease_timeout(
-    tmp_path,
+    tmp_path, make_repo, lane
 ):
     root = make_repo(
         tmp_path,
@@ -363,12 +369,12 @@ def test_gpus_leased_by_another_lane_are_not_used_and_waiting_too_long_is_a_leas
     assert "another lane" in wide["summary"]
 
 
-PLANTED = REPO / "tests" / "ci" / "fixtures" / "gpu_lane" / "planted"
-
-
-def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tmp_path):
+def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(
+    tmp_path, lane, repo_root, ci_fixtures
+):
     """What the H200 run of the planted tree shows (see its README), here with a pretend GPU."""
-    common = ["--root", str(PLANTED), "--report-dir", str(tmp_path / "r"), "--no-history",
+    planted = ci_fixtures / "gpu_lane" / "planted"
+    common = ["--root", str(planted), "--report-dir", str(tmp_path / "r"), "--no-history",
               "--flake-record", str(tmp_path / "flakes.jsonl")]  # fmt: skip
     # The H200 invocation: no entry points, PYTHONPATH relative to the checkout, files run in
     # another root.  (This venv also has mizzen_ci installed, so the child finds it either way;
@@ -378,7 +384,7 @@ def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tm
         *common,
         env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": "ci/src"},
         fake_gpus=1,
-        cwd=REPO,
+        cwd=repo_root,
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "[1/2] PASS tests/test_planted_pass.py" in out.stdout or (
@@ -390,7 +396,7 @@ def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(tm
         in out.stdout
     )
     assert "test_planted_blackwell_only" not in out.stdout
-    out = lane(tmp_path, *common, str(PLANTED / "tests" / "test_planted_blackwell_only.py"))
+    out = lane(tmp_path, *common, str(planted / "tests" / "test_planted_blackwell_only.py"))
     assert out.returncode == 2
     assert "test_planted_blackwell_only.py:5: declares hardware=['blackwell'], not hopper" in (
         out.stderr

@@ -6,7 +6,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,8 +15,6 @@ from mizzen_ci import register_cpu_ci
 from mizzen_ci.lane.leases import LeaseDir, LeaseTimeout
 
 register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
-
-CI_SRC = str(Path(__file__).resolve().parents[2] / "ci" / "src")
 
 # A contender: lease N of the given GPUs (waiting up to TIMEOUT s), say which, then hold them.
 HOLDER = """
@@ -34,13 +31,19 @@ time.sleep(600)
 """
 
 
-def start_holder(lease_dir: Path, n: int, keys: list[str], timeout: float = 30):
-    return subprocess.Popen(
-        [sys.executable, "-S", "-c", HOLDER, str(lease_dir), str(n), str(timeout), *keys],
-        env={"PYTHONPATH": CI_SRC, "PATH": os.environ.get("PATH", "")},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+@pytest.fixture
+def start_holder(mizzen_ci):
+    """Start a holder under ``python3 -S`` with only ci/src on the path (as a lane runs)."""
+
+    def start(lease_dir: Path, n: int, keys: list[str], timeout: float = 30) -> subprocess.Popen:
+        return subprocess.Popen(
+            mizzen_ci.command("-c", HOLDER, str(lease_dir), str(n), str(timeout), *keys),
+            env=mizzen_ci.environ(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    return start
 
 
 def read_line(proc: subprocess.Popen, timeout: float = 20) -> str:
@@ -60,7 +63,9 @@ def procs():
         p.wait()
 
 
-def test_two_contenders_never_share_a_gpu_and_sigkill_frees_at_once(tmp_path: Path, procs):
+def test_two_contenders_never_share_a_gpu_and_sigkill_frees_at_once(
+    tmp_path: Path, procs, start_holder
+):
     first = start_holder(tmp_path, 2, ["gpu-a", "gpu-b", "gpu-c"])
     procs.append(first)
     assert read_line(first) == "HELD gpu-a,gpu-b"
@@ -81,7 +86,7 @@ def test_two_contenders_never_share_a_gpu_and_sigkill_frees_at_once(tmp_path: Pa
     assert time.monotonic() - killed_at < 1.0, "a SIGKILLed holder must free its GPUs at once"
 
 
-def test_acquisition_is_all_or_nothing_and_times_out(tmp_path: Path, procs):
+def test_acquisition_is_all_or_nothing_and_times_out(tmp_path: Path, procs, start_holder):
     holder = start_holder(tmp_path, 1, ["gpu-b"])
     procs.append(holder)
     assert read_line(holder) == "HELD gpu-b"

@@ -13,33 +13,39 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
 
-REPO = Path(__file__).resolve().parents[2]
+
+@pytest.fixture
+def nox(repo_root: Path):
+    """``nox ARGS`` on the repository's noxfile, with no GPU visible and outside CI."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        exe = shutil.which("nox")
+        cmd = [exe] if exe else [sys.executable, "-m", "nox"]
+        assert exe or subprocess.run([*cmd, "--version"], capture_output=True).returncode == 0, (
+            "nox is neither on PATH nor importable: the CPU lane's runner installs it (see .ci/run)"
+        )
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "NO_COLOR": "1"}
+        env.pop("CI", None)
+        return subprocess.run(
+            [*cmd, "-f", str(repo_root / "noxfile.py"), *args],
+            cwd=repo_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
 
 
-def nox(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("nox")
-    cmd = [exe] if exe else [sys.executable, "-m", "nox"]
-    assert exe or subprocess.run([*cmd, "--version"], capture_output=True).returncode == 0, (
-        "nox is neither on PATH nor importable: the CPU lane's runner installs it (see .ci/run)"
-    )
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "NO_COLOR": "1"}
-    env.pop("CI", None)
-    return subprocess.run(
-        [*cmd, "-f", str(REPO / "noxfile.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def test_one_gpu_session_per_generation_of_the_fleet_table():
-    with (REPO / "ci" / "fleet.toml").open("rb") as f:
+def test_one_gpu_session_per_generation_of_the_fleet_table(nox, repo_root):
+    with (repo_root / "ci" / "fleet.toml").open("rb") as f:
         arches = [a["name"] for a in tomllib.load(f)["arch"]]
     out = nox("--list")
     assert out.returncode == 0, out.stderr
@@ -49,7 +55,7 @@ def test_one_gpu_session_per_generation_of_the_fleet_table():
     assert listed == [f"gpu-{a}" for a in arches]
 
 
-def test_nox_gpu_hopper_refuses_to_run_on_this_cpu_machine():
+def test_nox_gpu_hopper_refuses_to_run_on_this_cpu_machine(nox):
     out = nox("-s", "gpu-hopper")
     text = out.stdout + out.stderr
     assert out.returncode != 0
@@ -62,7 +68,7 @@ def test_nox_gpu_hopper_refuses_to_run_on_this_cpu_machine():
     assert "START " not in text  # nothing ran
 
 
-def test_posargs_reach_the_lane_and_named_files_are_checked_against_the_registry():
+def test_posargs_reach_the_lane_and_named_files_are_checked_against_the_registry(nox):
     out = nox("-s", "gpu-hopper", "--", "--fake-gpus", "1", "tests/ci/test_gpu_packing.py")
     text = out.stdout + out.stderr
     assert out.returncode != 0

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -27,8 +26,6 @@ from mizzen_ci.history import (
 )
 
 register_cpu_ci(est_time=8, labels=["ci"])
-
-CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 
 
 def run_pytest_junit(tmp_path: Path) -> Path:
@@ -158,15 +155,11 @@ def test_compact_keeps_the_newest_per_key():
     assert sum(r.outcome == "failed" for r in kept) == 1
 
 
-def test_command_line_records_and_merges_under_python_S(tmp_path):
+def test_command_line_records_and_merges_under_python_S(tmp_path, mizzen_ci):
     xml = run_pytest_junit(tmp_path)
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)}
 
     def history_cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-S", "-m", "mizzen_ci", "history", *args],
-            env=env, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        return mizzen_ci("history", *args)
 
     a, b, merged = tmp_path / "in" / "a.jsonl", tmp_path / "in" / "b.jsonl", tmp_path / "m.jsonl"
     out = history_cli(

@@ -8,6 +8,8 @@ import os
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.imports import (
     ImportGraph,
@@ -20,8 +22,10 @@ from mizzen_ci.plan.index.facts_cache import FactsCache
 
 register_cpu_ci(est_time=6, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-STATIC = REPO / "tests" / "ci" / "fixtures" / "lazy_imports" / "static"
+
+@pytest.fixture(scope="module")
+def static_tree(ci_fixtures: Path) -> Path:
+    return ci_fixtures / "lazy_imports" / "static"
 
 
 def facts(src: str) -> list[tuple]:
@@ -205,8 +209,8 @@ def test_syntax_error_is_a_fact_not_an_exception():
 # ---- graph over a tree
 
 
-def test_resolution_relative_levels_submodules_and_parents():
-    g = ImportGraph.build(STATIC, [STATIC / "src"])
+def test_resolution_relative_levels_submodules_and_parents(static_tree):
+    g = ImportGraph.build(static_tree, [static_tree / "src"])
     deep = [(e.target, e.line, e.kind) for e in g.edges("relative.x.y.deep")]
     assert deep == [
         ("relative.helpers", 1, "from"),  # from ...helpers import os   (3 levels up)
@@ -233,15 +237,15 @@ def test_resolution_relative_levels_submodules_and_parents():
     ]
 
 
-def test_module_scope_versus_all_scope():
-    g = ImportGraph.build(STATIC, [STATIC / "src"])
+def test_module_scope_versus_all_scope(static_tree):
+    g = ImportGraph.build(static_tree, [static_tree / "src"])
     assert "sglang" not in g.closure("lazyok.funcs", "module")
     assert {"sglang", "megatron.bridge", "flash_attn"} <= g.closure("lazyok.funcs", "all")
     assert g.closure("lazyok", "module") == {"typing", "json"}
 
 
-def test_chain_is_shortest_and_terminates_on_cycles():
-    g = ImportGraph.build(STATIC, [STATIC / "src"])
+def test_chain_is_shortest_and_terminates_on_cycles(static_tree):
+    g = ImportGraph.build(static_tree, [static_tree / "src"])
     chain = g.chain("deep.a", lambda n: n.startswith("sglang"))
     assert [str(h) for h in chain] == [
         "src/deep/a.py:3 imports deep.b (module scope)",
@@ -257,8 +261,8 @@ def test_chain_is_shortest_and_terminates_on_cycles():
     ]
 
 
-def test_from_external_package_offers_the_name_as_a_submodule():
-    g = ImportGraph.build(STATIC, [STATIC / "src"])
+def test_from_external_package_offers_the_name_as_a_submodule(static_tree):
+    g = ImportGraph.build(static_tree, [static_tree / "src"])
     chain = g.chain("prefix.bad", lambda n: n == "megatron.bridge")
     assert [str(h) for h in chain] == ["src/prefix/bad.py:1 imports megatron.bridge (module scope)"]
 
@@ -295,11 +299,11 @@ def test_duplicate_module_across_source_dirs_is_a_problem(tmp_path):
     ]
 
 
-def test_locate_packages_and_workspace_source_dirs():
-    found = locate_packages(REPO, ["mizzen_ci", "no_such_package"])
-    assert found == {"mizzen_ci": [REPO / "ci" / "src" / "mizzen_ci"], "no_such_package": []}
-    dirs = workspace_source_dirs(REPO)
-    assert REPO / "ci" / "src" in dirs and REPO / "packages" / "train" / "src" in dirs
+def test_locate_packages_and_workspace_source_dirs(repo_root):
+    found = locate_packages(repo_root, ["mizzen_ci", "no_such_package"])
+    assert found == {"mizzen_ci": [repo_root / "ci" / "src" / "mizzen_ci"], "no_such_package": []}
+    dirs = workspace_source_dirs(repo_root)
+    assert repo_root / "ci" / "src" in dirs and repo_root / "packages" / "train" / "src" in dirs
 
 
 # ---- the facts cache
@@ -418,7 +422,7 @@ def test_parallel_parse_gives_the_same_graph(tmp_path, monkeypatch):
     }
 
 
-def test_import_word_lines_match_the_regex_they_replace():
+def test_import_word_lines_match_the_regex_they_replace(ci_src):
     """``_keyword_lines`` (a ``bytes.find`` loop) gives what ``re`` ``\\bimport\\b`` gives."""
     import random
     import re
@@ -441,5 +445,5 @@ def test_import_word_lines_match_the_regex_they_replace():
     for _ in range(5000):
         source = b"".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
         assert _keyword_lines(source) == reference(source), source
-    for path in sorted((REPO / "ci" / "src" / "mizzen_ci").glob("*.py")):
+    for path in sorted((ci_src / "mizzen_ci").glob("*.py")):
         assert _keyword_lines(path.read_bytes()) == reference(path.read_bytes()), path

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,6 @@ from mizzen_ci.lazy_imports.static import check_static
 
 register_cpu_ci(est_time=40, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-RUNTIME = REPO / "tests" / "ci" / "fixtures" / "lazy_imports" / "runtime"
-SITE = RUNTIME / "site"  # stand-ins for third-party libraries: on PYTHONPATH, not a source dir
 FIXTURE_PACKAGES = [
     "rt_clean",
     "rt_computed",
@@ -32,15 +27,27 @@ FIXTURE_PACKAGES = [
 ]
 
 
-def fixture_env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(SITE)}
+@pytest.fixture(scope="module")
+def runtime_tree(ci_fixtures: Path) -> Path:
+    return ci_fixtures / "lazy_imports" / "runtime"
 
 
 @pytest.fixture(scope="module")
-def fixture_report():
-    policy = load_policy(RUNTIME / "pyproject.toml")
+def site_dir(runtime_tree: Path) -> Path:
+    """Stand-ins for third-party libraries: on PYTHONPATH, not a source dir."""
+    return runtime_tree / "site"
+
+
+@pytest.fixture(scope="module")
+def fixture_env(site_dir: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(site_dir)}
+
+
+@pytest.fixture(scope="module")
+def fixture_report(runtime_tree, fixture_env):
+    policy = load_policy(runtime_tree / "pyproject.toml")
     report = check_runtime(
-        RUNTIME, [RUNTIME / "src"], FIXTURE_PACKAGES, policy, env=fixture_env(), timeout=120
+        runtime_tree, [runtime_tree / "src"], FIXTURE_PACKAGES, policy, env=fixture_env, timeout=120
     )
     return {r.package: r for r in report.results}
 
@@ -57,9 +64,11 @@ def test_clean_package_with_third_party_probing_and_a_tolerated_load(fixture_rep
     assert r.tolerated == ["fakegpu (loaded by thirdparty_needs, tolerated by the policy)"]
 
 
-def test_runtime_catches_a_computed_importlib_name_that_static_cannot_see(fixture_report):
-    policy = load_policy(RUNTIME / "pyproject.toml")
-    static = check_static(RUNTIME, [RUNTIME / "src"], ["rt_computed"], policy)
+def test_runtime_catches_a_computed_importlib_name_that_static_cannot_see(
+    fixture_report, runtime_tree
+):
+    policy = load_policy(runtime_tree / "pyproject.toml")
+    static = check_static(runtime_tree, [runtime_tree / "src"], ["rt_computed"], policy)
     assert static.ok  # the name is computed: invisible in the syntax tree
     [finding] = fixture_report["rt_computed"].findings
     assert finding.title == (
@@ -105,9 +114,11 @@ def test_any_import_failure_is_reported_with_its_traceback(fixture_report):
     assert (finding.file, finding.line) == ("src/rt_broken/bad.py", 1)
 
 
-def test_pulling_a_lazy_reexport_at_module_scope_is_caught_by_both_checks(fixture_report):
-    policy = load_policy(RUNTIME / "pyproject.toml")
-    static = check_static(RUNTIME, [RUNTIME / "src"], ["rt_reexport"], policy)
+def test_pulling_a_lazy_reexport_at_module_scope_is_caught_by_both_checks(
+    fixture_report, runtime_tree
+):
+    policy = load_policy(runtime_tree / "pyproject.toml")
+    static = check_static(runtime_tree, [runtime_tree / "src"], ["rt_reexport"], policy)
     assert {v.module: v.lines() for v in static.violations} == {
         "rt_reexport.user": [
             "src/rt_reexport/user.py:3 imports kernels from rt_reexport (module scope; a name "
@@ -124,10 +135,12 @@ def test_pulling_a_lazy_reexport_at_module_scope_is_caught_by_both_checks(fixtur
     assert "rt_reexport.user" in finding.note and "rt_reexport," not in finding.note
 
 
-def test_a_cuda_initialisation_attempt_is_caught_on_a_machine_without_gpu():
-    policy = load_policy(RUNTIME / "pyproject.toml")
-    env = {**fixture_env(), "CUDA_VISIBLE_DEVICES": ""}
-    [r] = check_runtime(RUNTIME, [RUNTIME / "src"], ["rt_cuda"], policy, env=env).results
+def test_a_cuda_initialisation_attempt_is_caught_on_a_machine_without_gpu(
+    runtime_tree, fixture_env
+):
+    policy = load_policy(runtime_tree / "pyproject.toml")
+    env = {**fixture_env, "CUDA_VISIBLE_DEVICES": ""}
+    [r] = check_runtime(runtime_tree, [runtime_tree / "src"], ["rt_cuda"], policy, env=env).results
     assert r.torch_imported
     [finding] = r.findings
     assert finding.title.startswith("CUDA initialisation attempted while importing rt_cuda")
@@ -135,12 +148,11 @@ def test_a_cuda_initialisation_attempt_is_caught_on_a_machine_without_gpu():
     assert (finding.file, finding.line) == ("src/rt_cuda/__init__.py", 6)
 
 
-def test_cli_runtime_exit_code_and_annotations():
-    out = subprocess.run(
-        [sys.executable, "-m", "mizzen_ci", "lazy-imports", "--runtime", "--root", str(RUNTIME),
-         "--package", "rt_guarded", "--package", "rt_clean"],
-        env={**fixture_env(), "PYTHONPATH": f"{REPO / 'ci' / 'src'}:{SITE}", "GITHUB_ACTIONS": "true"},
-        capture_output=True, text=True, timeout=120,
+def test_cli_runtime_exit_code_and_annotations(mizzen_ci, runtime_tree, site_dir):
+    out = mizzen_ci(
+        "lazy-imports", "--runtime", "--root", str(runtime_tree), "--package", "rt_guarded",
+        "--package", "rt_clean",
+        env={"PYTHONPATH": f"{mizzen_ci.ci_src}:{site_dir}"}, github=True, site=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr
     assert "lazy-imports runtime: rt_clean: 2 module(s) imported, clean" in out.stdout
@@ -153,14 +165,14 @@ def test_cli_runtime_exit_code_and_annotations():
 # ---- the workspace itself
 
 
-def test_runtime_on_the_repository_light_packages_is_clean():
+def test_runtime_on_the_repository_light_packages_is_clean(repo_root, ci_src):
     """mizzen_ci (stdlib only) and mizzen_rollout (no torch/ray/harbor/transformers) import
     cleanly under their budgets; the heavy packages run in `nox -s lazy-imports`."""
     report = check_runtime(
-        REPO,
-        [REPO / "ci" / "src", REPO / "packages" / "rollout" / "src"],
+        repo_root,
+        [ci_src, repo_root / "packages" / "rollout" / "src"],
         ["mizzen_ci", "mizzen_rollout"],
-        load_policy(REPO / "pyproject.toml"),
+        load_policy(repo_root / "pyproject.toml"),
         timeout=120,
     )
     assert report.ok, "\n".join(line for f in report.findings for line in f.lines())
@@ -171,13 +183,13 @@ def test_runtime_on_the_repository_light_packages_is_clean():
 
 
 @pytest.fixture
-def planted_workspace(tmp_path) -> tuple[Path, int]:
+def planted_workspace(tmp_path, repo_root) -> tuple[Path, int]:
     """A copy of the workspace sources with `import sglang` appended to mizzen_rollout's
     __init__; returns (root, line of the planted import)."""
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "*.egg-info")
     for member in ("ci", "packages/train", "packages/rollout", "packages/plugins"):
-        shutil.copytree(REPO / member, tmp_path / member, ignore=ignore)
+        shutil.copytree(repo_root / member, tmp_path / member, ignore=ignore)
     init = tmp_path / "packages/rollout/src/mizzen_rollout/__init__.py"
     text = init.read_text()
     text = text if text.endswith("\n") else text + "\n"
@@ -185,21 +197,17 @@ def planted_workspace(tmp_path) -> tuple[Path, int]:
     return tmp_path, len(text.splitlines()) + 1
 
 
-def test_a_planted_sglang_import_fails_both_checks_with_the_chain(planted_workspace):
+def test_a_planted_sglang_import_fails_both_checks_with_the_chain(planted_workspace, mizzen_ci):
     root, line = planted_workspace
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(root / "ci" / "src")}
+    env = {"PYTHONPATH": str(root / "ci" / "src")}  # the copy's mizzen_ci, not this checkout's
     hop = f"packages/rollout/src/mizzen_rollout/__init__.py:{line} imports sglang (module scope)"
-    static = subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "lazy-imports", "--static", "--root", str(root)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    static = mizzen_ci("lazy-imports", "--static", "--root", str(root), env=env, timeout=120)
     assert static.returncode == 1
     assert f"  {hop}" in static.stderr.splitlines()
     assert " loads sglang at import time: sglang is GPU-only" in static.stderr
-    runtime = subprocess.run(
-        [sys.executable, "-m", "mizzen_ci", "lazy-imports", "--runtime", "--root", str(root),
-         "--package", "mizzen_rollout"],
-        env=env, capture_output=True, text=True, timeout=120,
+    runtime = mizzen_ci(
+        "lazy-imports", "--runtime", "--root", str(root), "--package", "mizzen_rollout",
+        env=env, site=True, timeout=120,
     )  # fmt: skip
     assert runtime.returncode == 1
     assert (

@@ -3,9 +3,6 @@ table, and the CLI under ``python3 -S`` (what a bare runner has)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +13,6 @@ from mizzen_ci.lazy_imports.static import check_static
 
 register_cpu_ci(est_time=10, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-STATIC = REPO / "tests" / "ci" / "fixtures" / "lazy_imports" / "static"
 PACKAGES = [
     "direct", "deep", "parentinit", "relative", "fromsub", "lazyok", "dyn", "guarded", "prefix",
     "cycle", "cyclean", "lenient", "strict_budget", "std_only",
@@ -90,8 +85,15 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def report():
-    return check_static(STATIC, [STATIC / "src"], PACKAGES, load_policy(STATIC / "pyproject.toml"))
+def static_tree(ci_fixtures: Path) -> Path:
+    return ci_fixtures / "lazy_imports" / "static"
+
+
+@pytest.fixture(scope="module")
+def report(static_tree: Path):
+    return check_static(
+        static_tree, [static_tree / "src"], PACKAGES, load_policy(static_tree / "pyproject.toml")
+    )
 
 
 def test_every_planted_violation_with_its_exact_chain(report):
@@ -169,8 +171,8 @@ def test_policy_errors_say_where_and_how_to_fix(table, message):
     assert message in str(e.value) and "Fix" in str(e.value)
 
 
-def test_the_repository_policy_is_valid_and_covers_the_issue_list():
-    policy = load_policy(REPO / "pyproject.toml")
+def test_the_repository_policy_is_valid_and_covers_the_issue_list(repo_root):
+    policy = load_policy(repo_root / "pyproject.toml")
     for m in (
         "sglang", "sgl_kernel", "flash_attn", "flashinfer", "transformer_engine", "apex",
         "deep_ep", "triton", "megatron.bridge", "mamba_ssm", "causal_conv1d", "tilelang", "vllm",
@@ -190,28 +192,24 @@ def test_the_repository_policy_is_valid_and_covers_the_issue_list():
 # ---- the CLI, as a bare runner runs it
 
 
-def mizzen_ci(*args: str, github: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO / "ci" / "src")}
-    if github:
-        env["GITHUB_ACTIONS"] = "true"
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "lazy-imports", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def lazy_imports(mizzen_ci):
+    """``mizzen-ci lazy-imports ARGS`` under ``python3 -S``."""
+
+    def run(*args: str, **options):
+        return mizzen_ci("lazy-imports", *args, timeout=120, **options)
+
+    return run
 
 
-def test_cli_static_on_the_repository_is_clean():
-    out = mizzen_ci("--static")
+def test_cli_static_on_the_repository_is_clean(lazy_imports):
+    out = lazy_imports("--static")
     assert out.returncode == 0, out.stderr
     assert "mizzen_ci, mizzen_plugins, mizzen_rollout, mizzen_train) clean" in out.stdout
 
 
-def test_cli_prints_chains_one_hop_a_line_and_annotates_under_actions():
-    out = mizzen_ci("--static", "--root", str(STATIC), "--package", "deep", github=True)
+def test_cli_prints_chains_one_hop_a_line_and_annotates_under_actions(lazy_imports, static_tree):
+    out = lazy_imports("--static", "--root", str(static_tree), "--package", "deep", github=True)
     assert out.returncode == 1
     assert out.stderr.splitlines()[:5] == [
         "deep.a loads sglang.srt at import time: sglang is GPU-only, forbidden at import time in "
@@ -230,20 +228,24 @@ def test_cli_prints_chains_one_hop_a_line_and_annotates_under_actions():
     assert "%0Asrc/deep/a.py:3 imports deep.b (module scope)%0A" in annotations[0]
 
 
-def test_cli_forbid_works_on_any_tree_without_a_policy(tmp_path):
+def test_cli_forbid_works_on_any_tree_without_a_policy(lazy_imports, tmp_path):
     (tmp_path / "tool").mkdir()
     (tmp_path / "tool" / "__init__.py").write_text("import os\nimport requests.adapters\n")
-    no_policy = mizzen_ci("--static", "--root", str(tmp_path), "--package", "tool")
+    no_policy = lazy_imports("--static", "--root", str(tmp_path), "--package", "tool")
     assert no_policy.returncode == 2 and "nothing is forbidden" in no_policy.stderr
-    missing = mizzen_ci("--static", "--root", str(tmp_path), "--package", "nope", "--forbid", "x")
+    missing = lazy_imports(
+        "--static", "--root", str(tmp_path), "--package", "nope", "--forbid", "x"
+    )
     assert missing.returncode == 2 and "package nope not found" in missing.stderr
     (tmp_path / "src" / "tool").mkdir(parents=True)
     (tmp_path / "src" / "tool" / "__init__.py").write_text("")
-    ambiguous = mizzen_ci("--static", "--root", str(tmp_path), "--package", "tool", "--forbid", "x")
+    ambiguous = lazy_imports(
+        "--static", "--root", str(tmp_path), "--package", "tool", "--forbid", "x"
+    )
     assert ambiguous.returncode == 2 and "ambiguous" in ambiguous.stderr
     (tmp_path / "src" / "tool" / "__init__.py").unlink()
     (tmp_path / "src" / "tool").rmdir()
-    out = mizzen_ci(
+    out = lazy_imports(
         "--static", "--root", str(tmp_path), "--package", "tool", "--forbid", "requests"
     )
     assert out.returncode == 1

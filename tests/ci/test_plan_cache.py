@@ -11,7 +11,8 @@ cache), the index must equal the references built without any cache:
   reach_of_graph` over ``ImportGraph.build``;
 
 and the impact search over it (which parses only the files that may name what it asks for) must
-find what ``ImportGraph.importers`` finds.  A warm run with nothing changed reads no file.
+find what ``ImportGraph.importers`` finds.  A warm run with nothing changed reads no file.  The
+workspaces come from the ``make_workspace`` fixture (``tests/ci/generated_workspace.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -35,89 +35,6 @@ from mizzen_ci.plan.index.facts_cache import FactsCache
 from mizzen_ci.registry import discover, read_registry
 
 register_cpu_ci(est_time=20, labels=["ci"])
-
-REPO = Path(__file__).resolve().parents[2]
-FLEET = (REPO / "tests" / "ci" / "fixtures" / "registry" / "fleet.toml").read_text()
-HEADER = "from mizzen_ci import register_cpu_ci, register_cuda_ci\n"
-REGISTRATIONS = [
-    "register_cpu_ci(est_time=5, labels=['ci'])",
-    "register_cpu_ci(est_time=5, labels=['ci'], nightly=True)",
-    "register_cuda_ci(est_time=60, hardware=['hopper'], labels=['lora'])",
-    "register_cuda_ci(est_time=60, hardware=['hopper'], num_gpus=2, labels=['rollout'])",
-    "register_cpu_ci(est_time=0)",  # error: est_time
-    "register_cuda_ci(est_time=60, labels=['lora'])",  # error: hardware required
-    "register_cpu_ci(est_time=5, labels=['nope'])",  # error: unknown label
-    "register_cpu_ci(est_time=f'{1}')",  # error: f-string
-]
-
-
-def make_workspace(root: Path, seed: int = 0, modules: int = 30, tests: int = 24) -> None:
-    rng = random.Random(seed)
-    files: dict[str, str] = {
-        "pyproject.toml": '[project]\nname = "ws"\nversion = "0"\n\n'
-        '[tool.uv.workspace]\nmembers = ["packages/*"]\n',
-        "ci/fleet.toml": FLEET,
-    }
-    names: list[str] = []
-    for pkg in ("alpha", "beta"):
-        files[f"packages/{pkg}/pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "0"\n'
-        files[f"packages/{pkg}/src/{pkg}/__init__.py"] = '"""A package."""\n'
-        files[f"packages/{pkg}/src/{pkg}/sub/__init__.py"] = ""
-        names += [pkg, f"{pkg}.sub"]
-    for k in range(modules):
-        pkg = "alpha" if k % 2 else "beta"
-        sub = ".sub" if k % 3 == 0 else ""
-        name = f"{pkg}{sub}.m{k}"
-        lines = []
-        for _ in range(rng.randint(0, 4)):
-            target = rng.choice(names)
-            how = rng.randrange(7)
-            if how == 0:
-                lines.append(f"import {target}")
-            elif how == 1 and "." in target:
-                parent, _, leaf = target.rpartition(".")
-                lines.append(f"from {parent} import {leaf}")
-            elif how == 2:
-                lines.append(f"def f{len(lines)}():\n    import {target}")
-            elif how == 3:
-                lines.append(f"try:\n    import {target}\nexcept ImportError:\n    pass")
-            elif how == 4:
-                lines.append(f"import importlib\nimportlib.import_module({target!r})")
-            elif how == 5:
-                lines.append(
-                    f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import {target}"
-                )
-            else:
-                lines.append("from . import m0" if sub else "from .sub import helper_name")
-        if k == 7:
-            lines.append(f"def __getattr__(name):\n    import {rng.choice(names)}\n    return 1")
-        if k == 11:
-            lines.append("def broken(:")
-        files[f"packages/{pkg}/src/{pkg}{sub.replace('.', '/')}/m{k}.py"] = "\n".join(lines) + "\n"
-        names.append(name)
-    for t in range(tests):
-        area = f"tests/area{t % 3}"
-        imports = [f"import {rng.choice(names)}" for _ in range(rng.randint(0, 3))]
-        if t % 4 == 0:
-            imports.append(f"def test_lazy():\n    import {rng.choice(names)}")
-        reg = REGISTRATIONS[t % len(REGISTRATIONS)]
-        files[f"{area}/test_t{t}.py"] = "\n".join([*imports, HEADER + reg]) + "\n"
-        files[f"{area}/conftest.py"] = "import pytest\n"
-    files["tests/area1/helper.py"] = f"import {names[5]}\n"
-    files["tests/area2/test_no_registration.py"] = "def test_x():\n    pass\n"
-    files["tools/test_outside.py"] = HEADER + REGISTRATIONS[0] + "\n"
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
-
-def age_all(root: Path) -> None:
-    """Move every mtime 10 s into the past, out of the racy window (as time passing would)."""
-    past = time.time() - 10
-    for d, _, fs in os.walk(root):
-        for f in fs:
-            os.utime(os.path.join(d, f), (past, past))
 
 
 def references(root: Path):
@@ -163,7 +80,9 @@ def reads(monkeypatch):
     return READS
 
 
-def test_index_equals_the_uncached_answers_through_edits(tmp_path, reads):
+def test_index_equals_the_uncached_answers_through_edits(
+    tmp_path, reads, make_workspace, age_all, workspace_kit
+):
     root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
     make_workspace(root)
     age_all(root)
@@ -186,7 +105,8 @@ def test_index_equals_the_uncached_answers_through_edits(tmp_path, reads):
     (alpha / "sub" / "m_new.py").write_text("from .. import m1\n")
     (alpha / "m5.py").unlink()
     (root / "tests/area0/test_t0.py").rename(root / "tests/area0/test_renamed.py")
-    (root / "tests/area1/test_t1.py").write_text(HEADER + REGISTRATIONS[2] + "\nimport alpha.m1\n")
+    edit = workspace_kit.HEADER + workspace_kit.REGISTRATIONS[2] + "\nimport alpha.m1\n"
+    (root / "tests/area1/test_t1.py").write_text(edit)
     (root / "tests/area1/helper.py").write_text("import alpha.sub.m_new\n")
     reads[0] = 0
     edited = check(root, cache)
@@ -213,7 +133,7 @@ def test_index_equals_the_uncached_answers_through_edits(tmp_path, reads):
     assert again.stats["parsed"] > 25  # parsed afresh, and still the same answers
 
 
-def test_same_size_and_mtime_edit_inside_the_racy_window_is_seen(tmp_path):
+def test_same_size_and_mtime_edit_inside_the_racy_window_is_seen(tmp_path, make_workspace):
     root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
     make_workspace(root)
     check(root, cache)  # every file is younger than the save: inside the racy window
@@ -227,7 +147,7 @@ def test_same_size_and_mtime_edit_inside_the_racy_window_is_seen(tmp_path):
     check(root, cache)
 
 
-def test_parallel_cold_build_equals_serial(tmp_path, monkeypatch):
+def test_parallel_cold_build_equals_serial(tmp_path, monkeypatch, make_workspace):
     root = tmp_path / "ws"
     make_workspace(root, seed=1, modules=40, tests=30)
     monkeypatch.setattr(facts_cache, "PARALLEL_MIN", 8)
@@ -240,7 +160,7 @@ def test_parallel_cold_build_equals_serial(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", [0, 2, 3])
-def test_impact_search_finds_what_the_graph_finds(tmp_path, seed):
+def test_impact_search_finds_what_the_graph_finds(tmp_path, seed, make_workspace):
     root = tmp_path / "ws"
     make_workspace(root, seed=seed, modules=40, tests=30)
     index = check(root, None)
@@ -256,7 +176,7 @@ def test_impact_search_finds_what_the_graph_finds(tmp_path, seed):
         assert found == graph.importers(changed, "all") - set(changed)
 
 
-def test_index_without_reach_reads_only_the_registry(tmp_path, reads):
+def test_index_without_reach_reads_only_the_registry(tmp_path, reads, make_workspace):
     root = tmp_path / "ws"
     make_workspace(root)
     fleet = load_fleet(root / "ci" / "fleet.toml")
@@ -269,7 +189,7 @@ def test_index_without_reach_reads_only_the_registry(tmp_path, reads):
     assert index.reach.index.named == {} and not index.reach.pending and index.modules == {}
 
 
-def test_copied_tree_with_the_same_cache_gives_its_own_answers(tmp_path):
+def test_copied_tree_with_the_same_cache_gives_its_own_answers(tmp_path, make_workspace):
     """Answers are keyed by path and content: the same cache on a copy with different paths
     gives that copy's answers (errors name the copy's own files)."""
     root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
@@ -281,7 +201,7 @@ def test_copied_tree_with_the_same_cache_gives_its_own_answers(tmp_path):
     check(copy, cache)
 
 
-def test_a_registry_only_run_keeps_the_graphs_cache(tmp_path, reads):
+def test_a_registry_only_run_keeps_the_graphs_cache(tmp_path, reads, make_workspace, age_all):
     """A run that selects everything reads only the registry's test files; it must not drop the
     cached facts of the modules (the next pull-request plan stays warm)."""
     root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE

@@ -5,17 +5,13 @@ parses its own arguments (``python3 -S``, only ``ci/src`` on the path, as on a b
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+
+import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.cli import COMMANDS, build_parser
 
 register_cpu_ci(est_time=10, labels=["ci"])
-
-CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 
 PROBE = """
 import json, sys
@@ -31,16 +27,18 @@ print(json.dumps({"code": code, "loaded": loaded}), file=sys.stderr)
 """
 
 
-def start(*argv: str) -> tuple[dict, str]:
-    """(the probe's report, stdout) of ``mizzen-ci ARGV`` under ``python3 -S``."""
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)}
-    out = subprocess.run(
-        [sys.executable, "-S", "-c", PROBE, *argv], env=env, capture_output=True, text=True
-    )
-    return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
+@pytest.fixture
+def start(mizzen_ci):
+    """``start(*ARGV)``: (the probe's report, stdout) of ``mizzen-ci ARGV`` under ``python3 -S``."""
+
+    def run(*argv: str) -> tuple[dict, str]:
+        out = mizzen_ci.python("-c", PROBE, *argv)
+        return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
+
+    return run
 
 
-def test_plan_help_imports_only_the_plan_command():
+def test_plan_help_imports_only_the_plan_command(start):
     report, stdout = start("plan", "--help")
     assert report["code"] == 0
     assert "--budget-minutes" in stdout and "--cache-dir" in stdout
@@ -50,7 +48,7 @@ def test_plan_help_imports_only_the_plan_command():
         assert other not in loaded, f"`plan` imported {other}"
 
 
-def test_top_level_help_lists_every_command_and_imports_none():
+def test_top_level_help_lists_every_command_and_imports_none(start):
     report, stdout = start("--help")
     assert report["code"] == 0
     for name in COMMANDS:
@@ -71,7 +69,7 @@ OWN_ARGUMENT = {
 }
 
 
-def test_each_command_still_parses_its_own_arguments():
+def test_each_command_still_parses_its_own_arguments(start):
     assert set(OWN_ARGUMENT) == set(COMMANDS)
     for name in COMMANDS:
         report, stdout = start(name, "--help")

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ from mizzen_ci.plan.pipeline import PlanOptions, build_plan
 from mizzen_ci.plan.request import Comment, Inputs
 
 register_cpu_ci(est_time=30, labels=["ci"])
-
-CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 
 FLEET = """
 capabilities = ["rdma"]
@@ -503,16 +500,14 @@ def test_history_replaces_est_time(repo, tmp_path):
     assert (t["est_seconds"], t["estimate"]) == (500, "history")  # p90 of 4 = the largest
 
 
-def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
+def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path, mizzen_ci):
     write(repo, "packages/alpha/src/alpha/leaf.py", "def f():\n    return 9\n")
     commit(repo)
     out, summary, gh = tmp_path / "plan.json", tmp_path / "summary.md", tmp_path / "gh.txt"
-    proc = subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base", "main",
-         "--head", "HEAD", "--same-repo", "--label", "run-ci-train", "--output", str(out), "--summary",
-         str(summary), "--github-output", str(gh), "--verbose"],
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
-        capture_output=True, text=True, timeout=60, cwd=repo,
+    proc = mizzen_ci(
+        "plan", "--root", str(repo), "--base", "main", "--head", "HEAD", "--same-repo",
+        "--label", "run-ci-train", "--output", str(out), "--summary", str(summary),
+        "--github-output", str(gh), "--verbose", cwd=repo,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "tests/beta/test_model_gpu.py" in proc.stdout
@@ -533,16 +528,14 @@ def test_cli_under_python_S_writes_plan_summary_and_matrix(repo, tmp_path):
     assert entry["lane"] == "gpu-hopper"
 
 
-def test_cli_reads_a_comment_from_a_file_whatever_its_text(repo, tmp_path):
+def test_cli_reads_a_comment_from_a_file_whatever_its_text(repo, tmp_path, mizzen_ci):
     write(repo, "docs/guide.md", "docs\n")
     commit(repo)
     body = tmp_path / "comment.txt"
     body.write_text("--help me; $(rm -rf /)\n/run-ci lora\n")
-    proc = subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base=main",
-         "--head", "HEAD", "--same-repo", "--comment-file", "MEMBER", str(body), "--json"],
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
-        capture_output=True, text=True, timeout=60, cwd=repo,
+    proc = mizzen_ci(
+        "plan", "--root", str(repo), "--base=main", "--head", "HEAD", "--same-repo",
+        "--comment-file", "MEMBER", str(body), "--json", cwd=repo,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert scheduled(json.loads(proc.stdout)) == {("tests/beta/test_model_gpu.py", "hopper")}

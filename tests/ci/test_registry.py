@@ -127,9 +127,8 @@ def test_discovery_finds_nested_files_and_skips_venvs_hidden_and_excluded(tmp_pa
     ]
 
 
-def test_the_repository_itself_registers_every_test_file():
-    root = Path(__file__).resolve().parents[2]
-    registry = read_registry(root, load_fleet(root / "ci" / "fleet.toml"))
+def test_the_repository_itself_registers_every_test_file(repo_root):
+    registry = read_registry(repo_root, load_fleet(repo_root / "ci" / "fleet.toml"))
     assert [str(e) for e in registry.violations] == []
     assert "tests/ci/test_registry.py" in registry.by_path()
     assert not any(p.startswith("tests/ci/fixtures/") for p in registry.by_path())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.fleet import load_fleet
+from mizzen_ci.fleet import Fleet, load_fleet
 from mizzen_ci.imports import direct_names, package_of
 from mizzen_ci.imports.facts import imports_of_tree
 from mizzen_ci.plan.change import Change, Entry
@@ -33,9 +32,6 @@ from mizzen_ci.registry import discover
 
 register_cpu_ci(est_time=40, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_plan_cache import age_all, make_workspace  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # The rule itself.
@@ -168,8 +164,9 @@ def _full_analyser(root: Path) -> Analyser:
     return Analyser.of_graph(graph, source_dirs, tree)
 
 
-def _compare(root: Path, cache: Path | None, changes: list[list[str]], fresh_each: bool) -> None:
-    fleet = load_fleet(REPO / "ci" / "fleet.toml")
+def _compare(
+    fleet: Fleet, root: Path, cache: Path | None, changes: list[list[str]], fresh_each: bool
+) -> None:
     full = _full_analyser(root)
     index = None
     for paths in changes:
@@ -183,20 +180,27 @@ def _compare(root: Path, cache: Path | None, changes: list[list[str]], fresh_eac
             index.save()
 
 
-def test_lazy_impact_equals_the_full_one_on_this_repository():
-    fleet = load_fleet(REPO / "ci" / "fleet.toml")
-    index = build_index(REPO, fleet, None, workers=1, save=False)
+@pytest.fixture(scope="module")
+def fleet(repo_root: Path) -> Fleet:
+    """This repository's fleet table (the planner's, for every workspace compared here)."""
+    return load_fleet(repo_root / "ci" / "fleet.toml")
+
+
+def test_lazy_impact_equals_the_full_one_on_this_repository(repo_root, fleet):
+    index = build_index(repo_root, fleet, None, workers=1, save=False)
     assert index.stats["scanned"] > 0, "the repository's modules are scanned, not parsed"
     module_paths = sorted(
         f for m, f in index.modules.items() if not f.startswith("/") and f.endswith(".py")
     )
     changes = _changes(module_paths, index.tree.tests, random.Random(0), 25)
     changes.append(["packages/gone/src/mizzen_gone/x.py"])
-    _compare(REPO, None, changes, fresh_each=False)
+    _compare(fleet, repo_root, None, changes, fresh_each=False)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 4])
-def test_lazy_impact_equals_the_full_one_through_a_cache_and_edits(tmp_path, seed):
+def test_lazy_impact_equals_the_full_one_through_a_cache_and_edits(
+    tmp_path, seed, fleet, make_workspace, age_all
+):
     root, cache = tmp_path / "ws", tmp_path / "cache" / CACHE_FILE
     make_workspace(root, seed=seed, modules=40, tests=30)
     age_all(root)
@@ -204,7 +208,7 @@ def test_lazy_impact_equals_the_full_one_through_a_cache_and_edits(tmp_path, see
     modules = sorted(str(p.relative_to(root)) for p in root.glob("packages/*/src/**/*.py"))
     tests = sorted(str(p.relative_to(root)) for p in root.glob("tests/**/*.py"))
     for step in range(3):
-        _compare(root, cache, _changes(modules, tests, rng, 6), fresh_each=True)
+        _compare(fleet, root, cache, _changes(modules, tests, rng, 6), fresh_each=True)
         # edits between runs: a module gains an import of another, one is replaced
         victim = root / rng.choice(modules)
         target = rng.choice(modules).split("/src/", 1)[1][:-3].replace("/", ".")

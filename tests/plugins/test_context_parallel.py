@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,9 +22,6 @@ from mizzen_plugins.context_parallel import (
 from mizzen_plugins.thd import PackedLayout, compressed_groups
 
 register_cpu_ci(est_time=40, labels=["context-parallel", "thd", "plugins"])
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _dist_helpers  # noqa: E402
 
 LAYOUTS = [[7, 33, 1, 20, 3], [64], [1, 1, 1], [5, 0, 9, 30, 2, 2, 11]]
 
@@ -118,10 +112,11 @@ def test_single_rank_needs_no_process_group():
 
 
 # -- two ranks over gloo -------------------------------------------------------------------------
-def check_cp_matches_single_rank(rank, world):
-    """Runs in each spawned rank."""
+def check_cp_matches_single_rank():
+    """Runs in each rank of a 2-rank gloo group."""
     import torch.distributed as dist
 
+    rank, world = dist.get_rank(), dist.get_world_size()
     lengths = [7, 33, 1, 20, 3, 1]
     layout = PackedLayout(lengths)
     t = layout.num_tokens
@@ -178,5 +173,5 @@ def check_cp_matches_single_rank(rank, world):
             assert bool((entries.grad == world).all())
 
 
-def test_cp2_gloo_equals_cp1_forward_backward_both_splits():
-    _dist_helpers.run_distributed(__file__, "check_cp_matches_single_rank", world_size=2)
+def test_cp2_gloo_equals_cp1_forward_backward_both_splits(run_ranks):
+    run_ranks(check_cp_matches_single_rank, world_size=2)

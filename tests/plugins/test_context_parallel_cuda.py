@@ -1,10 +1,12 @@
-"""GPU: CP=2 over NCCL (two spawned ranks, one GPU each) equals CP=1, causal and DeepSeek-V4."""
+"""GPU: CP=2 over NCCL (two spawned ranks, one GPU each) equals CP=1, causal and DeepSeek-V4.
+
+The ranks are spawned by the root ``run_ranks`` launcher (``backend="nccl"``: fresh processes
+that load this file by path, each on GPU ``rank``, NVLink SHARP off).
+"""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 
@@ -25,20 +27,17 @@ register_cuda_ci(
     labels=["context-parallel", "attention", "plugins"],
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _dist_helpers  # noqa: E402
-
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-
 
 def rel_err(a, b):
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def check_nccl_cp(rank, world, seed):
+def check_nccl_cp(seed):
+    """Runs in each rank of a 2-rank NCCL group, on GPU ``rank``."""
     import torch.distributed as dist
 
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda", rank)
     gen = torch.Generator().manual_seed(seed)
@@ -101,6 +100,6 @@ def check_nccl_cp(rank, world, seed):
             assert rel_err(g, single_gp[name]) < 1e-4, (split, name, seed)
 
 
-def test_cp2_nccl_equals_cp1():
+def test_cp2_nccl_equals_cp1(run_ranks):
     seed = int.from_bytes(os.urandom(4), "little")
-    _dist_helpers.run_distributed(__file__, "check_nccl_cp", seed, world_size=2, backend="nccl")
+    run_ranks(check_nccl_cp, world_size=2, args=(seed,), backend="nccl", timeout=300)

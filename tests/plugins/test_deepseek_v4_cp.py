@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
 from mizzen_ci import register_cpu_ci
@@ -13,9 +10,6 @@ from mizzen_plugins.deepseek_v4 import DeepSeekV4Attention, DeepSeekV4AttentionC
 from mizzen_plugins.thd import PackedLayout
 
 register_cpu_ci(est_time=40, labels=["context-parallel", "attention", "plugins"])
-
-sys.path.insert(0, str(Path(__file__).parent))
-import _dist_helpers  # noqa: E402
 
 # (lengths, window, ratio): segments crossing chunk boundaries; the second case has chunks (3
 # tokens under the load-balanced split) shorter than the halo (4), so halos span several chunks.
@@ -52,10 +46,11 @@ def run(module, x, layout, impl, w, topk=None):
     return res, xx.grad, grads
 
 
-def check_module_cp(rank, world):
-    """Runs in each spawned rank."""
+def check_module_cp():
+    """Runs in each rank of a 2-rank gloo group."""
     import torch.distributed as dist
 
+    rank, world = dist.get_rank(), dist.get_world_size()
     tol = {"rtol": 1e-10, "atol": 1e-10}
     for lengths, window, ratio in CASES:
         module = make_module(window, ratio)
@@ -85,5 +80,5 @@ def check_module_cp(rank, world):
                 )
 
 
-def test_module_cp2_gloo_equals_cp1_both_splits():
-    _dist_helpers.run_distributed(__file__, "check_module_cp", world_size=2)
+def test_module_cp2_gloo_equals_cp1_both_splits(run_ranks):
+    run_ranks(check_module_cp, world_size=2)
