@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,6 @@ from mizzen_ci.plan.request import Inputs
 from mizzen_ci.registry import read_registry, runs_in
 
 register_cpu_ci(est_time=20, labels=["ci"])
-
-CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 
 
 def dependencies(graph: ImportGraph, module: str) -> set[str]:
@@ -89,8 +85,8 @@ def cycles(graph: ImportGraph, prefix: str) -> list[list[str]]:
     return found
 
 
-def test_mizzen_ci_has_no_import_cycle():
-    graph = ImportGraph.build(CI_SRC.parent, [CI_SRC])
+def test_mizzen_ci_has_no_import_cycle(ci_src: Path):
+    graph = ImportGraph.build(ci_src.parent, [ci_src])
     assert graph.problems == []
     assert cycles(graph, "mizzen_ci") == []
 
@@ -133,10 +129,10 @@ LANES = {
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
+def tree(tmp_path_factory, ci_src: Path) -> Path:
     root = tmp_path_factory.mktemp("lanes")
     (root / "ci").mkdir()
-    (root / "ci" / "fleet.toml").write_text((CI_SRC.parent / "fleet.toml").read_text())
+    (root / "ci" / "fleet.toml").write_text((ci_src.parent / "fleet.toml").read_text())
     (root / "pyproject.toml").write_text('[project]\nname = "lanes"\nversion = "0"\n')
     for rel, call in REGISTRATIONS.items():
         path = root / rel
@@ -155,25 +151,19 @@ def test_the_predicate_is_the_specification(tree: Path):
         assert {r.path for r in registry.registrations if runs_in(r, lane)} == files, lane
 
 
-def test_list_lane_agrees(tree: Path):
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)}
+def test_list_lane_agrees(tree: Path, mizzen_ci):
     for lane, files in LANES.items():
-        out = subprocess.run(
-            [sys.executable, "-S", "-m", "mizzen_ci", "list", "--root", str(tree), "--json",
-             "--lane", lane],
-            capture_output=True, text=True, env=env, timeout=60,
-        )  # fmt: skip
+        out = mizzen_ci("list", "--root", str(tree), "--json", "--lane", lane)
         assert out.returncode == 0, out.stderr
         assert {row["file"] for row in json.loads(out.stdout)["tests"]} == files, lane
 
 
-def test_the_pytest_plugin_collects_what_the_lane_runs(tree: Path):
+def test_the_pytest_plugin_collects_what_the_lane_runs(tree: Path, mizzen_ci):
     env = {k: v for k, v in os.environ.items() if k != "MIZZEN_LANE"}  # the plugin is installed
     for lane, files in LANES.items():
-        out = subprocess.run(
-            [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
-             "--mizzen-lane", lane, "tests"],
-            capture_output=True, text=True, cwd=tree, env=env, timeout=120,
+        out = mizzen_ci.python(
+            "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "--mizzen-lane", lane,
+            "tests", env=env, inherit_env=True, site=True, cwd=tree, timeout=120,
         )  # fmt: skip
         collected = {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
         assert collected == files, (lane, out.stdout[-2000:])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=25, labels=["ci"])
 
-CI_SRC = Path(__file__).resolve().parents[2] / "ci" / "src"
 FLEET = """\
 labels = ["ci", "lora"]
 
@@ -84,31 +82,34 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
-def plan(repo: Path, *args: str, out: Path | None = None) -> tuple[int, dict, str, dict]:
-    """(exit code, plan JSON, stderr, the --github-output values) of one planner run."""
-    out = out or repo.parent / "out"
-    out.mkdir(exist_ok=True)
-    gh = out / "gh.txt"
-    gh.unlink(missing_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-S", "-m", "mizzen_ci", "plan", "--root", str(repo), "--base", "main",
-         "--head", "HEAD", "--no-cache", "--output", str(out / "plan.json"),
-         "--github-output", str(gh), *args],
-        capture_output=True, text=True, timeout=120, cwd=repo,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(CI_SRC)},
-    )  # fmt: skip
-    data = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
-    outputs = (
-        dict(line.split("=", 1) for line in gh.read_text().splitlines()) if gh.exists() else {}
-    )
-    return done.returncode, data, done.stderr, outputs
+@pytest.fixture
+def plan(mizzen_ci):
+    """``plan(repo, *ARGS, out=DIR)``: (exit code, plan JSON, stderr, the --github-output values)
+    of one ``mizzen-ci plan --base main --head HEAD`` run over ``repo``."""
+
+    def run(repo: Path, *args: str, out: Path | None = None) -> tuple[int, dict, str, dict]:
+        out = out or repo.parent / "out"
+        out.mkdir(exist_ok=True)
+        gh = out / "gh.txt"
+        gh.unlink(missing_ok=True)
+        (out / "plan.json").unlink(missing_ok=True)
+        done = mizzen_ci(
+            "plan", "--root", str(repo), "--base", "main", "--head", "HEAD", "--no-cache",
+            "--output", str(out / "plan.json"), "--github-output", str(gh), *args,
+            cwd=repo, timeout=120,
+        )  # fmt: skip
+        data = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
+        lines = gh.read_text().splitlines() if gh.exists() else []
+        return done.returncode, data, done.stderr, dict(line.split("=", 1) for line in lines)
+
+    return run
 
 
 def labels_of(p: dict) -> set[tuple[str, ...]]:
     return {tuple(j["runs_on"]) for j in p["jobs"]}
 
 
-def test_a_fork_that_edits_the_fleet_gets_the_base_fleets_hosted_cpu_pool_only(repo: Path):
+def test_a_fork_that_edits_the_fleet_gets_the_base_fleets_hosted_cpu_pool_only(repo: Path, plan):
     write(repo, {"ci/fleet.toml": HOSTILE_FLEET, "tests/t/test_gpu.py": GPU_TEST + "# x\n"})
     git(repo, "commit", "-qam", "hostile")
     code, p, err, gh = plan(repo, "--fork", "--author-association", "NONE", "--label", "run-ci-all")
@@ -124,7 +125,7 @@ def test_a_fork_that_edits_the_fleet_gets_the_base_fleets_hosted_cpu_pool_only(r
         assert labels <= {json.dumps(["ubuntu-24.04"])}, kind
 
 
-def test_a_trusted_change_to_the_fleet_does_not_move_its_own_gpu_jobs(repo: Path):
+def test_a_trusted_change_to_the_fleet_does_not_move_its_own_gpu_jobs(repo: Path, plan):
     write(repo, {"ci/fleet.toml": HOSTILE_FLEET})
     git(repo, "commit", "-qam", "move the pools")
     code, p, err, gh = plan(
@@ -142,7 +143,7 @@ def test_a_trusted_change_to_the_fleet_does_not_move_its_own_gpu_jobs(repo: Path
     assert labels_of(p) == {("ubuntu-24.04",), ("self-hosted", "h200")}
 
 
-def test_an_unknown_fork_status_is_untrusted(repo: Path):
+def test_an_unknown_fork_status_is_untrusted(repo: Path, plan):
     write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
     git(repo, "commit", "-qam", "change")
     code, p, _, _ = plan(repo, "--author-association", "CONTRIBUTOR")
@@ -154,7 +155,7 @@ def test_an_unknown_fork_status_is_untrusted(repo: Path):
 
 
 def test_only_the_event_that_adds_ok_to_test_approves_and_the_plan_names_the_pinned_head(
-    repo: Path,
+    repo: Path, plan
 ):
     write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
     git(repo, "commit", "-qam", "change")
@@ -167,7 +168,9 @@ def test_only_the_event_that_adds_ok_to_test_approves_and_the_plan_names_the_pin
     assert p["approval"] is None and not [j for j in p["jobs"] if j["arch"]]
 
 
-def test_comment_commands_are_whole_lines_from_trusted_associations(repo: Path, tmp_path: Path):
+def test_comment_commands_are_whole_lines_from_trusted_associations(
+    repo: Path, tmp_path: Path, plan, mizzen_ci
+):
     write(repo, {"tests/t/test_gpu.py": GPU_TEST + "# x\n"})
     git(repo, "commit", "-qam", "change")
     body = tmp_path / "comment.md"
@@ -185,11 +188,7 @@ def test_comment_commands_are_whole_lines_from_trusted_associations(repo: Path, 
         body.write_text(text)
         _, p, _, _ = plan(repo, *untrusted, "--comment-file", "MEMBER", str(body))
         assert bool([j for j in p["jobs"] if j["arch"]]) is runs, text
-        done = subprocess.run(
-            [sys.executable, "-S", "-m", "mizzen_ci", "comment", "--body-file", str(body),
-             "--association", "member"],
-            capture_output=True, text=True, env={"PYTHONPATH": str(CI_SRC)},
-        )  # fmt: skip
+        done = mizzen_ci("comment", "--body-file", str(body), "--association", "member")
         assert json.loads(done.stdout)["accepted"] is runs, text
     body.write_text("/run-ci lora")
     _, p, _, _ = plan(repo, *untrusted, "--comment-file", "NONE", str(body))
@@ -197,7 +196,7 @@ def test_comment_commands_are_whole_lines_from_trusted_associations(repo: Path, 
     assert any("association NONE" in w for w in p["warnings"])
 
 
-def test_registry_errors_fail_the_plan_after_it_is_written(repo: Path):
+def test_registry_errors_fail_the_plan_after_it_is_written(repo: Path, plan):
     write(repo, {"tests/t/test_broken.py": "register_cpu_ci(est_time=-1)\n"})
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "broken")
@@ -208,7 +207,7 @@ def test_registry_errors_fail_the_plan_after_it_is_written(repo: Path):
     assert "matrix" in gh  # the plan and its outputs exist: the failure is readable
 
 
-def test_a_base_without_a_fleet_table_is_refused(tmp_path: Path):
+def test_a_base_without_a_fleet_table_is_refused(tmp_path: Path, plan):
     root = tmp_path / "bare"
     write(root, {"README.md": "x\n"})
     git(root, "init", "-q", "-b", "main")
