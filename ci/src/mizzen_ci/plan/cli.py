@@ -42,9 +42,9 @@ from ..fleet import (
 )
 from . import report
 from .change import Change, GitError, file_at, git_change
+from .index.cache_home import CacheDirError, check_cache_dir, default_cache_dir
 from .model import Plan
 from .pipeline import (
-    CACHE_DIR,
     DEFAULT_BUDGET_MINUTES,
     DEFAULT_MIN_JOB_MINUTES,
     PlanOptions,
@@ -121,7 +121,12 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
         help="duration history file or directory of *.jsonl (repeat; default ROOT/"
         ".ci-artifacts/history)",
     )
-    p.add_argument("--cache-dir", type=Path, help=f"parse cache (default ROOT/{CACHE_DIR})")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="parse cache (default: outside the tree, under $XDG_CACHE_HOME/mizzen-ci/plan; a "
+        "directory inside the tree must be git-ignored and hold no tracked file)",
+    )
     p.add_argument("--no-cache", action="store_true", help="parse every file afresh")
     o = parser.add_argument_group("outputs")
     o.add_argument("--output", type=Path, help="write the plan JSON here")
@@ -243,7 +248,12 @@ def _plan(args: argparse.Namespace) -> int:
         action=args.action,
         label_added=args.label_added,
     )
-    cache_dir = None if args.no_cache else (args.cache_dir or root / CACHE_DIR)
+    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir(root))
+    if cache_dir is not None and args.cache_dir is not None:
+        try:
+            check_cache_dir(root, cache_dir)
+        except CacheDirError as e:
+            raise PlanInputError(str(e)) from None
     options = PlanOptions(
         budget_seconds=args.budget_minutes * 60,
         min_job_seconds=args.min_job_minutes * 60,

@@ -29,7 +29,6 @@ from .selection import select
 
 DEFAULT_BUDGET_MINUTES = 60
 DEFAULT_MIN_JOB_MINUTES = 5
-CACHE_DIR = Path(".ci-artifacts") / "cache"
 HISTORY_DIR = Path(".ci-artifacts") / "history"
 
 

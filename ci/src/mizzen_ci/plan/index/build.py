@@ -62,6 +62,7 @@ from ...imports import reach as _reach_module
 from ...imports import resolve as _resolve_module
 from ...registry import (
     TESTS_DIR,
+    Backend,
     Registration,
     Registry,
     TestTree,
@@ -156,6 +157,49 @@ def _derive(fleet: Fleet, key: str, arg: tuple, facts: FileFacts) -> tuple:
     return kept, extra
 
 
+# The field types of a registration row (``Registration(*row)``), in order.
+_ROW_TYPES = (str, int, str, (int, float), tuple, bool, (str, type(None)), tuple, int, tuple)
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    if kind is bool:
+        return type(value) is bool
+    return isinstance(value, kind) and type(value) is not bool
+
+
+def _is_registration_row(row: object) -> bool:
+    return (
+        type(row) is tuple
+        and len(row) == len(_ROW_TYPES)
+        and all(_is(v, t) for v, t in zip(row, _ROW_TYPES, strict=True))
+        and row[2] in {b.value for b in Backend}
+        and all(type(x) is str for field in (row[4], row[7], row[9]) for x in field)
+    )
+
+
+def valid_kept(arg: object, kept: object) -> bool:
+    """Whether a kept value read back from the cache has the shape :func:`_derive` (or
+    :func:`_scan`) gives for ``arg``: a test file's (registration row or None, violations), a
+    scanned module's words, or None."""
+    if not (isinstance(arg, tuple) and len(arg) == 2):
+        return False
+    _package, is_test = arg
+    if not is_test:
+        return kept is None or (type(kept) is tuple and all(type(w) is str for w in kept))
+    if not (type(kept) is tuple and len(kept) == 2 and type(kept[1]) is tuple):
+        return False
+    row, violations = kept
+    if row is not None and not _is_registration_row(row):
+        return False
+    return all(
+        type(v) is tuple
+        and len(v) == 4
+        and type(v[0]) is int
+        and all(type(x) is str for x in v[1:])
+        for v in violations
+    )
+
+
 def _scan(key: str, arg: tuple, source: bytes) -> tuple[str, ...] | None:
     """A graph file that is not a test file: its words when its bytes allow (not parsed)."""
     package, is_test = arg
@@ -199,7 +243,7 @@ def _build_index(
 ) -> PlanIndex:
     excludes = registry_excludes(root)
     prefix = str(root) + os.sep
-    cache = FactsCache(cache_path, context=cache_context(fleet))
+    cache = FactsCache(cache_path, context=cache_context(fleet), valid_kept=valid_kept)
     derive = functools.partial(_derive, fleet)
 
     # One item per file: (path, key, (package or None, is_test)); key: module name or rel path.

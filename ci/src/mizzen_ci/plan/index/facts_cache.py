@@ -42,8 +42,13 @@ Invariants:
   sections when its ``context`` differs: a stale answer is never served.
 - A cache that cannot be read is ignored (the answer is the same, only slower); a value ``marshal``
   cannot store is simply not kept.
-- The cache file is local state (``marshal`` is not meant for data from strangers): never commit
-  it or restore it from an untrusted source.
+- The cache file is this user's own state: it is sealed with an HMAC under this user's key
+  (:mod:`.cache_home`), and a file whose seal does not verify is never unmarshalled (``marshal``
+  is not meant for data from strangers), so a cache planted in the tree, copied from elsewhere
+  or truncated is ignored.  A verified file's parts are still checked for shape before use (a
+  stat entry, a stored FileFacts, a kept value through the caller's ``valid_kept``): a row of
+  the wrong shape is a miss, never a wrong answer or a crash.  Without a usable key nothing is
+  read or written.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import gc
 import hashlib
 import marshal
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -66,10 +72,11 @@ from ...registry import rules as _registry_rules
 from ...registry import syntax as _registry_syntax
 from ...sources import read_bytes
 from . import source_facts
+from .cache_home import seal, unseal, user_key
 from .source_facts import FileFacts, extract, unreadable
 
 PARALLEL_MIN = 400  # files to read before worker processes pay for their start-up
-_FORMAT = 3
+_FORMAT = 4
 _RACY_WINDOW_NS = 2_000_000_000
 
 
@@ -110,6 +117,31 @@ _JOB: tuple | None = None  # (cache, items, todo, derive, scan): inherited by fo
 _DERIVED, _REUSED, _SCANNED = 0, 1, 2
 
 
+def _is_stat_entry(entry: object) -> bool:
+    return (
+        type(entry) is tuple
+        and len(entry) == 3
+        and type(entry[0]) is int
+        and type(entry[1]) is int
+        and type(entry[2]) is str
+        and len(entry[2]) == 64
+    )
+
+
+def _is_file_facts(facts: FileFacts) -> bool:
+    """The shape :func:`.source_facts.extract` gives (read back from a cache)."""
+    imports, error, error_line, bound, registration = facts
+    return (
+        type(imports) is tuple
+        and all(type(i) is tuple and len(i) == 7 for i in imports)
+        and (error is None or type(error) is str)
+        and type(error_line) is int
+        and (bound is None or type(bound) is frozenset)
+        and type(registration) is tuple
+        and len(registration) == 2
+    )
+
+
 def _loads(blob: bytes | None, kind: type) -> object | None:
     if blob is None:
         return None
@@ -125,9 +157,23 @@ class FactsCache:
     see the module docstring.  ``hits`` / ``parsed`` / ``scanned`` count what the lookups
     needed."""
 
-    def __init__(self, path: Path | str | None = None, context: str = ""):
+    def __init__(
+        self,
+        path: Path | str | None = None,
+        context: str = "",
+        *,
+        key: bytes | None = None,
+        valid_kept: Callable[[object, object], bool] | None = None,
+    ):
+        """``key``: the sealing key (default: this user's, :func:`.cache_home.user_key`);
+        ``valid_kept(arg, kept)``: whether a kept value read back has the shape the caller's
+        ``derive`` gives (default: any value)."""
         self.path = Path(path) if path is not None else None
         self.context = context
+        self._key = key if key is not None or self.path is None else user_key()
+        if self.path is not None and self._key is None:
+            self.path = None  # no safe key: a cache nobody can trust is neither read nor written
+        self._valid_kept = valid_kept or (lambda arg, kept: True)
         self.hits = 0
         self.parsed = 0
         self.scanned = 0
@@ -152,9 +198,22 @@ class FactsCache:
 
     def _load(self) -> None:
         try:
-            with open(self.path, "rb") as f:
-                data = marshal.loads(f.read())
-        except (OSError, ValueError, EOFError, TypeError):
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    sealed = f.read()
+            finally:
+                os.close(fd)
+        except OSError:
+            return
+        blob = unseal(self._key, sealed)
+        if blob is None:
+            return  # not written by this user's mizzen-ci: never unmarshalled
+        try:
+            data = marshal.loads(blob)
+        except (ValueError, EOFError, TypeError):
             return
         if (
             not isinstance(data, dict)
@@ -165,6 +224,8 @@ class FactsCache:
             return
         files, facts, written = data.get("files"), data.get("facts"), data.get("written_ns")
         if not (isinstance(files, dict) and isinstance(facts, bytes) and isinstance(written, int)):
+            return
+        if not all(type(k) is str and _is_stat_entry(v) for k, v in files.items()):
             return
         self._stat, self._facts_blob, self._written_ns = files, facts, written
         if data.get("context") == self.context:
@@ -194,8 +255,21 @@ class FactsCache:
                 facts = FileFacts._make(marshal.loads(raw))
             except (ValueError, EOFError, TypeError):
                 return None
+            if not _is_file_facts(facts):
+                return None
             self._facts[sha] = facts
         return facts
+
+    def _reusable(self, kept_row: object, sha: str, arg: object) -> bool:
+        """Whether a kept row of the last run answers this file: same content and ``arg``, and a
+        kept value of the shape ``derive`` gives."""
+        return (
+            type(kept_row) is tuple
+            and len(kept_row) == 3
+            and kept_row[0] == sha
+            and kept_row[1] == arg
+            and self._valid_kept(arg, kept_row[2])
+        )
 
     def sha_of(self, key: str) -> str | None:
         """The content hash of ``key`` as this run saw it (None: not seen or unreadable)."""
@@ -288,7 +362,7 @@ class FactsCache:
             sha = old[2]
             if derived_get is not None:
                 d = derived_get(key)
-                if d is not None and d[0] == sha and d[1] == arg:
+                if self._reusable(d, sha, arg):
                     seen[key] = old
                     new_derived[key] = d
                     self.hits += 1
@@ -436,8 +510,9 @@ class FactsCache:
             (self.path.parent / ".gitignore").write_text("# created by mizzen-ci\n*\n")
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(seal(self._key, blob))
             os.replace(tmp, self.path)
         except OSError:
             tmp.unlink(missing_ok=True)
@@ -470,7 +545,7 @@ def _read_one(
     entry = (st.st_size, st.st_mtime_ns, sha)
     if derive is not None and cache._stat:
         d = cache.previous_derived().get(key)
-        if d is not None and d[0] == sha and d[1] == arg:
+        if cache._reusable(d, sha, arg):
             return entry, None, (d[2], None), _REUSED
     if scan is not None and derive is not None:
         kept = scan(key, arg, source)
