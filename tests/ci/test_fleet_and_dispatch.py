@@ -51,10 +51,10 @@ def test_pool_ties_break_on_fewer_capabilities_then_name(tmp_path: Path):
     text = (Path(__file__).parent / "fixtures" / "registry" / "fleet.toml").read_text()
     text += (
         '\n[[pool]]\nname = "a-h200-2-rdma"\narch = "hopper"\ngpu = "H200"\n'
-        'gpus_per_runner = 2\nrunners = 1\nruns_on = ["self-hosted", "x"]\nrunner_group = "g"\n'
+        'gpus_per_runner = 2\nrunners = 1\nruns_on = ["self-hosted", "x"]\nrunner_group = "g"\njob_setup_s = 300\n'
         'capabilities = ["rdma"]\n'
         '\n[[pool]]\nname = "a-h200-2"\narch = "hopper"\ngpu = "H200"\n'
-        'gpus_per_runner = 2\nrunners = 1\nruns_on = ["self-hosted", "y"]\nrunner_group = "g"\n'
+        'gpus_per_runner = 2\nrunners = 1\nruns_on = ["self-hosted", "y"]\nrunner_group = "g"\njob_setup_s = 300\n'
     )
     (tmp_path / "fleet.toml").write_text(text)
     fleet = load_fleet(tmp_path / "fleet.toml")

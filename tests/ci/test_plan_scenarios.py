@@ -45,6 +45,7 @@ compute_capabilities = ["8.0"]
 name = "cpu-hosted"
 runs_on = ["ubuntu-24.04"]
 runners = 4
+job_setup_s = 60
 
 [[pool]]
 name = "h200-2gpu"
@@ -54,6 +55,7 @@ gpus_per_runner = 2
 runners = 2
 runs_on = ["self-hosted", "h200", "gpu-2"]
 runner_group = "mizzen-h200-2gpu"
+job_setup_s = 300
 
 [[pool]]
 name = "h100-8gpu-rdma"
@@ -63,6 +65,7 @@ gpus_per_runner = 8
 runners = 1
 runs_on = ["self-hosted", "h100", "gpu-8", "rdma"]
 runner_group = "mizzen-h100-8gpu-rdma"
+job_setup_s = 300
 capabilities = ["rdma"]
 
 [[pool]]
@@ -73,6 +76,7 @@ gpus_per_runner = 8
 runners = 1
 runs_on = ["self-hosted", "b200", "gpu-8"]
 runner_group = "mizzen-b200-8gpu"
+job_setup_s = 300
 """
 
 CPU = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time={t}, labels=['ci']{extra})\n"
@@ -480,7 +484,10 @@ def test_over_budget_test_gets_a_job_of_its_own_and_a_warning(repo):
     )
     (job,) = [j for j in p["jobs"] if j["over_budget"]]
     assert job["tests"][0]["file"] == "tests/gpu/test_nightly_gpu.py"
-    assert job["est_seconds"] == 4000
+    setup = {q["pool"]: q["setup_seconds"] for q in p["pools"]}
+    assert setup[job["pool"]] > 0
+    assert job["est_seconds"] == setup[job["pool"]] + 4000  # a job holds its runner for both
+    assert job["tests"][0]["start_seconds"] == setup[job["pool"]]  # tests start after set-up
     assert all(j["est_seconds"] <= 1800 for j in p["jobs"] if not j["over_budget"])
     assert any("test_nightly_gpu.py" in w and "job of its own" in w for w in p["warnings"])
 

@@ -27,6 +27,7 @@ compute_capabilities = ["9.0"]
 name = "cpu-hosted"
 runs_on = ["ubuntu-24.04"]
 runners = 2
+job_setup_s = 60
 
 [[pool]]
 name = "h200-2gpu"
@@ -36,6 +37,7 @@ gpus_per_runner = 2
 runners = 1
 runs_on = ["self-hosted", "h200"]
 runner_group = "mizzen-h200"
+job_setup_s = 300
 """
 # What a hostile head makes of the table: hosted jobs on GPU machines, GPU jobs elsewhere.
 HOSTILE_FLEET = FLEET.replace(

@@ -60,6 +60,7 @@ class Pool:
     runners: int
     runs_on: tuple[str, ...]
     runner_group: str
+    job_setup_s: float  # what a job costs its runner before its first test
     capabilities: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -70,6 +71,7 @@ class CpuPool:
     name: str
     runs_on: tuple[str, ...]
     runners: int
+    job_setup_s: float
     runner_group: None = None
 
 
@@ -208,6 +210,21 @@ def _strings(path: Path, where: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
+MAX_JOB_SETUP_S = 3600  # a set-up longer than an hour is a mistake in the table
+
+
+def _setup(path: Path, where: str, raw: dict) -> float:
+    """``job_setup_s``: seconds a job holds its runner before its first test (checkout,
+    environment, image); required, so that no plan silently assumes a set-up of zero."""
+    value = _need(path, where, raw, "job_setup_s", (int, float))
+    if not (0 <= value <= MAX_JOB_SETUP_S):
+        raise FleetError(
+            f"{path}: {where}.job_setup_s must be seconds from 0 to {MAX_JOB_SETUP_S}, "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
 def _parse(path: Path, data: dict) -> Fleet:
     capabilities = frozenset(_strings(path, "capabilities", data.get("capabilities", [])))
     labels = frozenset(_strings(path, "labels", _need(path, "the top level", data, "labels", list)))
@@ -276,6 +293,7 @@ def _parse(path: Path, data: dict) -> Fleet:
                 runners=runners,
                 runs_on=runs_on,
                 runner_group=group,
+                job_setup_s=_setup(path, f"pool {name}", raw),
                 capabilities=caps,
             )
         )
@@ -285,6 +303,7 @@ def _parse(path: Path, data: dict) -> Fleet:
         name=_need(path, "[cpu_pool]", raw_cpu, "name", str),
         runs_on=_strings(path, "cpu_pool.runs_on", raw_cpu.get("runs_on")),
         runners=_need(path, "[cpu_pool]", raw_cpu, "runners", int),
+        job_setup_s=_setup(path, "[cpu_pool]", raw_cpu),
     )
     if SELF_HOSTED in cpu_pool.runs_on or "runner_group" in raw_cpu:
         raise FleetError(

@@ -12,9 +12,19 @@ first read: the plan is the same without them).
 This ``__init__`` exports the records only, so a lane reading a plan loads nothing else.
 """
 
-from .model import Job, NotScheduled, Plan, PlanError, PlannedTest, PoolSummary, SelectionSummary
+from .model import (
+    ArchSummary,
+    Job,
+    NotScheduled,
+    Plan,
+    PlanError,
+    PlannedTest,
+    PoolSummary,
+    SelectionSummary,
+)
 
 __all__ = [
+    "ArchSummary",
     "Job",
     "NotScheduled",
     "Plan",

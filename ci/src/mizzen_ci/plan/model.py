@@ -15,11 +15,17 @@ The plan JSON (``version`` 1; fields may be added, never renamed)::
                           "why": "reaches mizzen_train.lora (…changed)"}]}],
      "pools": [{"pool": ..., "lane": ..., "jobs": n, "runners": n, "gpus_per_runner": n,
                 "tests": n, "gpu_seconds": ..., "makespan_seconds": ...,
-                "lower_bound_seconds": ..., "strategy": ...}],
+                "lower_bound_seconds": ..., "strategy": ..., "setup_seconds": ...}],
+     "capacity": [{"arch": "hopper", "lane": "gpu-hopper", "pools": [...], "tests": n,
+                   "makespan_seconds": ..., "bound_seconds": ...}],
      "not_scheduled": [{"file": ..., "arch": ..., "code": ..., "reason": ...}],
      "warnings": [...], "errors": [...]}
 
-A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``).  ``head`` is the
+A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``); its
+``est_seconds`` include its pool's set-up, and its tests' ``start_seconds`` count from the job's
+start (the first test starts after the set-up).  ``capacity`` has one entry per arch (``null``:
+the CPU pool): when its last pool is done, against a bound that pools every pool able to host
+each test.  ``head`` is the
 commit the plan is for: the lanes check out exactly that commit (an approval holds for it only).
 ``fleet`` names the table the pools and ``runs_on`` labels came from (for a pull request: the base
 revision's, never the change's); ``approval`` says what approved an untrusted author's head.  A job's tests
@@ -151,6 +157,19 @@ class PoolSummary(_Record):
     makespan_seconds: float = field(metadata=_read("seconds"))
     lower_bound_seconds: float = field(metadata=_read("seconds"))
     strategy: str = field(metadata=_read("text"))
+    setup_seconds: float = field(metadata=_read("seconds"))
+
+
+@dataclass(frozen=True)
+class ArchSummary(_Record):
+    """When an arch's work ends (its last pool done) against the bound of its pooled capacity."""
+
+    arch: str | None = field(metadata=_read("opt_text"))
+    lane: str = field(metadata=_read("text"))
+    pools: tuple[str, ...] = field(metadata=_read("texts", tuple))
+    tests: int = field(metadata=_read("integer", 0))
+    makespan_seconds: float = field(metadata=_read("seconds"))
+    bound_seconds: float = field(metadata=_read("seconds"))
 
 
 @dataclass(frozen=True)
@@ -179,6 +198,9 @@ class Plan(_Record):
     jobs: list[Job] = field(default_factory=list, metadata=_read("records", Job, list))
     pools: list[PoolSummary] = field(
         default_factory=list, metadata=_read("records", PoolSummary, list)
+    )
+    capacity: list[ArchSummary] = field(
+        default_factory=list, metadata=_read("records", ArchSummary, list)
     )
     not_scheduled: list[NotScheduled] = field(
         default_factory=list, metadata=_read("records", NotScheduled, list)

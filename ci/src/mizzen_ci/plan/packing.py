@@ -1,14 +1,21 @@
 """Packing tests into runner-jobs of one pool: how many jobs, which tests, in what order.
 
 The model (the one the GPU lane executes):
-- A *job* holds one runner of the pool, which has ``gpus`` GPUs, for at most ``budget`` seconds.
+- A *job* holds one runner of the pool, which has ``gpus`` GPUs, for at most ``budget`` seconds:
+  ``setup`` seconds of set-up (checkout, environment, image) and then its tests, so the tests of
+  a job have ``budget - setup`` seconds.
 - Inside a job, tests run side by side the way the GPU lane runs them
   (:mod:`mizzen_ci.lane.packing`, whose item, slot and error types this module shares): longest
   first, and whenever GPUs free up every waiting test that fits starts (backfill).  :func:`simulate_job` is that packer run on the estimates; a job's
   length is when its last test ends.
 - The pool has ``runners`` runners; the pool's jobs are queued in the packing's order and each
-  starts on the first runner that frees up.  The pool's *makespan* is when its last job ends.
-- Lower bound of any schedule: ``max(total GPU-seconds / (gpus × runners), longest test)``.
+  starts on the first runner that frees up.  The pool's *makespan* is when its last job ends,
+  set-up included: a job more costs a set-up more, so a count of jobs wins only when it ends the
+  pool sooner.
+- Lower bound of any schedule (:func:`lower_bound`): ``max(longest test + setup, T + setup ×
+  ⌈T / (budget - setup)⌉)`` with ``T = total GPU-seconds / (gpus × runners)``: the busiest runner
+  works at least ``T`` and, as a job's tests get ``budget - setup``, pays a set-up per job it
+  needs (when no test is longer than that; else one set-up).
 
 Placement decisions use a simpler, conservative model of a job (each test, in longest-first
 order, starts when its ``num_gpus``-th GPU frees up, no backfill); every candidate is then
@@ -16,10 +23,11 @@ scored by simulating its jobs with the lane's packer and rejected if a job break
 
 The packer (every candidate below is scored by the pool makespan; the best one is kept, ties
 going to fewer jobs):
-1. A test longer than the budget opens a job of its own, timed by that test (the caller warns).
-   Its spare GPUs take other tests only where they end before it does, so that job is never
-   longer than its test and no budgeted job is stretched by it.
-2. *PackedJob count*: the budgeted jobs number at least ``ceil(W / (gpus × budget))`` (W: GPU-seconds
+1. A test longer than the budget opens a job of its own, timed by that test (the caller warns),
+   unless it fits beside a longer such test (then it joins that job).  Spare GPUs take other
+   tests only where they end before the job's longest test does, so that job is never longer
+   than its test and no budgeted job is stretched by it.
+2. *Job count*: the budgeted jobs number at least ``ceil(W / (gpus × budget))`` (W: GPU-seconds
    not absorbed beside the long tests) and are spread over up to ``runners`` while each keeps
    ``min_job`` seconds of work (a job costs a runner's set-up); a few counts around that are
    packed longest first, each test into the job where it *finishes* earliest, never past the
@@ -40,6 +48,7 @@ instant; pure and deterministic (ties broken by item key and job index).  Stdlib
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -72,7 +81,8 @@ class Packing:
     budget: float
     makespan: float
     lower_bound: float
-    strategy: str  # "longest-first" | "timeline" | "round-robin"
+    strategy: str  # "longest-first" | "timeline" | "split" | "round-robin"
+    setup: float = 0.0
 
     @property
     def budgeted_jobs(self) -> int:
@@ -84,11 +94,28 @@ class Packing:
         return self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
 
 
-def lower_bound(items: Sequence[PackItem], gpus: int, runners: int) -> float:
+def lower_bound(
+    items: Sequence[PackItem],
+    gpus: int,
+    runners: int,
+    setup: float = 0.0,
+    budget: float = math.inf,
+) -> float:
+    """The bound of the module docstring (``budget``: a job's, set-up included)."""
     if not items:
         return 0.0
-    work = sum(i.gpu_seconds for i in items)
-    return max(work / (gpus * runners), max(i.est_seconds for i in items))
+    longest = max(i.est_seconds for i in items)
+    fluid = sum(i.gpu_seconds for i in items) / (gpus * runners)
+    return max(longest + setup, with_setups(fluid, setup, budget, longest))
+
+
+def with_setups(work: float, setup: float, budget: float, longest: float) -> float:
+    """``work`` seconds on one runner plus the set-ups of the jobs it needs at least: one per
+    ``budget - setup`` of work, when no test is longer than that (else one)."""
+    span = budget - setup
+    if not math.isfinite(span) or longest > span or work <= 0:
+        return work + setup
+    return work + setup * max(1, math.ceil(work / span - 1e-9))
 
 
 def simulate_job(items: Sequence[PackItem], gpus: int) -> tuple[Slot, ...]:
@@ -126,36 +153,46 @@ def _finalise(
     lb: float,
     strategy: str,
     ordered: bool = False,
+    setup: float = 0.0,
 ) -> Packing:
-    """A :class:`Packing` of ``jobs`` queued in their order (longest first unless ``ordered``)."""
+    """A :class:`Packing` of ``jobs`` queued in their order (longest first unless ``ordered``),
+    each holding its runner for ``setup`` seconds before its tests."""
     if not ordered:
         jobs = sorted(jobs, key=lambda j: (-j.seconds, j.slots[0].item.key))
-    makespan = queue_makespan([j.seconds for j in jobs], runners)
-    return Packing(tuple(jobs), gpus, runners, budget, makespan, lb, strategy)
+    makespan = queue_makespan([setup + j.seconds for j in jobs], runners)
+    return Packing(tuple(jobs), gpus, runners, budget, makespan, lb, strategy, setup)
 
 
 def _fill_beside(
     anchors: Sequence[PackItem], items: list[PackItem], gpus: int
 ) -> tuple[list[PackedJob], list[PackItem]]:
-    """One job per anchor (a test over the budget), its spare GPUs filled with tests that end
-    before it does, checked by simulating the job as the lane runs it; the tests left over."""
-    contents = [[a] for a in anchors]
-    room = [(gpus - a.num_gpus) * a.est_seconds for a in anchors]  # spare GPU-seconds
-    jobs = [PackedJob(simulate_job(c, gpus), over_budget=True) for c in contents]
-    left: list[PackItem] = []
-    for item in items:
-        for k in sorted(range(len(anchors)), key=lambda k: -room[k]):
-            a = anchors[k]
-            if item.num_gpus > gpus - a.num_gpus or item.gpu_seconds > room[k]:
+    """One job per long test (over the budget), longest first; a long test that fits beside a
+    longer one (its GPUs free, ending before it) joins that one's job instead of opening its own;
+    the spare GPUs are then filled with tests that end before the job's longest test does,
+    checked by simulating the job as the lane runs it.  Returns the jobs and the tests left."""
+    contents: list[list[PackItem]] = []
+    room: list[float] = []  # spare GPU-seconds under each job's longest test
+    jobs: list[PackedJob] = []
+
+    def place(item: PackItem) -> bool:
+        for k in sorted(range(len(contents)), key=lambda k: (-room[k], k)):
+            head = contents[k][0]
+            if item.gpu_seconds > room[k]:
                 continue
             trial = PackedJob(simulate_job([*contents[k], item], gpus), over_budget=True)
-            if trial.seconds <= a.est_seconds * (1 + 1e-9):
+            if trial.seconds <= head.est_seconds * (1 + 1e-9):
                 contents[k].append(item)
                 room[k] -= item.gpu_seconds
                 jobs[k] = trial
-                break
-        else:
-            left.append(item)
+                return True
+        return False
+
+    for a in anchors:  # (longest first)
+        if not place(a):
+            contents.append([a])
+            room.append((gpus - a.num_gpus) * a.est_seconds)
+            jobs.append(PackedJob(simulate_job([a], gpus), over_budget=True))
+    left = [item for item in items if not place(item)]
     return jobs, left
 
 
@@ -235,10 +272,15 @@ def pack(
     runners: int,
     budget: float,
     min_job: float = 300.0,
+    setup: float = 0.0,
 ) -> Packing:
     """Pack ``items`` into jobs of one pool (see the module docstring)."""
-    if gpus < 1 or runners < 1 or budget <= 0:
-        raise PackingError(f"bad pool: gpus={gpus}, runners={runners}, budget={budget}")
+    if gpus < 1 or runners < 1 or budget <= 0 or not 0 <= setup < budget:
+        raise PackingError(
+            f"bad pool: gpus={gpus}, runners={runners}, budget={budget}, set-up {setup} "
+            "(the set-up must leave time for tests inside the budget)"
+        )
+    job_budget, budget = budget, budget - setup  # from here on, `budget` is the tests' time
     keys = [i.key for i in items]
     if len(set(keys)) != len(keys):
         raise PackingError("item keys must be unique")
@@ -252,13 +294,16 @@ def pack(
                 f"{i.key}: {i.num_gpus} GPU(s), {i.est_seconds} s does not fit {gpus} GPUs"
             )
     if not items:
-        return Packing((), gpus, runners, budget, 0.0, 0.0, "longest-first")
-    lb = lower_bound(items, gpus, runners)
+        return Packing((), gpus, runners, job_budget, 0.0, 0.0, "longest-first", setup)
+    lb = lower_bound(items, gpus, runners, setup, job_budget)
+    finalise = functools.partial(
+        _finalise, gpus=gpus, runners=runners, budget=job_budget, lb=lb, setup=setup
+    )
     anchors = longest_first([i for i in items if i.est_seconds > budget])
     anchor_jobs, rest = _fill_beside(
         anchors, longest_first([i for i in items if i.est_seconds <= budget]), gpus
     )
-    free_runners = max(1, runners - len(anchors))
+    free_runners = max(1, runners - len(anchor_jobs))
 
     best: Packing | None = None
     tried: set[int] = set()
@@ -273,12 +318,12 @@ def pack(
             if best is None and bigger not in tried:
                 counts = sorted(set(counts) | {bigger})
             continue
-        p = _finalise(jobs, gpus, runners, budget, lb, "longest-first")
+        p = finalise(jobs, strategy="longest-first")
         if best is None or _better(p, best):
             best = p
     assert best is not None  # n = len(rest) always fits: each item alone is within the budget
     timeline = _timeline_search(
-        anchor_jobs, rest, gpus, runners, budget, min_job, lb, best.makespan
+        anchor_jobs, rest, gpus, runners, budget, min_job, lb, best.makespan, setup, finalise
     )
     if timeline is not None and _better(timeline, best):
         best = timeline
@@ -294,7 +339,7 @@ def pack(
                     parts.append(got)
                     break
         if len(parts) == 2:
-            p = _finalise(anchor_jobs + parts[0] + parts[1], gpus, runners, budget, lb, "split")
+            p = finalise(anchor_jobs + parts[0] + parts[1], strategy="split")
             if _better(p, best):
                 best = p
     # Round-robin (in the given order, long tests alone) over as many budgeted jobs as the
@@ -304,7 +349,7 @@ def pack(
         alone = [PackedJob(simulate_job([a], gpus), over_budget=True) for a in anchors]
         rr = alone + _round_robin([i for i in items if i.est_seconds <= budget], gpus, n)
         if _valid(rr, budget):
-            candidate = _finalise(rr, gpus, runners, budget, lb, "round-robin")
+            candidate = finalise(rr, strategy="round-robin")
             if _better(candidate, best):
                 best = candidate
     return best
@@ -333,27 +378,29 @@ def _timeline_pack(
     runners: int,
     budget: float,
     target: float,
+    setup: float = 0.0,
 ) -> list[PackedJob] | None:
-    """Jobs that give each runner about ``target`` seconds, queued in the order that hands each
-    runner its planned jobs; ``None`` when the tests do not fit.
+    """Jobs that give each runner about ``target`` seconds, set-ups included, queued in the order
+    that hands each runner its planned jobs; ``None`` when the tests do not fit.
 
     The long tests' jobs go to runners longest first (least loaded runner); each runner's
-    remaining time up to ``target`` is cut into jobs of ``budget`` seconds and one shorter
-    remainder, and the tests are placed into those by :func:`_earliest_finish`."""
+    remaining time up to ``target`` is cut into jobs of ``setup + budget`` seconds and one
+    shorter remainder, and the tests are placed into those by :func:`_earliest_finish`."""
     load = [0.0] * runners
     plan: list[list[PackedJob | int]] = [
         [] for _ in range(runners)
     ]  # a job, or an index into found
     for job in anchor_jobs:
         r = min(range(runners), key=lambda r: (load[r], r))
-        load[r] += job.seconds
+        load[r] += setup + job.seconds
         plan[r].append(job)
     limits: list[float] = []
     for r in range(runners):
         room = target - load[r]
-        if room <= 0 or not rest:
+        if room <= setup or not rest:
             continue
-        full, remainder = divmod(room, budget)
+        full, remainder = divmod(room, setup + budget)
+        remainder -= setup
         for limit in [budget] * int(full) + ([remainder] if remainder > 1e-6 * budget else []):
             plan[r].append(len(limits))
             limits.append(limit)
@@ -373,7 +420,7 @@ def _timeline_pack(
         cursor[r] += 1
         order.append(job)
         if cursor[r] < len(queue[r]):
-            heapq.heappush(free, (t + job.seconds, r))
+            heapq.heappush(free, (t + setup + job.seconds, r))
     return order
 
 
@@ -386,6 +433,8 @@ def _timeline_search(
     min_job: float,
     lb: float,
     upper: float,
+    setup: float,
+    finalise: functools.partial,
 ) -> Packing | None:
     """The best :func:`_timeline_pack` over targets between the lower bound and ``upper``."""
     if not rest:
@@ -394,18 +443,18 @@ def _timeline_search(
     longest = max([i.est_seconds for i in rest] + [j.seconds for j in anchor_jobs])
     spread = math.ceil(work / (gpus * max(min_job, longest, 1e-9)))
     used = max(1, min(runners, max(len(anchor_jobs), spread)))
-    lo, hi = max(lb, work / (gpus * used)), max(upper, lb)
+    lo, hi = max(lb, work / (gpus * used) + setup), max(upper, lb)
     best = None
     targets = [lo]
     for _ in range(14):
         target = targets.pop() if targets else (lo + hi) / 2
-        jobs = _timeline_pack(anchor_jobs, rest, gpus, used, budget, target)
+        jobs = _timeline_pack(anchor_jobs, rest, gpus, used, budget, target, setup)
         if jobs is not None and not _valid(jobs, budget):
             jobs = None
         if jobs is None:
             lo = target
         else:
-            p = _finalise(jobs, gpus, runners, budget, lb, "timeline", ordered=True)
+            p = finalise(jobs, strategy="timeline", ordered=True)
             if best is None or _better(p, best):
                 best = p
             hi = target

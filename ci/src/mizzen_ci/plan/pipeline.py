@@ -90,14 +90,14 @@ def build_plan(
         plan.warnings.append(f"selecting everything: {change.reason}")
     if request.gpu_blocked:
         plan.warnings.append(request.gpu_blocked)
-    jobs, summaries, warnings = pack_jobs(
+    jobs, summaries, capacity, warnings = pack_jobs(
         selected,
         pools,
         _estimator(options, plan),
         options.budget_seconds,
         options.min_job_seconds,
     )
-    plan.jobs, plan.pools = jobs, summaries
+    plan.jobs, plan.pools, plan.capacity = jobs, summaries, capacity
     plan.warnings += warnings
     return plan
 

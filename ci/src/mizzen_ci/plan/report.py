@@ -13,7 +13,10 @@ from ..output import markdown_table, text_table
 from .model import Plan
 
 JOB_HEADERS = ("job", "lane", "pool", "tests", "GPUs", "est. min", "timeout min")
-POOL_HEADERS = ("pool", "jobs", "runners", "tests", "GPU-h", "makespan min", "bound min", "ratio")
+POOL_HEADERS = (
+    "pool", "jobs", "runners", "tests", "GPU-h", "set-up min", "makespan min", "bound min", "ratio"
+)  # fmt: skip
+ARCH_HEADERS = ("arch", "pools", "tests", "done after min", "pooled bound min", "ratio")
 
 
 def _minutes(seconds: float) -> str:
@@ -46,12 +49,27 @@ def _pool_rows(plan: Plan) -> list[tuple]:
                 p.runners,
                 p.tests,
                 f"{p.gpu_seconds / 3600:.2f}",
+                _minutes(p.setup_seconds),
                 _minutes(p.makespan_seconds),
                 _minutes(bound),
                 f"{p.makespan_seconds / bound:.3f}" if bound else "-",
             )
         )
     return rows
+
+
+def _arch_rows(plan: Plan) -> list[tuple]:
+    return [
+        (
+            a.arch or "cpu",
+            ", ".join(a.pools),
+            a.tests,
+            _minutes(a.makespan_seconds),
+            _minutes(a.bound_seconds),
+            f"{a.makespan_seconds / a.bound_seconds:.3f}" if a.bound_seconds else "-",
+        )
+        for a in plan.capacity
+    ]
 
 
 def headline(plan: Plan) -> str:
@@ -93,6 +111,7 @@ def terminal(plan: Plan, *, verbose: bool = False) -> str:
     if plan.jobs:
         out += [text_table(JOB_HEADERS, _job_rows(plan)), ""]
         out += [text_table(POOL_HEADERS, _pool_rows(plan)), ""]
+        out += [text_table(ARCH_HEADERS, _arch_rows(plan)), ""]
         if verbose:
             rows = [
                 (j.id, t.file, t.num_gpus or "-", _minutes(t.est_seconds), t.why)
@@ -126,6 +145,7 @@ def markdown(plan: Plan) -> str:
     if plan.jobs:
         out += [markdown_table(JOB_HEADERS, _job_rows(plan)), ""]
         out += [markdown_table(POOL_HEADERS, _pool_rows(plan)), ""]
+        out += [markdown_table(ARCH_HEADERS, _arch_rows(plan)), ""]
         rows = [
             (j.id, f"`{t.file}`", t.num_gpus or "-", _minutes(t.est_seconds), t.why)
             for j in plan.jobs
