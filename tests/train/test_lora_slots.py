@@ -17,6 +17,8 @@ LAYER_CASES = {
     "rows_with_base_tokens": ([[0] * 5, [1, 1, 1, -1, -1], [-1] * 5], "rows"),
     # slot 1's rows not contiguous, a base-only row between them
     "rows_not_contiguous": ([[1] * 5, [0] * 5, [-1] * 5, [1] * 5], "rows"),
+    # equal runs of rows per slot, in slot order: the per-slot sums are one reduction
+    "rows_equal_runs": ([[0] * 5, [0] * 5, [1] * 5, [1] * 5], "rows"),
     # one slot, every token
     "single": ([[0] * 5, [0] * 5], "single"),
 }
@@ -123,6 +125,52 @@ def test_slotted_layers_match_dense_reference(kit, case):
         assert error < 1e-4, f"{name}: max error {error}"
         if "pad_grad" in name or "unused" in name:
             assert error == 0.0, f"{name}: padding or an unused slot got gradient {error}"
+
+
+def _mixed_rows_scenario(kit, row_slots: list[int]) -> dict[str, float]:
+    """Gradients of every slot of a mixed micro-batch (accumulated into megatron's main_grad
+    by the rows path) against each slot's rows run alone (one row per micro-batch: the single
+    path, ordinary autograd)."""
+    import dataclasses
+
+    from mizzen_train.losses import CrossEntropyLoss
+
+    specs = {0: (4, 8.0, 21), 1: (8, 4.0, 22), 2: (6, 6.0, 23)}  # slot: (rank, alpha, seed)
+    batch = kit.tiny_batch(row_slots, seed=9)
+
+    def gradients(micro_batch_size: int, rows: list[int]) -> dict[int, dict]:
+        executor = kit.tiny_executor(num_slots=3, max_rank=8, micro_batch_size=micro_batch_size)
+        for slot, (rank, alpha, seed) in specs.items():
+            weights = kit.random_adapter(executor, rank, seed=seed)
+            executor.load_slot(slot, rank, alpha, weights=weights)
+        part = dataclasses.replace(
+            batch, **{name: value[rows] for name, value in batch.token_fields().items()}
+        )
+        executor.forward_backward(part, CrossEntropyLoss())
+        return {slot: executor.inspect_slot(slot)["grad"] for slot in specs}
+
+    mixed = gradients(len(row_slots), list(range(len(row_slots))))
+    errors = {}
+    for slot in specs:
+        rows = [row for row, s in enumerate(row_slots) if s == slot]
+        alone = gradients(1, rows)[slot]
+        scale = max(g.abs().max().item() for g in alone.values())
+        assert scale > 0, "the reference gradient is zero: the comparison would be vacuous"
+        errors[f"slot{slot}"] = max(
+            (mixed[slot][name] - alone[name]).abs().max().item() / scale for name in alone
+        )
+    return errors
+
+
+@pytest.mark.parametrize(
+    "row_slots",
+    [[0, 0, 1, 1, 2, 2], [1, 0, 0, 2, 2, -1]],
+    ids=["equal_runs", "unequal_runs_with_base_row"],
+)
+def test_mixed_micro_batch_gradients_equal_each_slot_alone(kit, row_slots):
+    (errors,) = kit.run_ranks(_mixed_rows_scenario, args=(kit, row_slots))
+    for name, error in errors.items():
+        assert error < 1e-5, f"{name}: max relative gradient error {error}"
 
 
 def _merged_reference_scenario(kit) -> dict[str, float]:

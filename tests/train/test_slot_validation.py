@@ -222,7 +222,7 @@ def _executor_scenario(kit) -> dict:
     def broken(*args, **kwargs):
         raise RuntimeError("device lost (injected)")
 
-    executor._slots[0].optimizer.apply_adam = broken  # fault injection inside a step
+    executor._slots[0].optimizer.publish = broken  # fault injection inside a step
     with contextlib.suppress(RuntimeError):
         executor.optim_step({0: AdamParams(lr=1e-3)})
     fields["failed"] = executor.failed

@@ -27,6 +27,12 @@ Invariants:
   and in backward the per-row factor gradients are summed per slot over that slot's rows only,
   in row order — no atomic scatter-add, so gradients are deterministic and the TP-replicated
   factors cannot drift apart between ranks through reduction order.
+- A factor with a ``main_grad`` (its slot's megatron DDP buffer) receives its per-slot sum
+  (in fp32) added straight into ``main_grad`` by :class:`_FactorRows`' backward, every slot of
+  the micro-batch in one multi-tensor add, and no ``.grad`` (megatron's own gradient
+  accumulation fusion does the same); this is sound because ``overlap_grad_reduce`` is refused
+  (:mod:`mizzen_train.validation`), so the buffers are reduced only after the whole backward.
+  A factor without one gets an ordinary gradient.
 - Plain ``state_dict`` keys of a wrapped layer gain ``.base``; ``sharded_state_dict`` (megatron
   distributed checkpoints) keeps the base layer's keys.  Load base weights before wrapping.
 """
@@ -165,9 +171,8 @@ class SlottedLoRALinear(torch.nn.Module):
             hidden = self._tp_region(torch.matmul(x, lora_a.t()))
             return torch.matmul(hidden * scale, lora_b.t())
         # rows kind: bmm over megatron's batch axis, activations read in place
-        blocks = routing.row_blocks
-        lora_a = _FactorRows.apply(blocks, *(a for a, _ in factors))  # [b, r, in]
-        lora_b = _FactorRows.apply(blocks, *(b for _, b in factors))  # [b, out, r]
+        lora_a = _FactorRows.apply(routing, *(a for a, _ in factors))  # [b, r, in]
+        lora_b = _FactorRows.apply(routing, *(b for _, b in factors))  # [b, out, r]
         hidden = self._tp_region(torch.bmm(x.transpose(0, 1), lora_a.transpose(1, 2)))
         hidden = hidden * routing.row_scales.view(-1, 1, 1)
         delta = torch.bmm(hidden, lora_b.transpose(1, 2)).transpose(0, 1)  # [s, b, out] view
@@ -186,34 +191,59 @@ class SlottedLoRALinear(torch.nn.Module):
 
 
 class _FactorRows(torch.autograd.Function):
-    """``rows[i] = factors[blocks[i]]`` (one factor per row of a batch), stacked.
+    """``rows[i] = factors[routing.row_blocks[i]]`` (one factor per row of a batch), stacked.
 
     A row of block ``-1`` (base only, masked out by the caller) borrows factor 0 and sends it no
-    gradient.  Backward sums the row gradients of each factor over exactly the rows that use it,
-    in row order: no scatter-add, so the sums are deterministic and a row of one slot never adds
-    into another slot's gradient.  A factor no row uses gets no gradient.
+    gradient.  Backward sums the row gradients of each factor, in fp32, over exactly the rows
+    that use it, in row order: no scatter-add, so the sums are deterministic and a row of one
+    slot never adds into another slot's gradient; when the blocks are equal runs of rows (the
+    common case) all of them are one reduction.  Sums of factors that have a ``main_grad`` are
+    added into it in one multi-tensor add (see the module docstring); a factor no row uses gets
+    no gradient.
     """
 
     @staticmethod
-    def forward(ctx, blocks: tuple[int, ...], *factors):
-        rows_of: list[list[int]] = [[] for _ in factors]
-        for row, block in enumerate(blocks):
-            if block >= 0:
-                rows_of[block].append(row)
-        ctx.rows_of = rows_of
-        return torch.stack([factors[max(block, 0)] for block in blocks])
+    def forward(ctx, routing: SlotRouting, *factors):
+        ctx.routing = routing
+        ctx.factors = factors
+        return torch.stack([factors[max(block, 0)] for block in routing.row_blocks])
 
     @staticmethod
     def backward(ctx, grad):
-        grads = []
-        for block, rows in enumerate(ctx.rows_of):
-            if not rows or not ctx.needs_input_grad[block + 1]:
+        routing, factors = ctx.routing, ctx.factors
+        wanted = [
+            bool(rows) and ctx.needs_input_grad[block + 1]
+            for block, rows in enumerate(routing.block_rows)
+        ]
+        sums: list[torch.Tensor | None]
+        if routing.uniform_run is not None and all(wanted):
+            run = routing.uniform_run
+            stacked = grad.view(len(factors), run, *grad.shape[1:]).sum(1, dtype=torch.float32)
+            sums = list(stacked.unbind(0))
+        else:
+            sums = [
+                _rows_sum(grad, rows) if want else None
+                for rows, want in zip(routing.block_rows, wanted, strict=True)
+            ]
+        into_main, into_sums, grads = [], [], []
+        for factor, total in zip(factors, sums, strict=True):
+            main_grad = getattr(factor, "main_grad", None)
+            if total is not None and main_grad is not None:
+                into_main.append(main_grad)
+                into_sums.append(total)
                 grads.append(None)
-            elif rows[-1] - rows[0] + 1 == len(rows):  # contiguous: a view, no gather
-                grads.append(grad[rows[0] : rows[-1] + 1].sum(0))
             else:
-                grads.append(grad[rows].sum(0))
+                grads.append(None if total is None else total.to(factor.dtype))
+        if into_main:
+            torch._foreach_add_(into_main, into_sums)
         return (None, *grads)
+
+
+def _rows_sum(grad: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """fp32 sum of ``grad`` over ``rows`` (ascending), a view when they are contiguous."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return grad[rows[0] : rows[-1] + 1].sum(0, dtype=torch.float32)
+    return grad[list(rows)].sum(0, dtype=torch.float32)
 
 
 def apply_slotted_lora(

@@ -44,6 +44,11 @@ class SlotRouting:
     row_scales: torch.Tensor | None = None
     #: *rows* kind: ``[s, b, 1]`` True for tokens routed to a slot; None: every token is.
     token_mask: torch.Tensor | None = None
+    #: *rows* kind: the rows of each block, ascending (computed once per micro-batch).
+    block_rows: tuple[tuple[int, ...], ...] = ()
+    #: *rows* kind: ``n`` when block ``k`` is exactly rows ``k*n .. k*n+n-1`` for every block
+    #: (per-block sums are then one reduction over a ``[blocks, n, ...]`` view); else None.
+    uniform_run: int | None = None
 
     @property
     def kind(self) -> str:
@@ -79,12 +84,20 @@ def build_routing(
     block_of = {slot: block for block, slot in enumerate(slots)}
     per_row = [int(s) for s in row_slot.tolist()]
     row_scales = torch.tensor([scales[s] if s >= 0 else 0.0 for s in per_row], dtype=dtype)
+    row_blocks = tuple(block_of.get(s, -1) for s in per_row)
+    block_rows = tuple(
+        tuple(row for row, b in enumerate(row_blocks) if b == block) for block in range(len(slots))
+    )
+    run = len(row_blocks) // len(slots)
+    uniform = row_blocks == tuple(block for block in range(len(slots)) for _ in range(run))
     return SlotRouting(
         slots=slots,
         scales=scale_tensor,
-        row_blocks=tuple(block_of.get(s, -1) for s in per_row),
+        row_blocks=row_blocks,
         row_scales=row_scales.to(device),
         token_mask=None if every_token_routed else routed.t().unsqueeze(2).to(device),
+        block_rows=block_rows,
+        uniform_run=run if uniform else None,
     )
 
 

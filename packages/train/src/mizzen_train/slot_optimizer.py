@@ -19,6 +19,11 @@ buffers of the slot's megatron ``DistributedDataParallel`` (its ``grad_sync``). 
 3. *zero* — every requested slot's gradients are zeroed (a skipped slot's are discarded).
 4. *publish* — masters of the slots that stepped are copied into the model's weights.
 
+The work is batched over slots, so a step's kernel launches and host time do not grow with the
+number of slots: one multi-tensor norm over every requested slot's gradients, one multi-tensor
+scale for the clipped ones, and one fused AdamW (``torch._fused_adamw_``) per distinct set of
+hyperparameters over every stepping slot's tensors.
+
 Invariants:
 - A slot's step reads and writes only that slot's tensors; a slot not in the request is not
   touched at all (its pending gradients keep accumulating).
@@ -90,6 +95,8 @@ class SlotOptimizer:
         self.exp_avg_storage = torch.zeros(total, dtype=torch.float32, device=device)
         self.exp_avg_sq_storage = torch.zeros(total, dtype=torch.float32, device=device)
         self._counted_mask = torch.tensor(self.counts_in_norm, dtype=torch.bool, device=device)
+        #: The step count on the device, as the fused AdamW reads it (kept equal to ``step``).
+        self.step_tensor = torch.zeros((), dtype=torch.float32, device=device)
         self.masters = self._views(self.master_storage)
         self.exp_avg = self._views(self.exp_avg_storage)
         self.exp_avg_sq = self._views(self.exp_avg_sq_storage)
@@ -113,40 +120,10 @@ class SlotOptimizer:
     def zero_grads(self) -> None:
         self._grad_sync.zero_grad_buffer()
 
-    def local_grad_sq_norms(self) -> torch.Tensor:
-        """fp64 ``[counted, uncounted]`` sums of squares of this rank's gradient elements.
-
-        *counted* elements make the global norm (each element once world-wide); *uncounted* ones
-        are this rank's copies of elements another rank counts.  They are all-reduced too, so a
-        non-finite value in any copy on any rank is seen by every rank."""
-        norms = torch.stack(torch._foreach_norm(self.grads())).to(torch.float64).square()
-        zero = torch.zeros((), dtype=torch.float64, device=norms.device)
-        counted = self._counted_mask
-        return torch.stack(
-            [torch.where(counted, norms, zero).sum(), torch.where(counted, zero, norms).sum()]
-        )
-
-    # -- update ---------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def apply_adam(self, hyper: AdamParams, clip_coef: float) -> None:
-        """One AdamW step of the masters from the (already reduced) gradients."""
-        grads = self.grads()
-        if clip_coef != 1.0:
-            torch._foreach_mul_(grads, clip_coef)
-        beta1, beta2 = hyper.betas
-        self.step += 1
-        bias_correction1 = 1.0 - beta1**self.step
-        bias_correction2 = 1.0 - beta2**self.step
-        torch._foreach_lerp_(self.exp_avg, grads, 1.0 - beta1)
-        torch._foreach_mul_(self.exp_avg_sq, beta2)
-        torch._foreach_addcmul_(self.exp_avg_sq, grads, grads, 1.0 - beta2)
-        if hyper.weight_decay:
-            torch._foreach_mul_(self.masters, 1.0 - hyper.lr * hyper.weight_decay)
-        denom = torch._foreach_sqrt(self.exp_avg_sq)
-        torch._foreach_div_(denom, math.sqrt(bias_correction2))
-        torch._foreach_add_(denom, hyper.eps)
-        torch._foreach_addcdiv_(self.masters, self.exp_avg, denom, -hyper.lr / bias_correction1)
+    @property
+    def counted_mask(self) -> torch.Tensor:
+        """``[params]`` True for the parameters this rank counts in the global norm."""
+        return self._counted_mask
 
     @torch.no_grad()
     def publish(self) -> None:
@@ -166,6 +143,7 @@ class SlotOptimizer:
             for target, source in zip(targets, state[name], strict=True):
                 target.copy_(source)
         self.step = step
+        self.step_tensor.fill_(step)
         self.publish()
 
 
@@ -182,28 +160,100 @@ def step_slot_optimizers(
     order = sorted(requests)
     if not order:
         return {}
-    for slot in order:
-        optimizers[slot].sync_grads()
-    squared = torch.stack([optimizers[slot].local_grad_sq_norms() for slot in order])
-    torch.distributed.all_reduce(squared, group=group)
-    totals = squared.tolist()
+    chosen = [optimizers[slot] for slot in order]
+    for optimizer in chosen:
+        optimizer.sync_grads()
+    totals = _squared_norms(chosen, group)
 
     reports: dict[int, StepReport] = {}
-    for slot, (counted, uncounted) in zip(order, totals, strict=True):
-        optimizer, hyper = optimizers[slot], requests[slot]
+    stepping: list[tuple[SlotOptimizer, AdamParams, float]] = []
+    for optimizer, hyper, (counted, uncounted) in zip(
+        chosen, (requests[slot] for slot in order), totals, strict=True
+    ):
         if not (math.isfinite(counted) and math.isfinite(uncounted)):
             nonfinite = counted + uncounted  # nan or inf: what the report shows
-            reports[slot] = StepReport(slot, nonfinite, False, True, optimizer.step, 1.0)
+            reports[optimizer.slot] = StepReport(
+                optimizer.slot, nonfinite, False, True, optimizer.step, 1.0
+            )
             continue
         norm = math.sqrt(counted)
         clip_coef = 1.0
         if hyper.max_grad_norm is not None:
             clip_coef = min(1.0, hyper.max_grad_norm / (norm + 1e-6))
-        optimizer.apply_adam(hyper, clip_coef)
-        reports[slot] = StepReport(slot, norm, True, False, optimizer.step, clip_coef)
-    for slot in order:
-        optimizers[slot].zero_grads()
-    for slot in order:
-        if reports[slot].stepped:
-            optimizers[slot].publish()
+        stepping.append((optimizer, hyper, clip_coef))
+        reports[optimizer.slot] = StepReport(
+            optimizer.slot, norm, True, False, optimizer.step + 1, clip_coef
+        )
+    if stepping:
+        _clip_and_step(stepping)
+    for optimizer in chosen:
+        optimizer.zero_grads()
+    for optimizer, _, _ in stepping:
+        optimizer.publish()
     return reports
+
+
+def _squared_norms(
+    chosen: Sequence[SlotOptimizer], group: torch.distributed.ProcessGroup | None
+) -> list[list[float]]:
+    """Per slot, the all-reduced fp64 ``[counted, uncounted]`` sums of squared gradients.
+
+    *counted* elements make the global norm (each element once world-wide); *uncounted* ones are
+    this rank's copies of elements another rank counts.  They are all-reduced too, so a
+    non-finite value in any copy on any rank is seen by every rank.  One multi-tensor norm over
+    every slot's gradients; one all-reduce; one host read."""
+    grads = [grad for optimizer in chosen for grad in optimizer.grads()]
+    norms = torch.stack(torch._foreach_norm(grads)).to(torch.float64).square()
+    counted = torch.cat([optimizer.counted_mask for optimizer in chosen])
+    zero = torch.zeros((), dtype=torch.float64, device=norms.device)
+    parts = torch.stack([torch.where(counted, norms, zero), torch.where(counted, zero, norms)], 1)
+    sizes = [len(optimizer.params) for optimizer in chosen]
+    if len(set(sizes)) == 1:  # slots of one executor share a layout: one reduction, in order
+        squared = parts.view(len(chosen), sizes[0], 2).sum(1)
+    else:
+        squared = torch.stack([part.sum(0) for part in parts.split(sizes)])
+    torch.distributed.all_reduce(squared, group=group)
+    return squared.tolist()
+
+
+@torch.no_grad()
+def _clip_and_step(stepping: Sequence[tuple[SlotOptimizer, AdamParams, float]]) -> None:
+    """Scale the clipped slots' gradients, then one fused AdamW per hyperparameter set."""
+    clipped = [(optimizer, coef) for optimizer, _, coef in stepping if coef != 1.0]
+    if clipped:
+        grads = [grad for optimizer, _ in clipped for grad in optimizer.grads()]
+        coefs = [coef for optimizer, coef in clipped for _ in optimizer.params]
+        torch._foreach_mul_(grads, coefs)
+    by_hyper: dict[AdamParams, list[SlotOptimizer]] = {}
+    for optimizer, hyper, _ in stepping:
+        by_hyper.setdefault(_adam_key(hyper), []).append(optimizer)
+        optimizer.step += 1
+    torch._foreach_add_([optimizer.step_tensor for optimizer, _, _ in stepping], 1.0)
+    for hyper, group in by_hyper.items():
+        beta1, beta2 = hyper.betas
+        torch._fused_adamw_(
+            [master for optimizer in group for master in optimizer.masters],
+            [grad for optimizer in group for grad in optimizer.grads()],
+            [moment for optimizer in group for moment in optimizer.exp_avg],
+            [moment for optimizer in group for moment in optimizer.exp_avg_sq],
+            [],
+            [optimizer.step_tensor for optimizer in group for _ in optimizer.params],
+            lr=hyper.lr,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=hyper.weight_decay,
+            eps=hyper.eps,
+            amsgrad=False,
+            maximize=False,
+        )
+
+
+def _adam_key(hyper: AdamParams) -> AdamParams:
+    """The hyperparameters the AdamW update reads (clipping is applied before it)."""
+    return AdamParams(
+        lr=hyper.lr,
+        betas=tuple(hyper.betas),
+        eps=hyper.eps,
+        weight_decay=hyper.weight_decay,
+        max_grad_norm=None,
+    )
