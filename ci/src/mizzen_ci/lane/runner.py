@@ -171,6 +171,7 @@ class GpuLaneRunner:
         self.progress = progress
         self.gpu_of = {g.lease_key: g for g in config.gpus}
         self.leases = LeaseDir(config.lease_dir)
+        self.leases.check()  # an unsafe lease directory refuses the lane before anything runs
         self.files_dir = config.report_dir / "files"
         self._plugin_args = plugin_args()
         self._running: dict[str, _Running] = {}

@@ -124,7 +124,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         try:
             comments.append(Comment(association, Path(path).read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as e:
-            print(f"mizzen-ci plan: --comment-file {path}: {e}", file=sys.stderr)
+            print(output.plain(f"mizzen-ci plan: --comment-file {path}: {e}"), file=sys.stderr)
             return 2
     inputs = Inputs(
         event=args.event,
@@ -146,7 +146,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         plan = build_plan(root, fleet, change, inputs, options)
     except RequestError as e:
-        print(f"mizzen-ci plan: {e}", file=sys.stderr)
+        print(output.plain(f"mizzen-ci plan: {e}"), file=sys.stderr)
         return 2
 
     if args.output:
