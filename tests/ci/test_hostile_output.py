@@ -270,3 +270,25 @@ def test_the_plugin_prints_a_hostile_skip_reason_escaped(pytester: pytest.Pytest
     assert "skipped on hardware it declared" in out and "x\\x0a::error" in out
     assert not [ln for ln in result.outlines if ln.startswith("::")]
     assert "\x1b[2J" not in out
+
+
+def test_a_symlinked_test_file_is_a_collection_error_not_a_second_copy(
+    pytester: pytest.Pytester, monkeypatch
+):
+    pytester.makefile(".toml", **{"ci/fleet": FLEET_FILE.read_text()})
+    pytester.makepyprojecttoml("[tool.pytest.ini_options]\n")
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for var in ("MIZZEN_LANE", "CI"):
+        monkeypatch.delenv(var, raising=False)
+    tests = pytester.path / "tests"
+    tests.mkdir()
+    (tests / "test_real.py").write_text(CPU + "def test_a():\n    pass\n")
+    (tests / "test_link.py").symlink_to("test_real.py")
+    result = pytester.runpytest_subprocess(
+        "-p", "mizzen_ci.pytest_plugin", "-p", "no:cacheprovider",
+        "--continue-on-collection-errors", "tests",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*tests/test_link.py:1: [[]symlink[]] symbolic link under tests/*"]
+    )

@@ -12,6 +12,9 @@ Invariants:
 - A file named explicitly on the command line that is not registered for the lane is an error,
   not a silent deselection.
 - Paths excluded from the registry (``[tool.mizzen.registry] exclude``) are never collected.
+- A file is known by its own path, never by a link's target: a symbolic link named like a test
+  file is a collection error carrying the registry's "symlink" violation, not a second copy of
+  the file it points at.
 - Every path, reason and registry message it reports goes through
   :func:`mizzen_ci.output.plain` (a file name or a skip reason cannot print a workflow command or
   a terminal escape); a malformed ``[tool.mizzen.registry]`` is a usage error naming the file.
@@ -69,8 +72,11 @@ class LaneState:
     cuda_init_reported: bool = False
 
     def rel(self, path: Path) -> str | None:
+        """``path`` relative to the root, its directories resolved but not its last component:
+        a symbolic link is judged as itself (the registry reports it), never as its target."""
+        p = Path(path)
         try:
-            return Path(path).resolve().relative_to(self.root).as_posix()
+            return (p.parent.resolve() / p.name).relative_to(self.root).as_posix()
         except ValueError:
             return None
 
