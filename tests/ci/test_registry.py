@@ -159,6 +159,11 @@ _values = st.recursive(
                 "-0.0",
                 "1e999",
                 "'x' * 3",
+                "9" * 400,  # huge literals: an error, never an OverflowError
+                "1.6e308",
+                "1e308",
+                "604801",
+                "'\\u200b'",
             ]
         ),
         st.text(string.ascii_letters + " _-", max_size=8).map(repr),
@@ -232,7 +237,8 @@ def test_random_source_is_accepted_or_rejected_with_file_and_line(source: str):
     else:
         assert isinstance(registration, Registration)
         assert registration.backend in ("cpu", "cuda")
-        assert registration.est_time > 0
+        assert 0 < registration.est_time <= registry_rules.MAX_EST_TIME_SECONDS
+        assert registration.num_gpus <= registry_rules.MAX_NUM_GPUS
 
 
 @pytest.mark.parametrize(

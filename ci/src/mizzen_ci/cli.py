@@ -7,7 +7,8 @@ Invariants:
   provides ``add_arguments(command, parser)`` and ``run(command, args) -> int``.
 - Only the module of the command being run is imported (a start costs what that command needs,
   not every command's imports); ``mizzen-ci --help`` lists every command from the table alone.
-- Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input.
+- Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input
+  (a malformed fleet table or ``pyproject.toml`` table: one escaped line naming the file).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import importlib
 import sys
 
 from .fleet import FleetError
+from .output import plain
+from .sources import ConfigError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": (
@@ -61,6 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return module.run(args.command, args)
-    except FleetError as e:
-        print(f"mizzen-ci {args.command}: {e}", file=sys.stderr)
+    except (FleetError, ConfigError) as e:
+        print(plain(f"mizzen-ci {args.command}: {e}"), file=sys.stderr)
         return 2

@@ -27,14 +27,26 @@ Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m
   append the per-file records of a junit report;
 - ``history merge --out STORE [--keep N] INPUT…``: the records of every input (files or
   directories), compacted to the newest ``N`` per (file, arch, passed or not), written atomically
-  to ``STORE``.
+  to ``STORE``; each bad line of an input is dropped with a line on stderr naming ``path:line``.
 
 Invariants:
 - Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.lane.junit`, the stores with
   ``json``.  :func:`now_utc` is the one clock of every record.
 - :func:`append_jsonl` writes all its lines with one ``write`` on a file opened for appending, so
-  a crash never leaves half a batch behind a complete line; readers skip nothing silently: a
-  malformed line is a :class:`HistoryError` naming ``path:line``.
+  a crash never leaves half a batch behind a complete line.
+- A store is read from disk it did not write (a downloaded artifact, or a checkout's
+  ``.ci-artifacts/history``), so every value is validated and bounded on read: a store is a
+  regular file of at most :data:`MAX_STORE_BYTES` (read with :func:`mizzen_ci.sources.read_bytes`:
+  never a link, a FIFO or a device; a directory of stores is walked without following links);
+  a line is at most :data:`MAX_LINE_CHARS` characters of JSON; ``seconds`` is a finite number
+  from 0 to the registry's ``est_time`` ceiling (:data:`MAX_SECONDS`, compared before any
+  conversion: an integer of any size is an error, never an ``OverflowError``); the text fields
+  are strings of bounded length.  :func:`read_stores` drops each bad line (and each unreadable
+  store) with a problem naming ``path:line``, the rule and what was found, and keeps the good
+  ones (the planner and the estimator use those, and warn); :func:`load` is the strict form that
+  raises :class:`HistoryError` for the first problem.  The flake record is read the same way
+  (:func:`read_flakes`).  No reader skips a line silently.
+- Times from junit are checked the same way before they become a record.
 - The estimate of a (file, arch) is the p90 (nearest rank) of its most recent ``RECENT`` *passing*
   durations; with no passing record it is the registration's ``est_time``.  Failed, errored and
   skipped runs never feed an estimate (a crash at second 3 says nothing about a full run).
@@ -46,6 +58,7 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -53,11 +66,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .lane.junit import JunitError, read_testcases, testcase_outcome
+from .output import plain
+from .registry.rules import MAX_EST_TIME_SECONDS, shown
+from .sources import read_bytes
 
 OUTCOMES = ("passed", "skipped", "failed", "error")  # in order of severity
 _SEVERITY = {o: i for i, o in enumerate(OUTCOMES)}
 RECENT = 20  # passing runs per (file, arch) that feed an estimate
 QUANTILE = 0.9
+MAX_SECONDS = MAX_EST_TIME_SECONDS  # one run of one file: no more than a registration may declare
+MAX_STORE_BYTES = 256 * 1024 * 1024
+MAX_LINE_CHARS = 16 * 1024  # a record is ~200 characters
+MAX_PATH_CHARS = 1024  # file, job
+MAX_NAME_CHARS = 64  # arch, lane, when, outcome
+MAX_STORE_DEPTH = 16  # directories below a store directory
+MAX_PROBLEMS_SHOWN = 5  # dropped lines named in one warning (the rest are counted)
 
 
 class HistoryError(ValueError):
@@ -151,16 +174,25 @@ def records_from_junit(
         )
         if path is None:
             raise HistoryError(
-                f"{xml_path}: testcase {case.get('classname')!r}::{case.get('name')!r} names no "
-                "test_*.py file; pass file= when the report holds one file"
+                f"{xml_path}: testcase {shown(case.get('classname'))}::{shown(case.get('name'))} "
+                "names no test_*.py file; pass file= when the report holds one file"
             )
+        raw = case.get("time") or "0"
         try:
-            t = float(case.get("time") or 0.0)
+            t = float(raw)
         except ValueError:
+            t = math.nan
+        if not (math.isfinite(t) and 0 <= t <= MAX_SECONDS):
             raise HistoryError(
-                f"{xml_path}: testcase {path}::{case.get('name')} has time={case.get('time')!r}"
-            ) from None
+                f"{xml_path}: testcase {shown(path)}::{shown(case.get('name'))} has "
+                f"time={shown(raw)}; a time is a finite number of seconds from 0 to {MAX_SECONDS}"
+            )
         seconds[path] = seconds.get(path, 0.0) + t
+        if seconds[path] > MAX_SECONDS:
+            raise HistoryError(
+                f"{xml_path}: the testcases of {shown(path)} add up to over {MAX_SECONDS} s; "
+                "no run of one file takes that long"
+            )
         outcomes.setdefault(path, []).append(testcase_outcome(case))
     if file is not None and file not in seconds:
         # No testcase at all: pytest ran nothing.  That is an error of the file, not a pass.
@@ -211,33 +243,46 @@ def _record_from(obj: object, where: str) -> Record:
     if not isinstance(obj, dict):
         raise HistoryError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
 
-    def field(name: str, kinds: tuple[type, ...], nullable: bool = False):
+    def text(name: str, limit: int, nullable: bool = False, numeric: bool = False) -> str | None:
         if name not in obj:
             raise HistoryError(f"{where}: record lacks `{name}`; every record has {_FIELDS}")
         value = obj[name]
         if value is None and nullable:
             return None
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise HistoryError(f"{where}: `{name}` has the wrong type: {value!r}")
+        if numeric and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value) if value.bit_length() < 64 else value  # a job id may be a number
+        if not isinstance(value, str):
+            raise HistoryError(f"{where}: `{name}` has the wrong type: {shown(value)}")
+        if len(value) > limit:
+            raise HistoryError(f"{where}: `{name}` is {len(value)} characters, over {limit}")
         return value
 
-    file = field("file", (str,))
-    arch = field("arch", (str,), nullable=True)
-    seconds = float(field("seconds", (int, float)))
-    if not math.isfinite(seconds) or seconds < 0:
-        raise HistoryError(f"{where}: seconds must be a finite number ≥ 0, got {seconds!r}")
-    outcome = field("outcome", (str,))
+    file = text("file", MAX_PATH_CHARS)
+    arch = text("arch", MAX_NAME_CHARS, nullable=True)
+    if "seconds" not in obj:
+        raise HistoryError(f"{where}: record lacks `seconds`; every record has {_FIELDS}")
+    value = obj["seconds"]
+    # Range first, conversion after: an integer of any size is compared, never made a float.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not 0 <= value <= MAX_SECONDS
+    ):
+        raise HistoryError(
+            f"{where}: seconds must be a finite number from 0 to {MAX_SECONDS}, got {shown(value)}"
+        )
+    outcome = text("outcome", MAX_NAME_CHARS)
     if outcome not in _SEVERITY:
-        raise HistoryError(f"{where}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
-    job = field("job", (str, int), nullable=True) if "job" in obj else None
+        raise HistoryError(f"{where}: outcome {shown(outcome)} is not one of {', '.join(OUTCOMES)}")
     return Record(
         file=file,
         arch=arch,
-        seconds=seconds,
+        seconds=float(value),
         outcome=outcome,
-        when=field("when", (str,)),
-        lane=field("lane", (str,)),
-        job=None if job is None else str(job),
+        when=text("when", MAX_NAME_CHARS),
+        lane=text("lane", MAX_NAME_CHARS),
+        job=text("job", MAX_PATH_CHARS, nullable=True, numeric=True) if "job" in obj else None,
     )
 
 
@@ -245,37 +290,125 @@ _FIELDS = "file, arch, seconds, outcome, when, lane"
 
 
 def history_files(path: Path | str) -> list[Path]:
-    """``path`` itself, or every ``*.jsonl`` below it when it is a directory (sorted)."""
+    """``path`` itself, or every regular ``*.jsonl`` file below it when it is a directory
+    (sorted; links are not followed, at most :data:`MAX_STORE_DEPTH` levels down)."""
     path = Path(path)
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*.jsonl") if p.is_file())
-    return [path]
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        is_dir = False
+    if not is_dir:
+        return [path]  # read_bytes says what it is if it is no store
+    found: list[Path] = []
+    stack = [(os.fspath(path), 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if depth < MAX_STORE_DEPTH:
+                        stack.append((e.path, depth + 1))
+                elif e.name.endswith(".jsonl") and e.is_file(follow_symlinks=False):
+                    found.append(Path(e.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _lines(path: Path, missing_ok: bool) -> tuple[list[str] | None, str | None]:
+    """``(lines, None)`` of a store, ``(None, problem)`` when it cannot be read, ``([], None)``
+    for a missing one when ``missing_ok``."""
+    try:
+        data, _ = read_bytes(path, MAX_STORE_BYTES)
+    except FileNotFoundError:
+        return ([], None) if missing_ok else (None, f"{path}: no such history file")
+    except OSError as e:
+        return None, f"{path}: cannot read: {e}"
+    try:
+        return data.decode("utf-8").splitlines(), None
+    except UnicodeDecodeError as e:
+        return (
+            None,
+            f"{path}: not UTF-8 ({e.reason} at byte {e.start}); a store is UTF-8 JSON lines",
+        )
+
+
+def read_lines(
+    paths: Iterable[Path | str] | Path | str, *, missing_ok: bool = False
+) -> tuple[list[tuple[str, object]], list[str]]:
+    """``([(where, parsed JSON value)], problems)`` of every non-blank line of the stores (files,
+    or directories of ``*.jsonl``): a line that is too long or not JSON is a problem naming
+    ``path:line``, as is a store that cannot be read."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    values: list[tuple[str, object]] = []
+    problems: list[str] = []
+    for given in paths:
+        for path in history_files(given):
+            lines, problem = _lines(path, missing_ok)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            for lineno, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                if len(line) > MAX_LINE_CHARS:
+                    problems.append(
+                        f"{where}: the line is {len(line)} characters, over {MAX_LINE_CHARS}"
+                    )
+                    continue
+                try:
+                    values.append((where, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    problems.append(f"{where}: not JSON: {e.msg}")
+                except (ValueError, RecursionError) as e:  # a 5000-digit integer, deep nesting
+                    problems.append(f"{where}: not usable JSON: {e.__class__.__name__}")
+    return values, problems
+
+
+def read_stores(
+    paths: Iterable[Path | str] | Path | str, *, missing_ok: bool = False
+) -> tuple[list[Record], list[str]]:
+    """``(records, problems)``: every good record of the stores, in file order, and one problem
+    per dropped line or unreadable store (see the module docstring)."""
+    records: list[Record] = []
+    values, problems = read_lines(paths, missing_ok=missing_ok)
+    for where, obj in values:
+        try:
+            records.append(_record_from(obj, where))
+        except HistoryError as e:
+            problems.append(str(e))
+    problems.sort(key=_where_order)
+    return records, problems
+
+
+def _where_order(problem: str) -> tuple[str, int]:
+    path, _, rest = problem.partition(":")
+    line = rest.split(":", 1)[0]
+    return path, int(line) if line.isdigit() else 0
 
 
 def load(paths: Iterable[Path | str] | Path | str, *, missing_ok: bool = False) -> list[Record]:
-    """Every record of the given stores (files, or directories of ``*.jsonl``), in file order."""
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    records: list[Record] = []
-    for given in paths:
-        for path in history_files(given):
-            try:
-                text = path.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                if missing_ok:
-                    continue
-                raise HistoryError(f"{path}: no such history file") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise HistoryError(f"{path}: cannot read: {e}") from None
-            for lineno, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise HistoryError(f"{path}:{lineno}: not JSON: {e.msg}") from None
-                records.append(_record_from(obj, f"{path}:{lineno}"))
+    """Every record of the given stores (files, or directories of ``*.jsonl``), in file order;
+    :class:`HistoryError` for the first bad line or store (:func:`read_stores` keeps the good)."""
+    records, problems = read_stores(paths, missing_ok=missing_ok)
+    if problems:
+        raise HistoryError(problems[0])
     return records
+
+
+def dropped_warning(problems: list[str], what: str = "history") -> str:
+    """One warning for the lines a reader dropped: the first few, and how many in all."""
+    head = "; ".join(problems[:MAX_PROBLEMS_SHOWN])
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    return f"{what}: {len(problems)} bad line(s) or store(s) dropped, the rest used: {head}" + (
+        f"; and {more} more" if more > 0 else ""
+    )
 
 
 def compact(records: Iterable[Record], *, keep: int = 50) -> list[Record]:
@@ -353,21 +486,28 @@ def append_flakes(path: Path | str, records: Iterable[FlakeRecord]) -> int:
     return append_jsonl(path, (r.to_json() for r in records))
 
 
-def flake_counts(path: Path) -> dict[tuple[str, str], int]:
-    """How many retried attempts the record holds per (file, arch); unreadable lines are named."""
+def read_flakes(path: Path) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """``(retried attempts per (file, arch), problems)`` of the flake record: a line that is not
+    a flake record is dropped with a problem naming ``path:line`` (see the module docstring)."""
     counts: dict[tuple[str, str], int] = {}
-    if not path.is_file():
-        return counts
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    values, problems = read_lines(path, missing_ok=True)
+    for where, obj in values:
+        file = obj.get("file") if isinstance(obj, dict) else None
+        arch = obj.get("arch") if isinstance(obj, dict) else None
+        if not (
+            isinstance(file, str)
+            and isinstance(arch, str)
+            and len(file) <= MAX_PATH_CHARS
+            and len(arch) <= MAX_NAME_CHARS
+        ):
+            problems.append(
+                f"{where}: not a flake record line (an object with `file` and `arch` strings of "
+                f"at most {MAX_PATH_CHARS} and {MAX_NAME_CHARS} characters)"
+            )
             continue
-        try:
-            obj = json.loads(line)
-            key = (obj["file"], obj["arch"])
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise HistoryError(f"{path}:{lineno}: not a flake record line ({e})") from None
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+        counts[(file, arch)] = counts.get((file, arch), 0) + 1
+    problems.sort(key=_where_order)
+    return counts, problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,10 +549,12 @@ def run(command: str, args: argparse.Namespace) -> int:
             n = append(args.out, records)
             print(f"history: {n} record(s) from {args.junit} appended to {args.out}")
         else:
-            records = compact(load(args.inputs, missing_ok=True), keep=args.keep)
-            n = write(args.out, records)
+            records, problems = read_stores(args.inputs, missing_ok=True)
+            for problem in problems:
+                print(plain(f"history: dropped {problem}"), file=sys.stderr)
+            n = write(args.out, compact(records, keep=args.keep))
             print(f"history: {n} record(s) from {len(args.inputs)} input(s) written to {args.out}")
     except HistoryError as e:
-        print(f"history: {e}", file=sys.stderr)
+        print(plain(f"history: {e}"), file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,12 @@ Invariants:
 - A file named explicitly on the command line that is not registered for the lane is an error,
   not a silent deselection.
 - Paths excluded from the registry (``[tool.mizzen.registry] exclude``) are never collected.
+- A file is known by its own path, never by a link's target: a symbolic link named like a test
+  file is a collection error carrying the registry's "symlink" violation, not a second copy of
+  the file it points at.
+- Every path, reason and registry message it reports goes through
+  :func:`mizzen_ci.output.plain` (a file name or a skip reason cannot print a workflow command or
+  a terminal escape); a malformed ``[tool.mizzen.registry]`` is a usage error naming the file.
 
 Truth rules (what is declared is what runs):
 - GPU lane: each test checks, before its fixtures run, that the GPUs it sees are of the lane's
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .fleet import CPU_LANE, FLEET_RELATIVE_PATH, Fleet, lane_name, load_fleet
+from .output import plain
 from .registry import (
     Backend,
     Registration,
@@ -46,6 +53,7 @@ from .registry import (
     registry_excludes,
     runs_in,
 )
+from .sources import ConfigError
 
 LANE_ENV = "MIZZEN_LANE"
 CAPABILITY_ENV = "MIZZEN_COMPUTE_CAPABILITY"
@@ -64,8 +72,11 @@ class LaneState:
     cuda_init_reported: bool = False
 
     def rel(self, path: Path) -> str | None:
+        """``path`` relative to the root, its directories resolved but not its last component:
+        a symbolic link is judged as itself (the registry reports it), never as its target."""
+        p = Path(path)
         try:
-            return Path(path).resolve().relative_to(self.root).as_posix()
+            return (p.parent.resolve() / p.name).relative_to(self.root).as_posix()
         except ValueError:
             return None
 
@@ -105,11 +116,16 @@ def pytest_configure(config) -> None:
     lane = config.getoption("--mizzen-lane") or os.environ.get(LANE_ENV) or CPU_LANE
     if lane != CPU_LANE and lane not in fleet.arch_names:
         raise pytest.UsageError(
-            f"mizzen: unknown lane {lane!r}; use cpu or one of {', '.join(fleet.arch_names)} "
-            f"(from {FLEET_RELATIVE_PATH})"
+            plain(
+                f"mizzen: unknown lane {lane!r}; use cpu or one of {', '.join(fleet.arch_names)} "
+                f"(from {FLEET_RELATIVE_PATH})"
+            )
         )
-    excludes = registry_excludes(root)
-    registry = read_registry(root, fleet)
+    try:
+        excludes = registry_excludes(root)
+        registry = read_registry(root, fleet)
+    except ConfigError as e:
+        raise pytest.UsageError(plain(f"mizzen: {e}")) from None
     state = LaneState(
         root, fleet, lane, registry.by_path(), registry.violations_by_path(), excludes
     )
@@ -168,13 +184,13 @@ def _node_classes():
         """A test file whose registration is broken: fails collection with the registry's errors."""
 
         def collect(self):
-            raise self.CollectError("\n".join(str(e) for e in self.mizzen_errors))
+            raise self.CollectError("\n".join(plain(e) for e in self.mizzen_errors))
 
     class WrongLaneFile(pytest.File):
         """A file named on the command line that its registration does not put in this lane."""
 
         def collect(self):
-            raise self.CollectError(self.mizzen_message)
+            raise self.CollectError(plain(self.mizzen_message))
 
     class DisabledItem(pytest.Item):
         mizzen_disabled = True
@@ -190,7 +206,8 @@ def _node_classes():
 
         def collect(self):
             item = DisabledItem.from_parent(self, name="disabled")
-            item.add_marker(pytest.mark.skip(reason=f"disabled in registry: {self.mizzen_reason}"))
+            reason = plain(f"disabled in registry: {self.mizzen_reason}")
+            item.add_marker(pytest.mark.skip(reason=reason))
             yield item
 
     return RegistryErrorFile, WrongLaneFile, DisabledFile
@@ -333,7 +350,7 @@ def _truth_rules_class():
             cc = self.state.capability_input or "probed"
             return (
                 f"{what + ' ' if what else ''}skipped on hardware it declared (lane {self.state.lane}, compute "
-                f"capability {cc}): {reason}\nA skip on a GPU lane is a failure: the test was "
+                f"capability {plain(cc)}): {plain(reason)}\nA skip on a GPU lane is a failure: the test was "
                 "dispatched here because its registration declares this generation. Fix: make it "
                 'run here, or set `disabled="<reason>"` in its registration (the only way not to '
                 "run)"
@@ -358,7 +375,7 @@ def _truth_rules_class():
             if problem is None and reg is not None:
                 problem = device_count_problem(reg)
             if problem is not None:
-                pytest.fail(f"mizzen truth rule: {problem}", pytrace=False)
+                pytest.fail(plain(f"mizzen truth rule: {problem}"), pytrace=False)
 
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_makereport(self, item, call):
@@ -375,7 +392,7 @@ def _truth_rules_class():
                     report.longrepr = self._skip_message("", _skip_reason(report.longrepr))
             elif not state.cuda_init_reported and _cuda_initialised():
                 state.cuda_init_reported = True
-                message = (
+                message = plain(
                     f"{item.nodeid} initialised CUDA on the CPU lane (torch.cuda.is_initialized() "
                     f"became true during {report.when}). A CPU-lane test must never initialise "
                     "CUDA. Fix: keep it on the CPU (device='cpu', no .cuda(), no torch.cuda calls "

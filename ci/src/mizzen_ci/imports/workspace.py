@@ -9,7 +9,9 @@ workspace, packages located by name, and root-relative paths.
 - ``root_relative(path, root)`` / ``relative_dirs(dirs, root)``: paths as the CI names them.
 
 Invariants: stdlib only; walks are sorted (deterministic); a module name defined twice keeps the
-first and records a :class:`GraphProblem`; nothing here parses a file.
+first and records a :class:`GraphProblem`; nothing here parses a file.  The workspace's members
+are read from the checkout's ``pyproject.toml``, so they are checked: relative, inside the
+repository, or a :class:`~mizzen_ci.sources.ConfigError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..sources import ConfigError, read_bytes
 
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
@@ -158,21 +162,61 @@ def locate_packages(root: Path, names: Iterable[str], max_depth: int = 4) -> dic
 def workspace_source_dirs(root: Path) -> list[Path]:
     """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
     the member directory), from ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; plus
-    ``root/src`` when present.  Empty when ``root`` is no uv workspace."""
+    ``root/src`` when present.  Empty when ``root`` is no uv workspace.  The members come from the
+    checkout: each must be a relative glob without ``..`` whose matches lie inside ``root`` (a
+    member reached through a link out of it is not read); otherwise :class:`ConfigError`."""
     out: list[Path] = []
     pyproject = root / "pyproject.toml"
-    members: list[str] = []
-    if pyproject.is_file():
-        with pyproject.open("rb") as f:
-            data = tomllib.load(f)
-        members = data.get("tool", {}).get("uv", {}).get("workspace", {}).get("members", [])
-    for pattern in members:
+    for pattern in _members(pyproject):
         for member in sorted(root.glob(pattern)):
+            if not _inside(member, root):
+                raise ConfigError(
+                    f"{pyproject}: [tool.uv.workspace] member {member} ({pattern!r}) lies outside "
+                    "the repository (a link?); list members inside it"
+                )
             if (member / "pyproject.toml").is_file():
                 out.append(member / "src" if (member / "src").is_dir() else member)
     if (root / "src").is_dir() and root / "src" not in out:
         out.append(root / "src")
     return out
+
+
+def _members(pyproject: Path) -> list[str]:
+    """``[tool.uv.workspace] members`` of ``pyproject`` (none when it does not exist), checked."""
+    try:
+        source, _ = read_bytes(pyproject, 1024 * 1024)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise ConfigError(f"{pyproject}: cannot read: {e}") from None
+    try:
+        data = tomllib.loads(source.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+        raise ConfigError(f"{pyproject}: not valid TOML (UTF-8): {e}; fix the file") from None
+    table: object = data
+    for key in ("tool", "uv", "workspace"):
+        table = table.get(key, {}) if isinstance(table, dict) else None
+    members = table.get("members", []) if isinstance(table, dict) else None
+    fix = 'list relative globs inside the repository, e.g. `members = ["packages/*"]`'
+    if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+        raise ConfigError(
+            f"{pyproject}: [tool.uv.workspace] members must be a list of globs; {fix}"
+        )
+    for m in members:
+        if os.path.isabs(m) or ".." in Path(m).parts or not m.isprintable():
+            raise ConfigError(
+                f"{pyproject}: [tool.uv.workspace] member {m!r} is absolute or climbs out with "
+                f"`..`; {fix}"
+            )
+    return members
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def relative_dirs(dirs: Iterable[Path], root: Path) -> list[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..fleet import FLEET_RELATIVE_PATH, add_root_and_fleet_arguments, lane_name, root_and_fleet
 from ..imports import workspace_source_dirs
+from ..output import plain, plain_lines
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
 from .progress import Progress
@@ -140,7 +141,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         return _run(options)
     except LaneRefusal as e:
-        print(f"mizzen-ci gpu-lane {args.arch}: {e}", file=sys.stderr)
+        print(plain_lines(f"mizzen-ci gpu-lane {args.arch}: {e}"), file=sys.stderr)
         return 2
 
 
@@ -177,7 +178,7 @@ def _run(args: argparse.Namespace) -> int:
         + f"; reports in {report_dir}"
     )
     for message in sel.broken:
-        print(f"REGISTRY ERROR {message}", file=sys.stderr)
+        print(plain(f"REGISTRY ERROR {message}"), file=sys.stderr)
 
     config = RunnerConfig(
         root=root,

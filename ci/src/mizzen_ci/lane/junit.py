@@ -9,15 +9,33 @@ Invariants:
   suite with one ``<error>`` testcase carrying the reason and the tail of its output: a file
   never vanishes from the report.
 - Reading a report never guesses: an unreadable file is a :class:`JunitError` naming it.
+- A report is written by the test process, i.e. by the code under test, so it is read as hostile
+  input: a regular file (never through a link, never a FIFO: :func:`mizzen_ci.sources.read_bytes`)
+  of at most :data:`MAX_JUNIT_BYTES`; a document with a DTD or entity declarations (pytest writes
+  none; they are how entity-expansion attacks work) or with NUL bytes (UTF-16/32: the byte scan
+  could not see a DTD) is refused before it is parsed; elements nest at most :data:`MAX_DEPTH`
+  deep (the writer and ``ET.indent`` recurse); a copied testcase keeps at most
+  :data:`MAX_TEXT_CHARS` of each text; a ``time`` that is not a finite number ≥ 0 counts as 0.
+- Text the lane itself puts in the report (reasons, output tails, properties) goes through
+  :func:`mizzen_ci.output.xml_text`: a test's output may hold characters XML 1.0 cannot.
 """
 
 from __future__ import annotations
 
-import contextlib
+import math
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..output import xml_text
+from ..sources import read_bytes
+
+MAX_JUNIT_BYTES = 64 * 1024 * 1024
+MAX_DEPTH = 64  # pytest writes 4 levels
+MAX_TEXT_CHARS = 256 * 1024  # of each text of a copied testcase (captured output can be huge)
+_FEED_BYTES = 1024 * 1024
 
 
 class JunitError(ValueError):
@@ -49,15 +67,60 @@ class FileReport:
     seconds: float = 0.0
 
 
+def _parse(path: Path | str) -> ET.Element:
+    """The root element of a junit report, read as hostile input (see the module docstring)."""
+    try:
+        data, _ = read_bytes(path, MAX_JUNIT_BYTES)
+    except OSError as e:
+        raise JunitError(f"{path}: cannot read junit XML: {e}") from None
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+        raise JunitError(
+            f"{path}: cannot read junit XML: it declares a DTD or entities, which a junit report "
+            "never has (refused: entity expansion)"
+        )
+    if b"\x00" in data:
+        raise JunitError(f"{path}: cannot read junit XML: it holds NUL bytes (write it as UTF-8)")
+    parser = ET.XMLPullParser(events=("start", "end"))
+    root, depth = None, 0
+    try:
+        for start in range(0, max(len(data), 1), _FEED_BYTES):
+            parser.feed(data[start : start + _FEED_BYTES])
+            for event, element in parser.read_events():
+                if event == "end":
+                    depth -= 1
+                    continue
+                depth += 1
+                root = element if root is None else root
+                if depth > MAX_DEPTH:
+                    raise JunitError(
+                        f"{path}: cannot read junit XML: elements nest over {MAX_DEPTH} deep "
+                        "(a junit report nests 4)"
+                    )
+        parser.close()
+    except ET.ParseError as e:
+        raise JunitError(f"{path}: cannot read junit XML: {e}") from None
+    if root is None:
+        raise JunitError(f"{path}: cannot read junit XML: no element")
+    return root
+
+
 def read_testcases(path: Path | str) -> list[ET.Element]:
     """Every ``<testcase>`` of a junit report (pytest writes ``<testsuites><testsuite>…``)."""
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as e:
-        raise JunitError(f"{path}: cannot read junit XML: {e}") from None
+    root = _parse(path)
     if root.tag not in ("testsuites", "testsuite"):
-        raise JunitError(f"{path}: root element is <{root.tag}>, not <testsuites>/<testsuite>")
+        raise JunitError(
+            f"{path}: root element is <{xml_text(root.tag)[:40]}>, not <testsuites>/<testsuite>"
+        )
     return list(root.iter("testcase"))
+
+
+def testcase_seconds(case: ET.Element) -> float:
+    """The ``time`` of a testcase; 0 when it is not a finite number ≥ 0."""
+    try:
+        t = float(case.get("time") or 0.0)
+    except ValueError:
+        return 0.0
+    return t if math.isfinite(t) and t >= 0 else 0.0
 
 
 def testcase_outcome(case: ET.Element) -> str:
@@ -85,8 +148,7 @@ def counts_of(cases: Iterable[ET.Element]) -> Counts:
             failures += 1
         elif outcome == "skipped":
             skipped += 1
-        with contextlib.suppress(ValueError):
-            time += float(case.get("time") or 0.0)
+        time += testcase_seconds(case)
     return Counts(tests, failures, errors, skipped, round(time, 3))
 
 
@@ -107,11 +169,24 @@ def first_problem(path: Path | str, limit: int = 160) -> str | None:
 
 def _error_case(file: str, message: str, text: str, seconds: float) -> ET.Element:
     case = ET.Element(
-        "testcase", classname=file.removesuffix(".py").replace("/", "."), name="[test file run]"
+        "testcase",
+        classname=xml_text(file.removesuffix(".py").replace("/", ".")),
+        name="[test file run]",
     )
     case.set("time", f"{seconds:.3f}")
-    err = ET.SubElement(case, "error", message=message)
-    err.text = text
+    err = ET.SubElement(case, "error", message=xml_text(message))
+    err.text = xml_text(text)
+    return case
+
+
+def _bounded(case: ET.Element) -> ET.Element:
+    """``case`` with each text and tail cut to :data:`MAX_TEXT_CHARS` (in place)."""
+    for element in case.iter():
+        for attr in ("text", "tail"):
+            value = getattr(element, attr)
+            if value is not None and len(value) > MAX_TEXT_CHARS:
+                cut = len(value) - MAX_TEXT_CHARS
+                setattr(element, attr, value[:MAX_TEXT_CHARS] + f"\n[… {cut} characters cut]")
     return case
 
 
@@ -125,18 +200,18 @@ def _set_counts(element: ET.Element, counts: Counts) -> None:
 
 def merge(reports: Iterable[FileReport], *, name: str) -> ET.ElementTree:
     """One report for the lane: a suite per file, totals recomputed."""
-    top = ET.Element("testsuites", name=name)
+    top = ET.Element("testsuites", name=xml_text(name))
     all_cases: list[ET.Element] = []
     for report in reports:
-        suite = ET.SubElement(top, "testsuite", name=report.file)
+        suite = ET.SubElement(top, "testsuite", name=xml_text(report.file))
         if report.properties:
             props = ET.SubElement(suite, "properties")
             for key, value in report.properties.items():
-                ET.SubElement(props, "property", name=key, value=str(value))
+                ET.SubElement(props, "property", name=xml_text(key), value=xml_text(value))
         cases: list[ET.Element] = []
-        if report.junit is not None and report.junit.is_file():
+        if report.junit is not None and os.path.lexists(report.junit):  # what is there, said
             try:
-                cases = read_testcases(report.junit)
+                cases = [_bounded(c) for c in read_testcases(report.junit)]
             except JunitError as e:
                 cases = [_error_case(report.file, str(e), report.output_tail, report.seconds)]
         elif report.error is None:

@@ -9,26 +9,60 @@ Invariants:
   leased while that process lives even if the runner dies, and are free as soon as both are gone.
 - Acquisition is all-or-nothing: either every requested GPU is leased, or none is held on return.
 - The lock file's content names the holder (pid, host, what it runs) for diagnostics only; the
-  lock, not the content, is the truth.
+  lock, not the content, is the truth.  It is read as hostile text (a regular file, at most
+  :data:`NOTE_BYTES`, shown through :func:`mizzen_ci.output.plain`).
+
+Safety (a lane may run as root in a directory other users can write to):
+- The lease directory is opened with ``O_NOFOLLOW | O_DIRECTORY`` and checked on the open
+  descriptor: it is refused (:class:`LeaseDirError`, naming the path and the fix) when it is a
+  symbolic link or no directory, when it is owned by neither the current user nor root, or when
+  it is group- or world-writable without the sticky bit.  A directory this process creates gets
+  mode ``1777`` (sticky: every user's lanes share it; no one removes or renames another's files);
+  to share leases between users, create it as root.
+- Lock files are opened relative to that descriptor with ``O_NOFOLLOW | O_NONBLOCK`` and checked
+  after opening: a regular file with one link (a planted symbolic link, hard link or FIFO is
+  refused, so a lane never truncates or writes anything but a lock file); a new one is created
+  with ``O_EXCL`` and only that new file is ``fchmod`` ed to ``0666``: an existing file's mode is
+  never changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..output import plain
+from ..sources import kind_of, read_bytes
+from .refusal import LaneRefusal
+
 LEASE_DIR_ENV = "MIZZEN_GPU_LEASE_DIR"
 DEFAULT_LEASE_DIR = Path("/tmp/mizzen-gpu-leases")
+NOTE_BYTES = 4096
+_FILE_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LeaseTimeout(TimeoutError):
     """The GPUs stayed leased by someone else for longer than the allowed wait."""
+
+
+class LeaseDirError(LaneRefusal):
+    """The lease directory or a lock file in it is unsafe to use; the message names the path,
+    what is wrong and the fix."""
+
+
+_FIX_DIR = (
+    f"use a directory of your own (`{LEASE_DIR_ENV}=/path` or `--lease-dir`), or have root "
+    "create a shared one with mode 1777"
+)
 
 
 def default_lease_dir() -> Path:
@@ -61,6 +95,13 @@ class Lease:
         return f"Lease({', '.join(self.keys)})"
 
 
+def _kind(path: Path) -> str:
+    try:
+        return kind_of(os.lstat(path).st_mode)
+    except OSError:
+        return "missing"
+
+
 class LeaseDir:
     """The shared directory of per-GPU lock files."""
 
@@ -70,34 +111,122 @@ class LeaseDir:
     def lock_path(self, key: str) -> Path:
         return self.path / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}.lock"
 
+    def _refuse(self, path: Path | str, problem: str, fix: str = _FIX_DIR) -> LeaseDirError:
+        return LeaseDirError(plain(f"GPU lease directory: {path} {problem}. Fix: {fix}"))
+
+    def _dir_fd(self) -> int:
+        """A descriptor of the checked lease directory (created when missing; see the module
+        docstring); :class:`LeaseDirError` when it is unsafe."""
+        path = self.path
+        created = False
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another lane made it first: check it
+                os.mkdir(path, 0o700)
+                created = True
+        except OSError as e:
+            raise self._refuse(path, f"cannot be examined ({e.strerror})") from None
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._refuse(path, f"is {_kind(path)}, not a directory") from None
+            raise self._refuse(path, f"cannot be opened ({e.strerror})") from None
+        try:
+            if created:  # ours, just made: shared, sticky (nobody removes another's files)
+                os.fchmod(fd, 0o1777)
+            st = os.fstat(fd)
+            if st.st_uid not in (os.geteuid(), 0):
+                raise self._refuse(
+                    path,
+                    f"is owned by uid {st.st_uid}, neither this user ({os.geteuid()}) nor root: "
+                    "its owner could swap the lock files",
+                )
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                raise self._refuse(
+                    path,
+                    f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}) without the "
+                    "sticky bit: anyone could replace the lock files",
+                    f"`chmod +t {path}` (or {_FIX_DIR})",
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def check(self) -> None:
+        """Create the lease directory if needed and check that it is safe to use (see the module
+        docstring); :class:`LeaseDirError` says why not."""
+        os.close(self._dir_fd())
+
     def _open(self, key: str) -> int:
-        if not self.path.is_dir():
-            self.path.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):  # shared by every user's lanes on the host
-                self.path.chmod(0o1777)
-        fd = os.open(self.lock_path(key), os.O_RDWR | os.O_CREAT, 0o666)
-        with contextlib.suppress(OSError):
-            os.fchmod(fd, 0o666)
+        """A descriptor of ``key``'s lock file (created when missing), checked to be a regular
+        file with one link; never follows a link, never changes an existing file's mode."""
+        name = self.lock_path(key).name
+        dir_fd = self._dir_fd()
+        try:
+            created = False
+            try:
+                fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+            except FileNotFoundError:
+                try:
+                    fd = os.open(name, _FILE_FLAGS | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
+                    created = True
+                except FileExistsError:  # another lane created it in between
+                    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as e:
+            path = self.lock_path(key)
+            if e.errno in (errno.ELOOP, errno.ENXIO):
+                what = "a symbolic link" if e.errno == errno.ELOOP else "a socket"
+                raise self._refuse(
+                    path, f"is {what}, not a lock file", f"remove it (`rm {path}`)"
+                ) from None
+            raise self._refuse(path, f"cannot be opened ({e.strerror})", "remove it") from None
+        finally:
+            os.close(dir_fd)
+        try:
+            st = os.fstat(fd)
+            path = self.lock_path(key)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse(
+                    path, f"is {kind_of(st.st_mode)}, not a lock file", f"remove it (`rm {path}`)"
+                )
+            if st.st_nlink != 1:
+                raise self._refuse(
+                    path,
+                    f"has {st.st_nlink} hard links: it may be another file's name",
+                    f"remove it (`rm {path}`)",
+                )
+            if created:  # our own new file: readable and lockable by every user's lanes
+                os.fchmod(fd, 0o666)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def try_acquire(self, keys: Sequence[str], n: int, holder: str = "") -> Lease | None:
         """Lease ``n`` of ``keys`` (first lockable ones, in order) without waiting, or ``None``."""
         held: list[tuple[str, int]] = []
-        for key in keys:
-            if len(held) == n:
-                break
-            fd = self._open(key)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            except OSError:
-                os.close(fd)
-                for _, f in held:
-                    os.close(f)
-                raise
-            held.append((key, fd))
+        try:
+            for key in keys:
+                if len(held) == n:
+                    break
+                fd = self._open(key)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                except BaseException:
+                    os.close(fd)
+                    raise
+                held.append((key, fd))
+        except BaseException:  # a refused lock file, an I/O error: hold nothing
+            for _, f in held:
+                os.close(f)
+            raise
         if len(held) < n:
             for _, fd in held:
                 os.close(fd)
@@ -135,11 +264,11 @@ class LeaseDir:
         """Who holds which of ``keys`` (from the lock files' notes), for error messages."""
         out = []
         for key in keys:
-            path = self.lock_path(key)
             try:
-                note = path.read_text().strip()
-            except OSError:
+                data, _ = read_bytes(self.lock_path(key), NOTE_BYTES)
+            except OSError:  # missing, too long, or no regular file: nothing to believe
                 continue
+            note = data.decode("utf-8", errors="replace").strip()
             if note:
-                out.append(f"{key}: {note}")
+                out.append(plain(f"{key}: {note[:200]}"))
         return "; ".join(out) or "unknown"

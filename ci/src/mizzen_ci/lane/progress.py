@@ -2,7 +2,9 @@
 
 Invariant: on a terminal it is one status line redrawn in place (files done/total, GPUs busy,
 what runs); in CI (``CI`` set) or when stdout is not a terminal every event is one plain line and
-nothing is redrawn.
+nothing is redrawn.  Event and status text (file names, a test's failure message) goes through
+:func:`mizzen_ci.output.plain_lines` / :func:`~mizzen_ci.output.plain`: the only control
+characters written are the redraw's own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TextIO
+
+from ..output import plain, plain_lines
 
 
 class Progress:
@@ -38,7 +42,7 @@ class Progress:
 
     def event(self, line: str) -> None:
         self._clear()
-        self.stream.write(line + "\n")
+        self.stream.write(plain_lines(line) + "\n")
         self.stream.flush()
 
     def status(self, running: dict[str, tuple[str, ...]], force: bool = False) -> None:
@@ -49,7 +53,7 @@ class Progress:
             return
         self._last_draw = now
         busy = sum(len(g) for g in running.values())
-        names = ", ".join(Path(k).name for k in sorted(running))
+        names = plain(", ".join(Path(k).name for k in sorted(running)))
         line = f"[{self.done}/{self.total} files] GPUs busy {busy}/{self.gpus} · {names}"
         width = shutil.get_terminal_size((120, 24)).columns
         self._clear()

@@ -9,6 +9,10 @@ Invariants:
 - Outputs, under the report directory: the merged ``junit.xml``, ``summary.txt``/``summary.md``/
   ``summary.json`` (and ``$GITHUB_STEP_SUMMARY`` when set); durations go to the history store.
   A file that ran nothing or was not runnable in CI is an error in the junit, never missing.
+- Every path, reason and message in the summaries goes through the medium's one escaping function
+  (:mod:`mizzen_ci.output`; the table renderers escape every cell): a test's output, a skip
+  reason or a file name cannot break a table, inject Markdown or print a workflow command.  At
+  most :data:`TAIL_BYTES` of a test's log are read (for its junit error case).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 
 from .. import history
 from ..fleet import lane_name
-from ..output import markdown_table, text_table
+from ..output import markdown as markdown_text
+from ..output import markdown_table, plain, text_table
+from ..sources import read_tail
 from . import junit
 from .runner import FileResult, LaneFile
 
@@ -270,7 +276,11 @@ def write_reports(
     """Write every output of the lane (see the module docstring); the lane's exit code."""
     flakes = flake_records(outcome)
     history.append_flakes(flake_path, flakes)
-    record_counts = history.flake_counts(flake_path) if flakes else {}
+    record_counts: dict[tuple[str, str], int] = {}
+    if flakes:
+        record_counts, problems = history.read_flakes(flake_path)
+        if problems:
+            print(plain(history.dropped_warning(problems, f"flake record {flake_path}")))
     rows = summary_rows(outcome)
     name = lane_name(outcome.arch)
     junit.write(
@@ -281,10 +291,11 @@ def write_reports(
 
     table = summary_tables(rows, flakes, record_counts)
     last, failed = verdict(outcome, rows)
-    print(f"\n{table}\n\n{last}\nmerged junit: {report_dir / 'junit.xml'}")
-    (report_dir / "summary.txt").write_text(f"{table}\n\n{last}\n")
+    print(f"\n{table}\n\n{plain(last)}\nmerged junit: {plain(report_dir / 'junit.xml')}")
+    (report_dir / "summary.txt").write_text(f"{table}\n\n{plain(last)}\n")
     markdown = (
-        f"### {name}\n\n{summary_tables(rows, flakes, record_counts, markdown=True)}\n\n{last}\n"
+        f"### {markdown_text(name)}\n\n{summary_tables(rows, flakes, record_counts, markdown=True)}"
+        f"\n\n{markdown_text(last)}\n"
     )
     (report_dir / "summary.md").write_text(markdown)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
@@ -294,7 +305,16 @@ def write_reports(
     return 1 if failed else 0
 
 
+TAIL_BYTES = 64 * 1024  # of a test's log, into the merged junit (a log may be any size)
+
+
 def _tail(log: Path | None, lines: int = 60) -> str:
-    if log is None or not log.is_file():
+    """The last ``lines`` lines of a test's log (of its last :data:`TAIL_BYTES`), for the junit
+    report; empty when the log is missing or is no regular file."""
+    if log is None:
         return ""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    try:
+        data = read_tail(log, TAIL_BYTES)
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])

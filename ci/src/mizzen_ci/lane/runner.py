@@ -16,6 +16,9 @@ Invariants:
 - The pytest plugin is loaded explicitly (``-p mizzen_ci.pytest_plugin``) when it is not
   installed as an entry point, so a lane works with the workspace only on ``PYTHONPATH``.
 - If the runner is interrupted, every running group is killed before it returns.
+- A file's log is written by the code under test: the retry classifier reads only its last
+  :data:`CLASSIFY_BYTES` (never through a link: :func:`mizzen_ci.sources.read_tail`), and the
+  lease directory is checked before anything runs (:meth:`.leases.LeaseDir.check`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from .. import __file__ as _package_init
 from ..fleet import lane_name
+from ..sources import read_tail
 from .hardware import Gpu
 from .junit import Counts, JunitError, first_problem, read_counts
 from .leases import Lease, LeaseDir
@@ -42,6 +46,7 @@ from .retry import Classification, classify
 
 PLUGIN_MODULE = "mizzen_ci.pytest_plugin"
 POLL_S = 0.05
+CLASSIFY_BYTES = 8 * 1024 * 1024  # of a failed file's log, read for the retry classifier
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,7 @@ class GpuLaneRunner:
         self.progress = progress
         self.gpu_of = {g.lease_key: g for g in config.gpus}
         self.leases = LeaseDir(config.lease_dir)
+        self.leases.check()  # an unsafe lease directory refuses the lane before anything runs
         self.files_dir = config.report_dir / "files"
         self._plugin_args = plugin_args()
         self._running: dict[str, _Running] = {}
@@ -264,7 +270,10 @@ class GpuLaneRunner:
                         detail += f"; first: {first}"
         classification = None
         if outcome != "passed":
-            text = r.log.read_text(errors="replace") if r.log.is_file() else ""
+            try:  # a log may be any size (the test writes it): its end holds the evidence
+                text = read_tail(r.log, CLASSIFY_BYTES).decode("utf-8", errors="replace")
+            except OSError:
+                text = ""
             classification = classify(text, timed_out=timed_out)
         return Attempt(
             number, r.gpus, seconds, outcome, detail, r.log, r.junit, code, counts, classification

@@ -40,6 +40,7 @@ from ..fleet import (
     parse_fleet,
     root_and_fleet,
 )
+from ..sources import RefusedFile, read_bytes
 from . import report
 from .change import Change, GitError, file_at, git_change
 from .index.cache_home import CacheDirError, check_cache_dir, default_cache_dir
@@ -173,7 +174,7 @@ def run(command: str, args: argparse.Namespace) -> int:
             return _comment(args)
         return _plan(args)
     except (RequestError, PlanInputError) as e:
-        print(f"mizzen-ci {command}: {e}", file=sys.stderr)
+        print(output.plain(f"mizzen-ci {command}: {e}"), file=sys.stderr)
         return 2
 
 
@@ -198,12 +199,12 @@ def _comment(args: argparse.Namespace) -> int:
 
 
 def _read_comment(path: Path) -> str:
-    try:
-        data = path.read_bytes()
+    try:  # a regular file only (a FIFO would block), at most what GitHub can hold
+        data, _ = read_bytes(path, limit=4 * MAX_COMMENT_BYTES)
+    except RefusedFile as e:
+        raise PlanInputError(str(e)) from None
     except OSError as e:
         raise PlanInputError(f"{path}: cannot read the comment: {e.strerror}") from None
-    if len(data) > 4 * MAX_COMMENT_BYTES:
-        raise PlanInputError(f"{path}: {len(data)} bytes is longer than any GitHub comment")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -38,7 +38,9 @@ Invariants:
   ``Plan.from_json(plan.to_json()) == plan``; the JSON of a plan is a pure function of the plan.
 - :meth:`Plan.from_json` checks every field (type, range) and raises :class:`PlanError` naming the
   field's path (``jobs[2].tests[0].num_gpus``), what was found and the fix; a plan file from
-  elsewhere is never believed half-read.
+  elsewhere is never believed half-read.  :meth:`Plan.load` reads a regular file of at most
+  :data:`MAX_PLAN_BYTES` (:func:`mizzen_ci.sources.read_bytes`); JSON that is not UTF-8, nests
+  too deep or spells a number Python will not convert is a :class:`PlanError`, never a traceback.
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..sources import read_bytes
+
 PLAN_VERSION = 1
 # Seconds a plan may state: finite, non-negative and below a century (a planner never writes more).
 MAX_SECONDS = 100 * 365 * 86400.0
+MAX_PLAN_BYTES = 64 * 1024 * 1024
 
 
 class PlanError(ValueError):
@@ -234,9 +239,14 @@ class Plan(_Record):
         """A plan written by ``mizzen-ci plan --output``; :class:`PlanError` when it is not one."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
+            data = json.loads(read_bytes(path, MAX_PLAN_BYTES)[0].decode("utf-8"))
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, not JSON, a 5000-digit number
             raise PlanError(f"{path}: cannot read the plan: {e}") from None
+        except RecursionError:
+            raise PlanError(
+                f"{path}: cannot read the plan: JSON nested too deep; write it with "
+                "`mizzen-ci plan --output`"
+            ) from None
         return cls.from_json(data, str(path))
 
     def job(self, job_id: str) -> Job:
@@ -296,7 +306,8 @@ class _Reader:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not (math.isfinite(value) and 0 <= value <= MAX_SECONDS)
+            or (isinstance(value, float) and not math.isfinite(value))
+            or not 0 <= value <= MAX_SECONDS  # an int of any size compares; never converted
         ):
             raise self._bad(key, "a number of seconds (finite, ≥ 0, under a century)", value)
         return value

@@ -10,26 +10,32 @@ Invariants:
   never different.
 - Every enabled registered test is scheduled or listed in ``not_scheduled`` with its reason;
   registry violations are listed and also in ``errors``.
+- Every number that reaches the packing is finite and bounded: ``est_time`` and recorded
+  durations by the registry's ceiling (7 days), the budget by :data:`MAX_BUDGET_SECONDS`; so job
+  timeouts cannot overflow.  Bad history lines are dropped with one warning naming them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import history
 from ..fleet import Fleet
+from ..registry.rules import MAX_EST_TIME_SECONDS
 from .change import Change
 from .impact import Analyser, Impact
 from .index import CACHE_FILE, PlanIndex, build_index
 from .jobs import pack_jobs
 from .model import Plan, SelectionSummary
-from .request import Inputs, Request, build_request
+from .request import Inputs, Request, RequestError, build_request
 from .selection import select
 
 DEFAULT_BUDGET_MINUTES = 60
 DEFAULT_MIN_JOB_MINUTES = 5
 HISTORY_DIR = Path(".ci-artifacts") / "history"
+MAX_BUDGET_SECONDS = MAX_EST_TIME_SECONDS  # a job budget over 7 days is a typo
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ def build_plan(
     the arches, pools and runner labels come from (default: ``fleet``; for a pull request the
     caller passes the base revision's)."""
     root = Path(root).resolve()
+    _check_options(options)
     pools = pools or fleet
     request = build_request(inputs, pools)
     everything = request.cpu_all and request.gpu_all
@@ -113,6 +120,22 @@ def _shown_path(path: Path, root: Path) -> str:
         return str(path)
 
 
+def _check_options(options: PlanOptions) -> None:
+    """The budget and the minimum job are finite and bounded (a job's timeout is computed from
+    them, so ``inf`` or ``nan`` must never reach the packing): :class:`RequestError` otherwise."""
+    budget, min_job = options.budget_seconds, options.min_job_seconds
+    if not (math.isfinite(budget) and 0 < budget <= MAX_BUDGET_SECONDS):
+        raise RequestError(
+            f"the job budget must be a finite number of minutes from more than 0 to "
+            f"{MAX_BUDGET_SECONDS // 60} (7 days), got {budget / 60:g} (--budget-minutes)"
+        )
+    if not (math.isfinite(min_job) and 0 <= min_job <= budget):
+        raise RequestError(
+            f"the minimum job must be a finite number of minutes from 0 to the budget, got "
+            f"{min_job / 60:g} (--min-job-minutes)"
+        )
+
+
 def _impact(index: PlanIndex, change: Change, request: Request) -> Impact:
     if request.cpu_all and request.gpu_all:
         return Impact(everything=True, everything_because=[f"{request.cadence} run: everything"])
@@ -121,11 +144,11 @@ def _impact(index: PlanIndex, change: Change, request: Request) -> Impact:
 
 
 def _estimator(options: PlanOptions, plan: Plan) -> history.Estimator:
-    try:
-        records = history.load(options.history, missing_ok=True)
-    except history.HistoryError as e:
-        plan.warnings.append(f"duration history ignored, estimates from est_time: {e}")
-        records = []
+    """The estimator of the good records of the history stores; the bad lines are dropped, with
+    one warning naming them (path:line)."""
+    records, problems = history.read_stores(options.history, missing_ok=True)
+    if problems:
+        plan.warnings.append(history.dropped_warning(problems, "duration history"))
     return history.Estimator(records)
 
 

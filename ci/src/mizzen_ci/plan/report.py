@@ -2,14 +2,19 @@
 
 Invariants: both renderers read only the :class:`~.model.Plan` record, so a plan loaded from a
 file (``Plan.load``) renders the same as a fresh one; every not-scheduled reason is counted in the
-summary and listed in full on request (Markdown: inside a collapsed ``<details>``).
+summary and listed in full on request (Markdown: inside a collapsed ``<details>``).  Every string
+of the plan (paths, reasons, warnings, errors, ids) goes through the medium's one escaping
+function (:mod:`mizzen_ci.output`: ``plain`` for the terminal, ``markdown``/``markdown_code``
+for Markdown, applied by the table renderers to every cell); HTML is written only around
+constant text.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from ..output import markdown_table, text_table
+from ..output import Code, markdown_table, plain, text_table
+from ..output import markdown as markdown_text
 from .model import Plan
 
 JOB_HEADERS = ("job", "lane", "pool", "tests", "GPUs", "est. min", "timeout min")
@@ -107,7 +112,7 @@ def reason_counts(plan: Plan) -> list[tuple[str, int]]:
 
 
 def terminal(plan: Plan, *, verbose: bool = False) -> str:
-    out = [headline(plan), provenance(plan), ""]
+    out = [plain(headline(plan)), plain(provenance(plan)), ""]
     if plan.jobs:
         out += [text_table(JOB_HEADERS, _job_rows(plan)), ""]
         out += [text_table(POOL_HEADERS, _pool_rows(plan)), ""]
@@ -123,31 +128,38 @@ def terminal(plan: Plan, *, verbose: bool = False) -> str:
         out += ["no jobs: nothing to run for this change", ""]
     counts = reason_counts(plan)
     if counts:
-        out.append("not scheduled: " + ", ".join(f"{code} {n}" for code, n in counts))
+        out.append(plain("not scheduled: " + ", ".join(f"{code} {n}" for code, n in counts)))
         if verbose:
             rows = [(n.file, n.arch or "-", n.reason) for n in plan.not_scheduled]
             out += ["", text_table(("test", "arch", "reason"), rows)]
         else:
             out.append("(--verbose lists each test with its reason)")
     for w in plan.warnings:
-        out.append(f"warning: {w}")
+        out.append(f"warning: {plain(w)}")
     for e in plan.errors:
-        out.append(f"error: {e}")
+        out.append(f"error: {plain(e)}")
     return "\n".join(out).rstrip() + "\n"
 
 
 def markdown(plan: Plan) -> str:
-    out = ["## mizzen CI plan", "", headline(plan), "", provenance(plan), ""]
+    out = [
+        "## mizzen CI plan",
+        "",
+        markdown_text(headline(plan)),
+        "",
+        markdown_text(provenance(plan)),
+        "",
+    ]
     for w in plan.warnings:
-        out.append(f"> [!WARNING]\n> {w}\n")
+        out.append(f"> [!WARNING]\n> {markdown_text(w)}\n")
     for e in plan.errors:
-        out.append(f"> [!CAUTION]\n> {e}\n")
+        out.append(f"> [!CAUTION]\n> {markdown_text(e)}\n")
     if plan.jobs:
         out += [markdown_table(JOB_HEADERS, _job_rows(plan)), ""]
         out += [markdown_table(POOL_HEADERS, _pool_rows(plan)), ""]
         out += [markdown_table(ARCH_HEADERS, _arch_rows(plan)), ""]
         rows = [
-            (j.id, f"`{t.file}`", t.num_gpus or "-", _minutes(t.est_seconds), t.why)
+            (j.id, Code(t.file), t.num_gpus or "-", _minutes(t.est_seconds), t.why)
             for j in plan.jobs
             for t in j.tests
         ]
@@ -163,9 +175,11 @@ def markdown(plan: Plan) -> str:
         out += ["No jobs: nothing to run for this change.", ""]
     if plan.not_scheduled:
         counts = ", ".join(f"{code}: {n}" for code, n in reason_counts(plan))
-        rows = [(f"`{n.file}`", n.arch or "-", n.reason) for n in plan.not_scheduled]
+        rows = [(Code(n.file), n.arch or "-", n.reason) for n in plan.not_scheduled]
         out += [
-            f"<details><summary>Not scheduled ({counts})</summary>",
+            "<details><summary>Not scheduled</summary>",
+            "",
+            markdown_text(counts),
             "",
             markdown_table(("test", "arch", "reason"), rows),
             "",

@@ -7,7 +7,15 @@ predicate :func:`runs_in`), :mod:`.syntax` (what a file's syntax tree declares),
 of it over a tree) and :mod:`.cli` (``mizzen-ci validate`` and ``list``).
 """
 
-from .discover import TESTS_DIR, Discovery, TestTree, discover, is_excluded, registry_excludes
+from .discover import (
+    TESTS_DIR,
+    Discovery,
+    RegistryConfigError,
+    TestTree,
+    discover,
+    is_excluded,
+    registry_excludes,
+)
 from .model import CPU_LANE, Backend, Registration, Registry, Violation, runs_in
 from .reader import read_registry, read_source
 
@@ -18,6 +26,7 @@ __all__ = [
     "Discovery",
     "Registration",
     "Registry",
+    "RegistryConfigError",
     "TestTree",
     "Violation",
     "discover",

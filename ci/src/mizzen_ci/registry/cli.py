@@ -3,6 +3,8 @@
 Invariants:
 - ``validate`` prints every violation of the run (``file:line: [rule] message. Fix: …``), also as
   GitHub ``::error`` annotations under Actions, and exits 1 when there is any.
+- What it prints for people goes through :func:`mizzen_ci.output.plain` (the table renderer
+  escapes every cell); ``--json`` is JSON (``json.dumps`` escapes every control character).
 - ``list`` derives each test's pool from the fleet (never from the test file) and shows the
   disabled reason; ``--lane`` keeps what that lane runs (:func:`~mizzen_ci.registry.runs_in`).
 """
@@ -37,7 +39,7 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 def _validate(registry: Registry) -> int:
     for v in registry.violations:
-        print(v, file=sys.stderr)
+        print(output.plain(v), file=sys.stderr)
         output.emit(
             "error",
             f"[{v.rule}] {v.message}. Fix: {v.fix}",
@@ -83,7 +85,10 @@ def lane_row(reg: Registration, fleet: Fleet, lane: str | None) -> dict:
 def _list(registry: Registry, fleet: Fleet, args: argparse.Namespace) -> int:
     if args.lane and args.lane != CPU_LANE and args.lane not in fleet.arch_names:
         print(
-            f"mizzen-ci list: unknown lane {args.lane!r}; use cpu or one of {', '.join(fleet.arch_names)}",
+            output.plain(
+                f"mizzen-ci list: unknown lane {args.lane!r}; use cpu or one of "
+                f"{', '.join(fleet.arch_names)}"
+            ),
             file=sys.stderr,
         )
         return 2

@@ -1,9 +1,11 @@
 """Reading the registry of a tree: discovery, then each file's syntax, then the rules.
 
 Invariants:
-- Never raises for bad input: an unreadable file, a file outside ``tests/`` and every broken rule
-  are :class:`~mizzen_ci.registry.model.Violation` s; all of them are reported, in discovery
-  order.
+- Never raises for bad input: what the walk cannot register (:attr:`.Discovery.violations`,
+  first), an unreadable file, a file outside ``tests/`` and every broken rule are
+  :class:`~mizzen_ci.registry.model.Violation` s; all of them are reported, in discovery order.
+  A malformed ``[tool.mizzen.registry]`` is a :class:`.RegistryConfigError` (the whole tree
+  cannot be read without it).
 - The registry never imports a test file.
 """
 
@@ -32,7 +34,9 @@ def read_registry(root: Path, fleet: Fleet, paths: Iterable[str] | None = None) 
     root = root.resolve()
     registry = Registry(root)
     if paths is None:
-        paths = discover(root, registry_excludes(root)).test_files
+        found = discover(root, registry_excludes(root))
+        registry.violations.extend(found.violations)
+        paths = found.test_files
     for rel in paths:
         parts = Path(rel).parts
         if not parts or parts[0] != TESTS_DIR:

@@ -8,47 +8,91 @@ Invariants:
   are reported, and a file with any violation has no registration.
 - :func:`validate_row` is the same with the registration as plain data (its fields in order),
   for a content-hash cache; ``Registration(*row)`` is the registration.
+- Numbers are bounded before anything computes with them, so no value a file can spell
+  overflows downstream (planner timeouts, GPU-lane timeouts, packing): ``est_time`` is finite,
+  positive and at most :data:`MAX_EST_TIME_SECONDS` (7 days; an integer or float literal of any
+  size beyond it is an error, never an ``OverflowError``); ``num_gpus`` is at most
+  :data:`MAX_NUM_GPUS`.  A ``disabled`` reason is printable text of at most
+  :data:`MAX_REASON_CHARS` characters with something visible in it.  A value quoted in a message
+  is cut to :data:`SHOWN_CHARS` characters (:func:`shown`).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 from ..fleet import Fleet
 from .model import Backend, Registration, RuleBroken, Violation
 from .syntax import BACKEND_OF, REQUIRED, SIGNATURES
 
+MAX_EST_TIME_SECONDS = 7 * 24 * 3600  # a test file that needs more is not a CI test
+MAX_NUM_GPUS = 1024
+MAX_REASON_CHARS = 300
+SHOWN_CHARS = 80
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, cut to :data:`SHOWN_CHARS` characters; an integer too long
+    for ``repr`` (over 4300 digits) is described by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+def _names(names: list[str], most: int = 10) -> str:
+    """Names for a message: each cut to :data:`SHOWN_CHARS`, at most ``most`` of them."""
+    cut = [n if len(n) <= SHOWN_CHARS else n[: SHOWN_CHARS - 1] + "…" for n in names[:most]]
+    return ", ".join(cut) + (f" and {len(names) - most} more" if len(names) > most else "")
+
 
 def _strings(value, field_name: str) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise RuleBroken(
             f"{field_name}-type",
-            f"`{field_name}` must be a list of strings, got {value!r}",
+            f"`{field_name}` must be a list of strings, got {shown(value)}",
             f'write `{field_name}=["..."]`',
         )
-    dup = sorted({v for v in value if list(value).count(v) > 1})
+    dup = sorted(v for v, n in Counter(value).items() if n > 1)  # linear: lists may be huge
     if dup:
         raise RuleBroken(
             f"{field_name}-duplicate",
-            f"`{field_name}` lists {', '.join(dup)} more than once",
+            f"`{field_name}` lists {_names(dup)} more than once",
             "list each name once",
         )
     return tuple(value)
 
 
 def _check_est_time(value, fleet: Fleet):
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    fix = (
+        "write the expected wall time in seconds, e.g. `est_time=30` (at most "
+        f"{MAX_EST_TIME_SECONDS} s, 7 days)"
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise RuleBroken(
-            "est-time",
-            f"`est_time` must be a number of seconds, got {value!r}",
-            "write the expected wall time in seconds, e.g. `est_time=30`",
+            "est-time", f"`est_time` must be a number of seconds, got {shown(value)}", fix
+        )
+    # Compared before any conversion: a huge int never becomes a float, inf and nan never pass.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RuleBroken(
+            "est-time", f"`est_time` must be a finite number of seconds, got {shown(value)}", fix
         )
     if value <= 0:
         raise RuleBroken(
             "est-time",
-            f"`est_time` must be positive, got {value!r}",
+            f"`est_time` must be positive, got {shown(value)}",
             "give the seconds the file takes",
+        )
+    if value > MAX_EST_TIME_SECONDS:
+        raise RuleBroken(
+            "est-time",
+            f"`est_time` must be at most {MAX_EST_TIME_SECONDS} s (7 days), got {shown(value)}",
+            "give the real wall time in seconds; a file that needs days must be split",
         )
     return float(value)
 
@@ -58,7 +102,7 @@ def _known(value, field_name: str, known: frozenset[str], rule: str, what: str, 
     names = _strings(value, field_name)
     unknown = sorted(set(names) - known)
     if unknown:
-        raise RuleBroken(rule, f"unknown {what} {', '.join(unknown)}", fix)
+        raise RuleBroken(rule, f"unknown {what} {_names(unknown)}", fix)
     return names
 
 
@@ -83,13 +127,42 @@ def _check_nightly(value, fleet: Fleet):
 def _check_disabled(value, fleet: Fleet):
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
+    fix = 'say why, e.g. `disabled="flaky on NCCL 2.27, issue #123"`, or remove it'
+    if not isinstance(value, str):
         raise RuleBroken(
             "disabled-reason",
-            f"`disabled` must be a non-empty reason string, got {value!r}",
-            'say why, e.g. `disabled="flaky on NCCL 2.27, issue #123"`, or remove it',
+            f"`disabled` must be a reason string or None, got {shown(value)}",
+            fix,
         )
-    return value.strip()
+    reason = value.strip()
+    if not reason or not any(_visible(c) for c in reason):
+        raise RuleBroken(
+            "disabled-reason",
+            f"`disabled` must give a visible reason, got {shown(value)}"
+            + (" (only invisible characters)" if reason else ""),
+            fix,
+        )
+    if len(reason) > MAX_REASON_CHARS:
+        raise RuleBroken(
+            "disabled-reason",
+            f"`disabled` is {len(reason)} characters long, over {MAX_REASON_CHARS}",
+            "keep the reason short and link an issue for the details",
+        )
+    hidden = sorted({c for c in reason if not c.isprintable()})
+    if hidden:
+        raise RuleBroken(
+            "disabled-reason",
+            "`disabled` holds characters that do not print: "
+            + ", ".join(f"U+{ord(c):04X}" for c in hidden[:5]),
+            "write the reason on one line in printable characters (no control, zero-width or "
+            "direction characters)",
+        )
+    return reason
+
+
+def _visible(c: str) -> bool:
+    """Whether ``c`` leaves a mark: printable and not a space."""
+    return c.isprintable() and not c.isspace()
 
 
 def _check_hardware(value, fleet: Fleet):
@@ -104,7 +177,7 @@ def _check_hardware(value, fleet: Fleet):
     if unknown:
         raise RuleBroken(
             "hardware-unknown",
-            f"unknown GPU generation(s) {', '.join(unknown)}",
+            f"unknown GPU generation(s) {_names(unknown)}",
             f"use generations from {fleet.path.name}: {', '.join(fleet.arch_names)} "
             "(a generation, not a SKU: hopper, not h100)",
         )
@@ -112,10 +185,10 @@ def _check_hardware(value, fleet: Fleet):
 
 
 def _check_num_gpus(value, fleet: Fleet):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUM_GPUS:
         raise RuleBroken(
             "num-gpus",
-            f"`num_gpus` must be a positive integer, got {value!r}",
+            f"`num_gpus` must be an integer from 1 to {MAX_NUM_GPUS}, got {shown(value)}",
             "write e.g. `num_gpus=2`",
         )
     return value

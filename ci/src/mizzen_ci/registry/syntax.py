@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .. import register_cpu_ci, register_cuda_ci
-from ..sources import PARSE_ERRORS
+from ..sources import PARSE_ERRORS, RefusedFile
 from .model import Backend, RuleBroken
 
 REGISTER_FUNCTIONS: dict[str, Callable[..., None]] = {
@@ -125,7 +125,7 @@ def _literal(node: ast.expr, name: str) -> object:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise RuleBroken(
             "not-literal",
-            f"`{name}` is not a literal ({ast.dump(node)[:60]})",
+            f"`{name}` is not a literal (a {type(node).__name__} expression)",
             "write the value itself (numbers, strings, lists, True/False/None); the registry "
             "reads it without running the file",
         ) from None
@@ -348,5 +348,8 @@ def _walk_needed(source: bytes | str, accounted: int) -> bool:
 
 
 def unreadable(e: OSError) -> RegistrationSyntax:
-    """What the registry says of a test file it cannot read."""
+    """What the registry says of a test file it cannot read (or refuses to:
+    :class:`~mizzen_ci.sources.RefusedFile` says what the file is and the fix)."""
+    if isinstance(e, RefusedFile):
+        return RegistrationSyntax(((1, "unreadable", f"{e.strerror}", e.fix),), None)
     return RegistrationSyntax(((1, "unreadable", str(e), "make the file readable"),), None)

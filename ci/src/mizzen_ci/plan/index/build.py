@@ -292,7 +292,7 @@ def _build_index(
                 elif kept is not None:
                     fresh.pending.add(key, kept)
 
-    registry = Registry(root)
+    registry = Registry(root, violations=list(found.violations))  # the walk's, first
     for rel in found.test_files:
         if not rel.startswith(TESTS_DIR + "/"):
             registry.violations.append(outside_tests(rel))
