@@ -14,6 +14,9 @@
   runs ``python [-S] ARGV`` the same way (a probe script instead of the CLI), and
   ``mizzen_ci.command`` / ``mizzen_ci.environ`` give the argv and the environment for a
   ``Popen`` the test manages itself.
+- ``deadline``: ``with deadline(seconds):`` fails the test with ``TimeoutError`` when the body
+  blocks longer (SIGALRM, main thread), so a hang on a hostile input is a failure, not a stuck
+  run.
 - ``workspace_kit``: the generated-workspace builders of ``generated_workspace.py`` (loaded by
   path: test modules are imported by path, so a helper is no importable module either), and its
   two functions as fixtures of their own, ``make_workspace`` and ``age_all``.
@@ -21,8 +24,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -125,6 +130,26 @@ def workflow_file(request) -> Path:
 @pytest.fixture(scope="session")
 def mizzen_ci() -> MizzenCi:
     return MizzenCi(REPO, CI_SRC)
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float = 10):
+    def expired(signum, frame):
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="session")
+def deadline():
+    """``with deadline(seconds=10):`` — a blocking body fails instead of hanging."""
+    return _deadline
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,7 @@ Every blocking call runs under :func:`deadline`, so a hang is a failure, not a s
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,22 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 CI_SRC = REPO / "ci" / "src"
 FLEET = load_fleet(Path(__file__).parent / "fixtures" / "registry" / "fleet.toml")
 GOOD = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=1, labels=['ci'])\n"
-
-
-@contextlib.contextmanager
-def deadline(seconds: float = 10):
-    """Fail (TimeoutError) instead of hanging when the body blocks longer than ``seconds``."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def make_socket(path: Path) -> None:
@@ -72,7 +54,7 @@ def write(root: Path, rel: str, text: str = GOOD) -> Path:
 # The shared reader
 
 
-def test_read_bytes_refuses_a_fifo_without_blocking(tmp_path: Path):
+def test_read_bytes_refuses_a_fifo_without_blocking(tmp_path: Path, deadline):
     fifo = tmp_path / "test_fifo.py"
     os.mkfifo(fifo)
     with deadline(), pytest.raises(RefusedFile) as info:
@@ -81,7 +63,7 @@ def test_read_bytes_refuses_a_fifo_without_blocking(tmp_path: Path):
 
 
 @pytest.mark.parametrize("shape", ["socket", "directory", "link-out", "link-loop", "device"])
-def test_read_bytes_refuses_every_file_that_is_not_regular(tmp_path: Path, shape: str):
+def test_read_bytes_refuses_every_file_that_is_not_regular(tmp_path: Path, shape: str, deadline):
     target = tmp_path / "test_x.py"
     if shape == "socket":
         make_socket(target)
@@ -163,7 +145,9 @@ EXPECTED_VIOLATIONS = {
 }
 
 
-def test_every_hostile_shape_under_tests_is_reported_with_its_path_and_fix(tmp_path: Path):
+def test_every_hostile_shape_under_tests_is_reported_with_its_path_and_fix(
+    tmp_path: Path, deadline
+):
     root = tmp_path / "repo"
     hostile_tree(root)
     with deadline():
@@ -184,7 +168,7 @@ def test_every_hostile_shape_under_tests_is_reported_with_its_path_and_fix(tmp_p
     assert tree.all == ["tests/test_ok.py", "tests/test_dir.py/test_inner.py"]
 
 
-def test_the_plan_reports_the_same_violations_and_finishes(tmp_path: Path):
+def test_the_plan_reports_the_same_violations_and_finishes(tmp_path: Path, deadline):
     from mizzen_ci.plan.index import build_index
 
     root = tmp_path / "repo"
@@ -215,7 +199,9 @@ def test_tests_itself_as_a_link_is_reported_not_silently_empty(tmp_path: Path):
     assert [(v.path, v.rule) for v in registry.violations] == [("tests", "symlink")]
 
 
-def test_a_tree_deeper_than_the_path_limit_is_reported_and_the_rest_registered(tmp_path: Path):
+def test_a_tree_deeper_than_the_path_limit_is_reported_and_the_rest_registered(
+    tmp_path: Path, deadline
+):
     write(tmp_path, "tests/test_top.py")
     fd = os.open(tmp_path / "tests", os.O_RDONLY)
     try:  # build it relative to a descriptor: the full path is longer than PATH_MAX
@@ -276,7 +262,7 @@ def test_a_malformed_registry_table_is_a_clear_error(tmp_path: Path, text, expec
     assert expected in proc.stderr
 
 
-def test_a_fifo_as_pyproject_is_refused_without_blocking(tmp_path: Path):
+def test_a_fifo_as_pyproject_is_refused_without_blocking(tmp_path: Path, deadline):
     os.mkfifo(tmp_path / "pyproject.toml")
     with deadline(), pytest.raises(RegistryConfigError, match="FIFO"):
         registry_excludes(tmp_path)
@@ -291,7 +277,9 @@ ROW = (
 )
 
 
-def test_stores_that_are_not_regular_files_are_named_and_skipped_without_blocking(tmp_path):
+def test_stores_that_are_not_regular_files_are_named_and_skipped_without_blocking(
+    tmp_path, deadline
+):
     stores = tmp_path / "stores"
     stores.mkdir()
     os.mkfifo(stores / "fifo.jsonl")
@@ -311,7 +299,7 @@ def test_stores_that_are_not_regular_files_are_named_and_skipped_without_blockin
     assert "FIFO" in problems[0] and "symbolic link" in problems[1]
 
 
-def test_a_fifo_plan_is_refused_without_blocking(tmp_path: Path):
+def test_a_fifo_plan_is_refused_without_blocking(tmp_path: Path, deadline):
     os.mkfifo(tmp_path / "plan.json")
     with deadline(), pytest.raises(PlanError, match="FIFO"):
         Plan.load(tmp_path / "plan.json")

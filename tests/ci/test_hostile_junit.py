@@ -5,9 +5,7 @@ blocking, nesting and size are bounded, huge captured output is cut, a non-finit
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -37,20 +35,6 @@ def report(tmp_path: Path, body: str, head: str = "") -> Path:
         f'<?xml version="1.0"?>{head}<testsuites><testsuite>{body}</testsuite></testsuites>'
     )
     return path
-
-
-@contextlib.contextmanager
-def deadline(seconds: float = 10):
-    def expired(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def merged_error(tmp_path: Path, junit_path: Path) -> str:
@@ -93,7 +77,7 @@ def test_a_utf16_report_is_refused_since_its_dtd_would_be_invisible(tmp_path: Pa
 
 
 @pytest.mark.parametrize("shape", ["fifo", "link", "directory"])
-def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, shape):
+def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, shape, deadline):
     path = tmp_path / "junit.xml"
     if shape == "fifo":
         os.mkfifo(path)

@@ -5,9 +5,7 @@ fix.  Files owned by another user are made with ``os.chown`` (root only: skipped
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -24,20 +22,6 @@ register_cpu_ci(est_time=5, labels=["ci", "gpu-lane"])
 REPO = Path(__file__).resolve().parents[2]
 OTHER_UID = 54321  # a user that is neither this one nor root
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
-
-
-@contextlib.contextmanager
-def deadline(seconds: float = 10):
-    def expired(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture
@@ -81,7 +65,7 @@ def test_a_planted_hard_link_to_a_root_file_is_refused_and_untouched(tmp_path, v
     assert untouched(victim)
 
 
-def test_a_planted_fifo_lock_file_is_refused_without_blocking(tmp_path: Path):
+def test_a_planted_fifo_lock_file_is_refused_without_blocking(tmp_path: Path, deadline):
     d = lease_dir(tmp_path)
     os.mkfifo(d / "gpu-0.lock")
     os.mkfifo(d / "gpu-1.lock")

@@ -9,9 +9,7 @@ fewer."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -105,20 +103,6 @@ TREE = st.lists(ENTRY, min_size=1, max_size=8, unique_by=lambda e: (e[0], e[1]))
 SKIPPED = ("build", ".hidden", "pkg.egg-info")
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    def expired(signum, frame):
-        raise TimeoutError(f"blocked for more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def build(root: Path, entries) -> list[str]:
     """Make the entries under ``root``; the repository-relative paths made."""
     (root / "ci").mkdir(parents=True)
@@ -179,7 +163,7 @@ def check_violations(violations) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(entries=TREE)
-def test_every_shape_is_registered_or_reported_and_the_index_agrees(entries):
+def test_every_shape_is_registered_or_reported_and_the_index_agrees(entries, deadline):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "repo"
         made = build(root, entries)
