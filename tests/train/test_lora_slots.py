@@ -218,11 +218,11 @@ def test_gpt_logprobs_match_merged_dense_weights(kit):
         assert error < 2e-5, f"{name}: max |logprob - merged reference| = {error}"
 
 
-def _train_scenario(kit) -> dict:
+def _train_scenario(kit, micro_batch_size: int) -> dict:
     from mizzen_train.losses import ClippedPolicyGradientLoss, CrossEntropyLoss
     from mizzen_train.specs import AdamParams
 
-    executor = kit.tiny_executor(num_slots=2, max_rank=8, micro_batch_size=2)
+    executor = kit.tiny_executor(num_slots=2, max_rank=8, micro_batch_size=micro_batch_size)
     executor.load_slot(0, 4, 8.0, weights=kit.random_adapter(executor, 4, seed=5))
     executor.load_slot(1, 8, 16.0, weights=kit.random_adapter(executor, 8, seed=6))
     batch = kit.tiny_batch([0, 0, 1, 1], seed=4, with_policy_fields=True)
@@ -240,9 +240,26 @@ def _train_scenario(kit) -> dict:
     }
 
 
-def test_tp2_equals_tp1(kit):
-    (single,) = kit.run_ranks(_train_scenario, args=(kit,))
-    pair = kit.run_ranks(_train_scenario, world_size=2, tp=2, args=(kit,))
+def test_dp2_equals_dp1(kit):
+    """Two data-parallel replicas, each with one slot's rows: the reduced gradients step both
+    replicas to the single-rank weights (the other replica's slot has no rows here)."""
+    (single,) = kit.run_ranks(_train_scenario, args=(kit, 2))
+    pair = kit.run_ranks(_train_scenario, world_size=2, tp=1, args=(kit, 2))
+    for slot in (0, 1):
+        for result in pair:
+            assert abs(single["norms"][slot] - result["norms"][slot]) < 1e-5
+            for name, reference in single["weights"][slot].items():
+                weight = result["weights"][slot][name]
+                assert torch.allclose(weight, reference, atol=1e-5, rtol=1e-4), f"{slot} {name}"
+    for result in pair:
+        assert torch.allclose(result["logprobs"], single["logprobs"], atol=1e-5)
+
+
+# micro-batches of 2 rows hold one slot each (the single path); of 4, both slots (the rows path)
+@pytest.mark.parametrize("micro_batch_size", [2, 4], ids=["one_slot_per_micro_batch", "mixed"])
+def test_tp2_equals_tp1(kit, micro_batch_size):
+    (single,) = kit.run_ranks(_train_scenario, args=(kit, micro_batch_size))
+    pair = kit.run_ranks(_train_scenario, world_size=2, tp=2, args=(kit, micro_batch_size))
     dims = single["dims"]
     assert {d for d in dims.values()} == {None, 0, 1}, "expected replicated and both split axes"
     for slot in (0, 1):

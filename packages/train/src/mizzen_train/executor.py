@@ -289,6 +289,7 @@ class SlotExecutor:
             ],
             grad_sync=grad_sync,
             weight_storage=adapter.storage,
+            reduce_grads=self.dp_size > 1,
         )
         adapter.attach_to_layers(slot)
         return _LoadedSlot(spec, adapter, grad_sync, optimizer)

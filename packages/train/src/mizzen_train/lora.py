@@ -162,6 +162,12 @@ class SlottedLoRALinear(torch.nn.Module):
         routing = self._routing.current
         if routing is None:
             return output, bias
+        if routing.row_blocks is not None and routing.token_mask is None:
+            # rows kind, every token routed: the delta is added into the base output in place
+            factors = [self._adapters[slot] for slot in routing.slots]
+            a = [lora_a for lora_a, _ in factors]
+            b = [lora_b for _, lora_b in factors]
+            return _RowsDelta.apply(output, input_, self, routing, len(a), *a, *b), bias
         return output + self._delta(input_, routing), bias
 
     def _delta(self, x: torch.Tensor, routing: SlotRouting) -> torch.Tensor:
@@ -190,6 +196,93 @@ class SlottedLoRALinear(torch.nn.Module):
         return f"key={self.key}, mode={self.parallel_mode}, max_rank={self.max_rank}"
 
 
+class _RowsDelta(torch.autograd.Function):
+    """``output[:, i] += scale_i * (x[:, i] A_i^T) B_i^T`` for every batch row ``i`` of a
+    micro-batch whose tokens are all routed, each row with its own slot's factors.
+
+    One node instead of a chain: the factors of each row are stacked once, ``h = A x`` is one
+    ``bmm`` over the batch axis reading megatron's ``[s, b, in]`` activations in place, and the
+    second is a ``baddbmm`` of the base output writing its ``[s, b, out]`` result directly (no
+    batch-major delta added back through a transposed view, which runs as a slow strided
+    elementwise kernel).  Backward writes the input gradient in ``[s, b, in]`` layout, does the
+    tensor-parallel communication on ``h`` of the module docstring's table, and hands the
+    per-row factor gradients to :func:`_accumulate_factor_grads`.
+    """
+
+    @staticmethod
+    def forward(ctx, output, x, layer, routing: SlotRouting, count: int, *factors):
+        a_factors, b_factors = factors[:count], factors[count:]
+        blocks = routing.row_blocks
+        a_rows = torch.stack([a_factors[block] for block in blocks])  # [b, r, in]
+        b_rows = torch.stack([b_factors[block] for block in blocks])  # [b, out, r]
+        hidden = torch.bmm(x.transpose(0, 1), a_rows.transpose(1, 2))  # [b, s, r]
+        if layer.parallel_mode == "row" and layer.tp_size > 1:
+            torch.distributed.all_reduce(hidden, group=layer.tp_group)
+        scaled = hidden * routing.row_scales.view(-1, 1, 1)
+        result = torch.empty_like(output, memory_format=torch.contiguous_format)
+        torch.baddbmm(
+            output.transpose(0, 1), scaled, b_rows.transpose(1, 2), out=result.transpose(0, 1)
+        )
+        ctx.save_for_backward(x, a_rows, b_rows, scaled)
+        ctx.layer, ctx.routing, ctx.factors = layer, routing, factors
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, a_rows, b_rows, scaled = ctx.saved_tensors
+        layer, routing, factors = ctx.layer, ctx.routing, ctx.factors
+        grad_t = grad_output.transpose(0, 1)  # [b, s, out] view
+        grad_b_rows = torch.bmm(grad_t.transpose(1, 2), scaled)  # [b, out, r]
+        grad_hidden = torch.bmm(grad_t, b_rows) * routing.row_scales.view(-1, 1, 1)
+        if layer.parallel_mode == "column" and layer.tp_size > 1:
+            torch.distributed.all_reduce(grad_hidden, group=layer.tp_group)
+        grad_a_rows = torch.bmm(grad_hidden.transpose(1, 2), x.transpose(0, 1))  # [b, r, in]
+        grad_x = None
+        if ctx.needs_input_grad[1]:
+            grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+            torch.bmm(grad_hidden, a_rows, out=grad_x.transpose(0, 1))
+        count = len(factors) // 2
+        needs = ctx.needs_input_grad[5:]
+        grads_a = _accumulate_factor_grads(routing, grad_a_rows, factors[:count], needs[:count])
+        grads_b = _accumulate_factor_grads(routing, grad_b_rows, factors[count:], needs[count:])
+        return (grad_output, grad_x, None, None, None, *grads_a, *grads_b)
+
+
+def _accumulate_factor_grads(
+    routing: SlotRouting,
+    row_grads: torch.Tensor,
+    factors: Sequence[torch.Tensor],
+    needs: Sequence[bool],
+) -> list[torch.Tensor | None]:
+    """Per-slot sums of per-row factor gradients (see :class:`_FactorRows`): added into each
+    factor's ``main_grad`` in one multi-tensor add, or returned for a factor without one."""
+    wanted = [bool(rows) and need for rows, need in zip(routing.block_rows, needs, strict=True)]
+    sums: list[torch.Tensor | None]
+    if routing.uniform_run is not None and all(wanted):
+        run = routing.uniform_run
+        stacked = row_grads.view(len(factors), run, *row_grads.shape[1:]).sum(
+            1, dtype=torch.float32
+        )
+        sums = list(stacked.unbind(0))
+    else:
+        sums = [
+            _rows_sum(row_grads, rows) if want else None
+            for rows, want in zip(routing.block_rows, wanted, strict=True)
+        ]
+    into_main, into_sums, grads = [], [], []
+    for factor, total in zip(factors, sums, strict=True):
+        main_grad = getattr(factor, "main_grad", None)
+        if total is not None and main_grad is not None:
+            into_main.append(main_grad)
+            into_sums.append(total)
+            grads.append(None)
+        else:
+            grads.append(None if total is None else total.to(factor.dtype))
+    if into_main:
+        torch._foreach_add_(into_main, into_sums)
+    return grads
+
+
 class _FactorRows(torch.autograd.Function):
     """``rows[i] = factors[routing.row_blocks[i]]`` (one factor per row of a batch), stacked.
 
@@ -210,33 +303,8 @@ class _FactorRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        routing, factors = ctx.routing, ctx.factors
-        wanted = [
-            bool(rows) and ctx.needs_input_grad[block + 1]
-            for block, rows in enumerate(routing.block_rows)
-        ]
-        sums: list[torch.Tensor | None]
-        if routing.uniform_run is not None and all(wanted):
-            run = routing.uniform_run
-            stacked = grad.view(len(factors), run, *grad.shape[1:]).sum(1, dtype=torch.float32)
-            sums = list(stacked.unbind(0))
-        else:
-            sums = [
-                _rows_sum(grad, rows) if want else None
-                for rows, want in zip(routing.block_rows, wanted, strict=True)
-            ]
-        into_main, into_sums, grads = [], [], []
-        for factor, total in zip(factors, sums, strict=True):
-            main_grad = getattr(factor, "main_grad", None)
-            if total is not None and main_grad is not None:
-                into_main.append(main_grad)
-                into_sums.append(total)
-                grads.append(None)
-            else:
-                grads.append(None if total is None else total.to(factor.dtype))
-        if into_main:
-            torch._foreach_add_(into_main, into_sums)
-        return (None, *grads)
+        needs = ctx.needs_input_grad[1:]
+        return (None, *_accumulate_factor_grads(ctx.routing, grad, ctx.factors, needs))
 
 
 def _rows_sum(grad: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:

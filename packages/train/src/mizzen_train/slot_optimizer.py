@@ -78,6 +78,7 @@ class SlotOptimizer:
         counts_in_norm: Sequence[bool],
         grad_sync: GradSync,
         weight_storage: torch.Tensor,
+        reduce_grads: bool = True,
     ) -> None:
         if len(params) != len(counts_in_norm):
             raise ValueError("counts_in_norm must give one flag per parameter")
@@ -86,6 +87,9 @@ class SlotOptimizer:
         self.counts_in_norm = list(counts_in_norm)
         self.step = 0
         self._grad_sync = grad_sync
+        #: False with one data-parallel replica: the reduction would be an identity (megatron
+        #: scales by 1 there), so its collective and host work are skipped.
+        self._reduce_grads = reduce_grads
         self._weight_storage = weight_storage
         total = sum(p.numel() for p in self.params)
         if weight_storage.numel() != total:
@@ -115,7 +119,8 @@ class SlotOptimizer:
 
     def sync_grads(self) -> None:
         """Reduce this slot's accumulated gradients over data parallelism (a collective)."""
-        self._grad_sync.finish_grad_sync()
+        if self._reduce_grads:
+            self._grad_sync.finish_grad_sync()
 
     def zero_grads(self) -> None:
         self._grad_sync.zero_grad_buffer()
