@@ -1,8 +1,9 @@
 """The embedded engine server (``mizzen-rollout serve``): SGLang's protocol subset over HTTP/1.1.
 
 Endpoints: ``POST /generate``, ``POST /v1/chat/completions``, ``POST /abort_request``,
-``POST /tokenize``, ``GET /health``, ``GET /get_model_info`` — shapes from :mod:`..protocol`, so
-the client code that talks to SGLang talks to this server unchanged.
+``POST /tokenize``, ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info`` —
+shapes from :mod:`..protocol`, so the client code that talks to SGLang talks to this server
+unchanged.
 
 Invariants:
 - Standard library HTTP (``ThreadingHTTPServer``, keep-alive); one thread per connection; the
@@ -125,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
             protocol.CHAT_PATH: self.server.handle_chat,
             protocol.ABORT_PATH: self.server.handle_abort,
             protocol.TOKENIZE_PATH: self.server.handle_tokenize,
+            protocol.UPDATE_WEIGHTS_PATH: self.server.handle_update_weights,
         }
         handler = routes.get(self.path)
         if handler is None:
@@ -232,6 +234,21 @@ class EmbeddedServer(ThreadingHTTPServer):
         request_id, abort_all = protocol.parse_abort_payload(body)
         self.inflight.abort(request_id, abort_all)
         return HTTPStatus.OK, {}
+
+    def handle_update_weights(self, body: Any) -> tuple[int, Any]:
+        model_path = protocol.parse_update_weights_payload(body)
+        reload = getattr(self.backend, "reload", None)
+        if reload is None:
+            raise UnsupportedParameterError(
+                f"the {self.backend.description} backend has no weights to update"
+            )
+        try:
+            message = reload(model_path)
+        except Exception as exc:  # SGLang answers a failed load with 400 and success=false
+            return HTTPStatus.BAD_REQUEST, protocol.build_update_weights_response(
+                False, f"loading {model_path} failed: {type(exc).__name__}: {exc}"
+            )
+        return HTTPStatus.OK, protocol.build_update_weights_response(True, message)
 
     def handle_tokenize(self, body: Any) -> tuple[int, Any]:
         text, add_special = protocol.parse_tokenize_payload(body)
