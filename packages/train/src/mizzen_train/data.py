@@ -66,13 +66,13 @@ class SftDataError(DataError):
     """An SFT data set, record or tokenizer problem; names the file:line or field and the fix."""
 
 
-def example_paths() -> dict[str, Path]:
-    """Data sets shipped with mizzen-train (``example:NAME``)."""
+def example_paths(suffix: str = ".jsonl") -> dict[str, Path]:
+    """Files shipped with mizzen-train (``example:NAME``): data sets, or ``.toml`` configs."""
     root = resources.files("mizzen_train").joinpath("examples")
     return {
         Path(entry.name).stem: Path(str(entry))
         for entry in root.iterdir()
-        if entry.name.endswith(".jsonl")
+        if entry.name.endswith(suffix)
     }
 
 

@@ -11,9 +11,10 @@ calls :meth:`EvalDispatcher.submit` with the step; the dispatcher
 3. when every evaluation of the point has finished, logs each result at the snapshot's step (never
    at the step training has reached by then) and settles the point.
 
-Evaluators are a small protocol (:class:`Evaluator`): ``name``, ``needs_engine`` and
-``evaluate(snapshot) -> {metric: number}``; :func:`load_evaluator` builds a user's from an import
-path.  An evaluator may raise :class:`EvalSkip` to skip a snapshot with a reason.
+Evaluators are a small protocol (:class:`Evaluator`): ``name``, ``needs_engine``,
+``evaluate(snapshot) -> {metric: number}`` and optionally ``tenants`` (the tenants it applies to;
+all when absent or empty); :func:`load_evaluator` builds a user's from an import path.  An
+evaluator may raise :class:`EvalSkip` to skip a snapshot with a reason.
 
 Invariants:
 - At most ``max_in_flight`` points are exported and unsettled at once.  A point that arrives when
@@ -206,8 +207,17 @@ class EvalDispatcher:
 
     # -- keys ---------------------------------------------------------------------------------
 
+    def _evaluates(self, evaluator: Evaluator, tenant: str) -> bool:
+        only = getattr(evaluator, "tenants", None)  # optional: the tenants it applies to
+        return not only or tenant in only
+
     def keys(self, step: int) -> list[tuple[int, str, str]]:
-        return [(step, t, e.name) for t in self.tenants for e in self.evaluators]
+        return [
+            (step, t, e.name)
+            for t in self.tenants
+            for e in self.evaluators
+            if self._evaluates(e, t)
+        ]
 
     def pending_keys(self, step: int) -> list[tuple[int, str, str]]:
         return [key for key in self.keys(step) if key not in self._settled_keys]

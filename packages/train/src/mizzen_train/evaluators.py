@@ -176,6 +176,7 @@ class LossEvaluator:
         import torch
         import transformers
 
+        transformers.utils.logging.disable_progress_bar()
         device = torch.device(self.device)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(snapshot.path), dtype=torch.float32, local_files_only=True
