@@ -154,3 +154,148 @@ def kit() -> SimpleNamespace:
         join_tp_shards=slot_kit.join_tp_shards,
         TINY_GPT=slot_kit.TINY_GPT,
     )
+
+
+# -- SFT runs as real subprocesses (the e2e tests) ----------------------------------------------
+
+#: Keys every record kind of a finished SFT run's metrics.jsonl carries (the e2e tests compare an
+#: interrupted-and-resumed run against the same schema as an uninterrupted one).
+SFT_RECORD_KEYS = {
+    "train": {
+        "kind", "time", "step", "tenant", "loss", "lr", "grad_norm", "stepped", "tokens",
+        "loss_tokens", "tokens_per_s", "step_s",
+    },
+    "eval": {"kind", "time", "step", "tenant", "evaluator", "status", "metrics", "reason", "wall_s"},
+    "eval_point": {"kind", "time", "step", "status", "final", "reason", "wall_s"},
+    "summary": {
+        "kind", "time", "run_id", "steps", "eval_points", "final_eval", "final_train_loss",
+        "wall_s", "tokens_per_s", "engines_needed",
+    },
+}  # fmt: skip
+
+
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _write_sft_config(path: Path, sections: dict[str, Any]) -> Path:
+    """A TOML file from ``{"run": {...}, "tenants": [{...}], "eval.evaluators": [{...}]}``."""
+    lines = []
+    for section, body in sections.items():
+        tables = body if isinstance(body, list) else [body]
+        for table in tables:
+            lines.append(f"[[{section}]]" if isinstance(body, list) else f"[{section}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+            lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _sft_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+def _launch_sft(config: Path, log: Path, *extra: str):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "mizzen_train", "sft", "--config", str(config), *extra]
+    handle = open(log, "ab")  # noqa: SIM115 (the child owns it; closed on wait)
+    try:
+        return subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=_sft_env(),
+        )  # fmt: skip
+    finally:
+        handle.close()
+
+
+def _read_sft_metrics(path: Path) -> list[dict[str, Any]]:
+    import contextlib
+    import json
+
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written right now
+            records.append(json.loads(line))
+    return records
+
+
+def _engine_descendants(pid: int) -> list[int]:
+    """Pids of ``mizzen_rollout serve`` processes whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"mizzen_rollout" in cmdline and b"serve" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _max_train_step(records: Sequence[dict[str, Any]]) -> int:
+    return max((r["step"] for r in records if r.get("kind") == "train"), default=0)
+
+
+def _colours_sections(
+    run_dir: Path, *, steps: int = 60, interval: int = 20, checkpoint_interval: int = 10
+) -> dict[str, Any]:
+    """The e2e run: the tiny Llama learning the shipped colours task, evaluated every
+    ``interval`` steps by generation (an embedded engine on the snapshot) and held-out loss."""
+    return {
+        "run": {
+            "dir": str(run_dir), "steps": steps, "checkpoint_interval": checkpoint_interval,
+            "device": "cpu",
+            "micro_batch_size": 4, "threads": 1, "seed": 0,
+        },
+        "model": {"path": "tiny", "tokenizer": "model"},
+        "model.tiny": {"seed": 0, "initializer_range": 0.12},
+        "data": {"seq_len": 96},
+        "tenants": [
+            {"name": "colours", "data": "example:colours_train", "rows": 8, "lr": 1e-2,
+             "lora_rank": 16, "lora_alpha": 32.0},
+        ],
+        "eval": {
+            "interval": interval, "snapshot_dir": "snapshots", "max_in_flight": 1,
+            "overflow": "wait", "keep_snapshots": 1,
+        },
+        "eval.evaluators": [
+            {"kind": "generate", "name": "answers", "data": "example:colours_eval",
+             "reward": "f1", "max_new_tokens": 16, "limit": 16},
+            {"kind": "loss", "name": "heldout", "data": "example:colours_eval"},
+        ],
+    }  # fmt: skip
+
+
+@pytest.fixture
+def sft() -> SimpleNamespace:
+    """Write SFT configurations, launch ``python -m mizzen_train sft`` subprocesses, read their
+    metrics and find the engine processes they start."""
+    return SimpleNamespace(
+        RECORD_KEYS=SFT_RECORD_KEYS,
+        write_config=_write_sft_config,
+        launch=_launch_sft,
+        read_metrics=_read_sft_metrics,
+        engine_descendants=_engine_descendants,
+        max_train_step=_max_train_step,
+        env=_sft_env,
+        colours_sections=_colours_sections,
+    )

@@ -439,10 +439,24 @@ class _Trainer:
     def _recover_points(self) -> None:
         if self.dispatcher is None:
             return
+        from mizzen_train.eval_dispatch import point_dir_name
+
+        root = self.config.snapshot_root
+        assert root is not None
         for step in self.config.eval_points():
-            if step <= self.start_step and self.dispatcher.pending_keys(step):
-                state = self.dispatcher.recover(step, final=step == self.config.run.steps)
-                self.progress.print(f"eval point {step} of the previous run: {state}")
+            if step > self.start_step or not self.dispatcher.pending_keys(step):
+                continue
+            final = step == self.config.run.steps
+            survived = all(
+                (root / point_dir_name(step) / t.name / "config.json").is_file()
+                for t in self.config.tenants
+            )
+            if step == self.start_step and not survived:
+                # the checkpoint holds exactly this step's state: export it now
+                state = self.dispatcher.submit(step, final=final)
+            else:
+                state = self.dispatcher.recover(step, final=final)
+            self.progress.print(f"eval point {step} of the previous run: {state}")
 
     def train(self) -> dict[str, Any]:
         from mizzen_train.losses import CrossEntropyLoss
