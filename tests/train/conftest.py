@@ -251,6 +251,15 @@ def _engine_descendants(pid: int) -> list[int]:
     return found
 
 
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def _max_train_step(records: Sequence[dict[str, Any]]) -> int:
     return max((r["step"] for r in records if r.get("kind") == "train"), default=0)
 
@@ -268,9 +277,9 @@ def _colours_sections(
         },
         "model": {"path": "tiny", "tokenizer": "model"},
         "model.tiny": {"seed": 0, "initializer_range": 0.12},
-        "data": {"seq_len": 96},
+        "data": {"seq_len": 144},  # two examples per row
         "tenants": [
-            {"name": "colours", "data": "example:colours_train", "rows": 8, "lr": 1e-2,
+            {"name": "colours", "data": "example:colours_train", "rows": 4, "lr": 1e-2,
              "lora_rank": 16, "lora_alpha": 32.0},
         ],
         "eval": {
@@ -296,6 +305,7 @@ def sft() -> SimpleNamespace:
         read_metrics=_read_sft_metrics,
         engine_descendants=_engine_descendants,
         max_train_step=_max_train_step,
+        alive=_process_alive,
         env=_sft_env,
         colours_sections=_colours_sections,
     )

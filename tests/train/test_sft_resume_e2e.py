@@ -63,9 +63,9 @@ def test_killed_run_resumes_from_its_checkpoint_without_re_evaluating(sft, tmp_p
     assert newest == 30, checkpoints
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     deadline = time.monotonic() + 10  # the engine of a killed run exits on its own
-    while any(os.path.exists(f"/proc/{pid}") for pid in engines) and time.monotonic() < deadline:
+    while any(sft.alive(pid) for pid in engines) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in engines if os.path.exists(f"/proc/{pid}")], "orphaned engine"
+    assert not [pid for pid in engines if sft.alive(pid)], "orphaned engine"
 
     resumed_at = time.time()
     second = sft.launch(config, log, "--resume")

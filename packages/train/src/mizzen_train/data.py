@@ -315,7 +315,7 @@ def load_sft_dataset(
             continue
         if limit is not None and len(examples) >= limit:
             break
-        where = f"{path}:{lineno}"
+        where = f"{field}: {path}:{lineno}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:

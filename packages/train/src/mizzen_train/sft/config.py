@@ -169,7 +169,7 @@ class EvaluatorConfig:
 class EvalConfig:
     interval: int = opt(kind="int", low=1, help="evaluate every N steps (the last step always)")
     snapshot_dir: str = opt(
-        kind="str", help="where snapshots are exported (relative paths: under run.dir)"
+        "", kind="str", help="required: where snapshots are exported (relative: under run.dir)"
     )
     max_in_flight: int = opt(1, kind="int", low=1, help="eval points evaluated at once")
     overflow: str = opt(
@@ -390,8 +390,10 @@ def _check_combinations(config: SftConfig) -> None:
                 "must be 1-64 letters, digits, '_', '-' or '.' (it names directories)",
                 'rename it, e.g. "colours"',
             )  # fmt: skip
-        if names.count(tenant.name) > 1:
-            raise fail(f"tenants[{i}].name", tenant.name, "is not unique", "give each a name")
+        if tenant.name in names[:i]:
+            raise fail(
+                f"tenants[{i}].name", tenant.name, "is not unique", "give each tenant its own name"
+            )
         if tenant.rows % run.micro_batch_size:
             raise fail(
                 f"tenants[{i}].rows", tenant.rows,

@@ -222,8 +222,8 @@ class _Trainer:
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         model_dir = _base_model_dir(config)
-        self.tokenizer = _tokenizer(config, model_dir)
         imported = import_hf_llama(model_dir, device=device, dtype=dtype)
+        self.tokenizer = _tokenizer(config, model_dir)
         self.model, self.source = imported.model, imported.source
         spec = imported.spec
         if len(self.tokenizer) > spec.vocab_size:

@@ -16,7 +16,7 @@ Invariants:
 - ``/abort_request`` marks the request id: a queued request ends before it starts, a running one
   after its current token; both answer 200 with an ``abort`` finish reason (as current SGLang).
 - With ``parent_pid`` set, the server exits when that process is gone (no orphans when an engine
-  worker is killed).
+  worker is killed); ``mizzen-rollout serve`` starts watching before the backend loads.
 """
 
 from __future__ import annotations
@@ -265,7 +265,23 @@ def _write_url_file(path: str, url: str) -> None:
     os.replace(tmp, target)
 
 
-def _watch_parent(server: EmbeddedServer, parent_pid: int, interval_s: float = 0.5) -> None:
+def watch_parent(parent_pid: int) -> None:
+    """Exit this process as soon as ``parent_pid`` is no longer its parent (a daemon thread).
+    Started before the backend loads, so a launcher killed during a slow model load leaves no
+    orphan behind; idempotent."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), daemon=True, name="parent-watch"
+    ).start()
+
+
+_WATCHING = False
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
     while True:
         time.sleep(interval_s)
         if os.getppid() != parent_pid:
@@ -289,9 +305,7 @@ def serve(
     """Serve ``backend`` until interrupted (blocks)."""
     server = EmbeddedServer(backend, host, port, verbose=verbose)
     if parent_pid is not None:
-        threading.Thread(
-            target=_watch_parent, args=(server, parent_pid), daemon=True, name="parent-watch"
-        ).start()
+        watch_parent(parent_pid)
     if port_file:
         _write_url_file(port_file, server.client_url)
     print(f"mizzen-rollout serve: listening on {server.url} ({backend.description})", flush=True)
