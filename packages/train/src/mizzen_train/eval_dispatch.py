@@ -203,6 +203,9 @@ class EvalDispatcher:
         self.records: list[EvalRecord] = []
         #: Every snapshot directory deleted, in order (each appears once).
         self.deleted: list[Path] = []
+        self._ray_lock = threading.Lock()
+        self._ray_owned = False
+        self._ray_task: Any = None
         self._trim_retained()
 
     # -- keys ---------------------------------------------------------------------------------
@@ -349,7 +352,7 @@ class EvalDispatcher:
         status, metrics, reason = "ok", {}, None
         try:
             if self.runner == "ray":
-                raw, events = _run_on_ray(evaluator, fresh, self._ray_options)
+                raw, events = self._run_on_ray(evaluator, fresh)
                 fresh.events.extend(events)
             else:
                 raw = evaluator.evaluate(fresh)
@@ -440,7 +443,33 @@ class EvalDispatcher:
             except Exception:
                 traceback.print_exc()
 
+    def _run_on_ray(self, evaluator: Evaluator, snapshot: Snapshot):
+        """One evaluation as a Ray task (Ray started here unless the process already runs it)."""
+        import ray
+
+        with self._ray_lock:
+            if not ray.is_initialized():
+                ray.init(
+                    address=self._ray_options.get("address"),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
+                self._ray_owned = True
+            if self._ray_task is None:
+                self._ray_task = ray.remote(
+                    num_cpus=self._ray_options.get("num_cpus", 1), max_retries=0
+                )(_ray_evaluate)
+        return ray.get(self._ray_task.remote(evaluator, snapshot))
+
     # -- end ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release what the runner holds (shuts Ray down if this dispatcher started it)."""
+        if self._ray_owned:
+            import ray
+
+            ray.shutdown()
+            self._ray_owned = False
 
     def drain(self, timeout_s: float | None = None) -> list[PointOutcome]:
         """Wait until every submitted point has settled; outcomes in step order."""
@@ -474,15 +503,6 @@ def _check_metrics(raw: Any, name: str) -> dict[str, float]:
 def _ray_evaluate(evaluator: Evaluator, snapshot: Snapshot):
     result = evaluator.evaluate(snapshot)
     return dict(result) if isinstance(result, Mapping) else result, snapshot.events
-
-
-def _run_on_ray(evaluator: Evaluator, snapshot: Snapshot, options: Mapping[str, Any]):
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=options.get("address"), ignore_reinit_error=True, include_dashboard=False)
-    remote = ray.remote(num_cpus=options.get("num_cpus", 1), max_retries=0)(_ray_evaluate)
-    return ray.get(remote.remote(evaluator, snapshot))
 
 
 # -- user evaluators ---------------------------------------------------------------------------

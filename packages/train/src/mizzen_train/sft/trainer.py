@@ -518,7 +518,10 @@ class _Trainer:
         wall = time.perf_counter() - started
         if self.dispatcher is not None:
             self.progress.print("waiting for the evaluations in flight...")
-            self.dispatcher.drain()
+            try:
+                self.dispatcher.drain()
+            finally:
+                self.dispatcher.close()
         return self._finish(wall, total_tokens, last_losses)
 
     def _checkpoint(self, step: int) -> None:
