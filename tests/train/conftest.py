@@ -294,6 +294,122 @@ def _colours_sections(
     }  # fmt: skip
 
 
+def _run_to_completion(config: Path, log: Path, run_dir: Path, *, first_point: int) -> dict:
+    """Run ``mizzen-train sft`` to its end, watching for engine processes before the first
+    eval point; returns the records, the output, the wall time and what it saw."""
+    import time
+
+    started = time.monotonic()
+    process = _launch_sft(config, log)
+    early_engines = []
+    try:
+        while process.poll() is None:
+            step = _max_train_step(_read_sft_metrics(run_dir / "metrics.jsonl"))
+            engines = _engine_descendants(process.pid)
+            if engines and step < first_point:
+                early_engines.append((step, engines))
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(60)
+    output = log.read_text()
+    assert process.returncode == 0, output[-6000:]
+    return {
+        "records": _read_sft_metrics(run_dir / "metrics.jsonl"),
+        "output": output,
+        "wall": time.monotonic() - started,
+        "early_engines": early_engines,
+    }
+
+
+def _check_protocol(records: list[dict[str, Any]], *, steps: int, points: Sequence[int]) -> dict:
+    """The SFT e2e protocol on a finished run's metrics: every record has its schema; the run
+    needed engines for eval only; each step trained once; exactly ``points`` were evaluated (the
+    last one forced, flagged final), every evaluation succeeded, and the eval score and held-out
+    loss improved from the first point to the last; every engine was started for an eval point
+    after its step trained, and stopped.  Returns the final score and held-out loss."""
+    for record in records:
+        if record["kind"] in SFT_RECORD_KEYS:
+            assert set(record) == SFT_RECORD_KEYS[record["kind"]], record
+    first = next(r for r in records if r.get("event") in ("run_started", "resumed"))
+    assert first["engines_needed"] == "eval-only"
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, steps + 1))
+    got = [(r["step"], r["status"], r["final"]) for r in records if r["kind"] == "eval_point"]
+    assert got == [(p, "ok", p == points[-1]) for p in points]
+    evals = {(r["step"], r["evaluator"]): r for r in records if r["kind"] == "eval"}
+    assert sorted(evals) == [(p, e) for p in points for e in ("answers", "heldout")]
+    assert all(r["status"] == "ok" for r in evals.values()), evals
+    score = {p: evals[(p, "answers")]["metrics"]["score"] for p in points}
+    heldout = {p: evals[(p, "heldout")]["metrics"]["loss"] for p in points}
+    assert score[points[-1]] > score[points[0]], score
+    assert heldout[points[-1]] < heldout[points[0]], heldout
+    trained_at = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
+    starts = [r for r in records if r.get("event") == "engine_started"]
+    assert sorted(e["step"] for e in starts) == list(points)
+    for event in starts:
+        assert event["purpose"] == "eval" and event["time"] >= trained_at[event["step"]]
+    stopped = {e["pid"] for e in records if e.get("event") == "engine_stopped"}
+    assert stopped == {e["pid"] for e in starts}
+    summary = records[-1]
+    assert summary["kind"] == "summary" and summary["eval_points"] == list(points)
+    final = summary["final_eval"]["colours"]
+    assert (final["answers"]["score"], final["heldout"]["loss"]) == (
+        score[points[-1]],
+        heldout[points[-1]],
+    )
+    return {"score": score, "heldout": heldout, "summary": summary}
+
+
+def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int, point: int):
+    """Start a run, SIGKILL it once it trained ``kill_after`` steps and eval ``point`` settled,
+    then ``--resume`` it to the end.  Returns what the test checks."""
+    import json
+    import signal
+    import time
+
+    metrics = run_dir / "metrics.jsonl"
+    first = _launch_sft(config, log)
+    engines: list[int] = []
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert first.poll() is None, f"exited early ({first.returncode}):\n{log.read_text()}"
+            assert time.monotonic() < deadline, "timed out waiting for the kill point"
+            records = _read_sft_metrics(metrics)
+            settled = any(r["kind"] == "eval_point" and r["step"] == point for r in records)
+            if settled and _max_train_step(records) >= kill_after:
+                break
+            time.sleep(0.02)
+        engines = _engine_descendants(first.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(60)
+    assert first.returncode == -signal.SIGKILL
+    before = _read_sft_metrics(metrics)
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    deadline = time.monotonic() + 15  # the engine of a killed run exits on its own
+    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [pid for pid in engines if _process_alive(pid)]
+    resumed_at = time.time()
+    second = _launch_sft(config, log, "--resume")
+    assert second.wait(900) == 0, log.read_text()[-6000:]
+    return {
+        "killed_at": _max_train_step(before),
+        "checkpoints_at_kill": checkpoints,
+        "run_id": run_id,
+        "orphans": orphans,
+        "resumed_at": resumed_at,
+        "records": _read_sft_metrics(metrics),
+        "output": log.read_text(),
+    }
+
+
 @pytest.fixture
 def sft() -> SimpleNamespace:
     """Write SFT configurations, launch ``python -m mizzen_train sft`` subprocesses, read their
@@ -308,4 +424,7 @@ def sft() -> SimpleNamespace:
         alive=_process_alive,
         env=_sft_env,
         colours_sections=_colours_sections,
+        run_to_completion=_run_to_completion,
+        check_protocol=_check_protocol,
+        kill_and_resume=_kill_and_resume,
     )
