@@ -6,6 +6,7 @@ from the command line; engines_needed derived once; the forced final eval point;
 from __future__ import annotations
 
 import copy
+import itertools
 import subprocess
 import sys
 
@@ -157,12 +158,14 @@ def test_learning_rate_schedules():
     from mizzen_train.sft.trainer import lr_at
 
     tenant = parse({"tenants.0.warmup_steps": 10, "tenants.0.lr_schedule": "cosine"}).tenants[0]
-    assert lr_at(tenant, 5, 60) == pytest.approx(5e-4)
-    assert lr_at(tenant, 10, 60) == pytest.approx(1e-3)
-    assert lr_at(tenant, 35, 60) == pytest.approx(5e-4)
-    assert lr_at(tenant, 60, 60) == pytest.approx(0.0, abs=1e-12)
+    lrs = [lr_at(tenant, step, 60) for step in range(1, 61)]
+    assert lrs[4] == pytest.approx(5e-4) and lrs[9] == pytest.approx(1e-3)  # warmup
+    assert lrs[10] == pytest.approx(1e-3)  # the first step after warmup runs at the peak
+    assert lr_at(tenant, 36, 60) == pytest.approx(5e-4)  # half way through the decay
+    assert all(a > b for a, b in itertools.pairwise(lrs[10:])), "cosine decays"
+    assert 0 < lrs[-1] < 1e-5, "the last step still has a positive rate"
     linear = parse({"tenants.0.lr_schedule": "linear", "tenants.0.min_lr_ratio": 0.1}).tenants[0]
-    assert lr_at(linear, 60, 60) == pytest.approx(1e-4)
+    assert lr_at(linear, 60, 60) == pytest.approx(1e-3 - 0.9e-3 * 59 / 60)
     assert lr_at(parse().tenants[0], 33, 60) == 1e-3
 
 

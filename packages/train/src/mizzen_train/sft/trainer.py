@@ -69,14 +69,14 @@ __all__ = ["lr_at", "run_sft"]
 
 def lr_at(tenant: TenantConfig, step: int, total_steps: int) -> float:
     """Learning rate of ``step`` (1-based): linear warmup, then constant / cosine / linear decay
-    to ``min_lr_ratio * lr`` at the last step."""
+    towards ``min_lr_ratio * lr``, reached one step after the last (so no step has lr 0)."""
     peak = tenant.lr
     if tenant.warmup_steps and step <= tenant.warmup_steps:
         return peak * step / tenant.warmup_steps
     if tenant.lr_schedule == "constant":
         return peak
     span = max(1, total_steps - tenant.warmup_steps)
-    progress = min(1.0, (step - tenant.warmup_steps) / span)
+    progress = min(1.0, (step - tenant.warmup_steps - 1) / span)
     floor = tenant.min_lr_ratio * peak
     if tenant.lr_schedule == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
