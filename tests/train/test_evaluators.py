@@ -90,18 +90,20 @@ def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
     (made,) = kit.run_ranks(_models, args=(str(tmp_path),))
     assert made["a"]["texts"] != made["b"]["texts"], "the two models must answer differently"
 
-    # an embedded engine started on the snapshot, stopped afterwards
-    evaluator = pickle.loads(pickle.dumps(_generation_evaluator(reward)))  # Ray ships evaluators
+    # a fleet of embedded engines (sized by the evaluator's own num_engines) started on the
+    # snapshot for this point and stopped afterwards
+    evaluator = _generation_evaluator(reward, num_engines=2)
+    evaluator = pickle.loads(pickle.dumps(evaluator))  # the Ray runner ships evaluators
     snapshot = Snapshot(20, "t", Path(made["b"]["path"]))
     metrics = evaluator.evaluate(snapshot)
     assert metrics["score"] == pytest.approx(made["b"]["score"])
     assert metrics["samples"] == 3 and metrics["failed"] == 0
-    started = [e for e in snapshot.events if e["event"] == "engine_started"]
-    stopped = [e for e in snapshot.events if e["event"] == "engine_stopped"]
-    assert len(started) == 1 and [e["pid"] for e in stopped] == [started[0]["pid"]]
-    assert not Path(f"/proc/{started[0]['pid']}/cmdline").exists() or (
-        Path(f"/proc/{started[0]['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    )
+    started = [e["pid"] for e in snapshot.events if e["event"] == "engine_started"]
+    stopped = [e["pid"] for e in snapshot.events if e["event"] == "engine_stopped"]
+    assert len(set(started)) == 2 and sorted(stopped) == sorted(started)
+    for pid in started:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
     # a running server (as SGLang would be), pointed at each snapshot over HTTP
     with embedded_server(model_path=made["a"]["path"]) as server:

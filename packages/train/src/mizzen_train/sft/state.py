@@ -247,5 +247,13 @@ def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
     step = state.get("step")
     if not isinstance(step, int) or step < 1:
         raise RunStateError(f"{path}: step={step!r} is not a positive integer")
-    rng = torch.load(path / RNG_FILE, map_location="cpu", weights_only=False)
-    return LoadedCheckpoint(path, step, dict(state["streams"]), rng)
+    streams = state.get("streams")
+    if not isinstance(streams, dict):
+        raise RunStateError(f"{path / STATE_FILE}: streams={streams!r} is not a table")
+    try:
+        rng = torch.load(path / RNG_FILE, map_location="cpu", weights_only=True)  # no code
+    except Exception as exc:
+        raise RunStateError(
+            f"{path / RNG_FILE}: unreadable ({type(exc).__name__}: {exc})"
+        ) from None
+    return LoadedCheckpoint(path, step, dict(streams), rng)

@@ -56,6 +56,7 @@ from mizzen_train.sft.metrics import (
     settled_eval_keys,
 )
 from mizzen_train.sft.state import (
+    RunStateError,
     complete_checkpoints,
     load_checkpoint,
     open_run,
@@ -332,6 +333,10 @@ class _Trainer:
                     f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
                     "resume with the original LoRA settings", source=config.source,
                 )  # fmt: skip
+            if tenant.name not in checkpoint.streams:
+                raise RunStateError(
+                    f"{checkpoint.path}: holds no data stream of tenant {tenant.name!r}"
+                )
             self.streams[tenant.name].load_state_dict(checkpoint.streams[tenant.name])
         set_rng_state(checkpoint.rng)
         self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
