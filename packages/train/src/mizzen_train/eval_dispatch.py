@@ -203,7 +203,6 @@ class EvalDispatcher:
         self.records: list[EvalRecord] = []
         #: Every snapshot directory deleted, in order (each appears once).
         self.deleted: list[Path] = []
-        self._ray_lock = threading.Lock()
         self._ray_owned = False
         self._ray_task: Any = None
         self._trim_retained()
@@ -267,13 +266,12 @@ class EvalDispatcher:
         try:
             self._export_point(point)
         except Exception as exc:
-            reason = f"export failed: {type(exc).__name__}: {exc}"
-            with self._lock:
-                self._in_flight.pop(step, None)
-            self._delete(point)
-            self._skip_point(step, pending, reason, final, started=point.started)
-            with self._lock:
-                self._lock.notify_all()
+            self._abandon(point, pending, f"export failed: {type(exc).__name__}: {exc}")
+            return "skipped"
+        try:
+            self._start_ray()
+        except Exception as exc:
+            self._abandon(point, pending, f"the ray runner did not start: {exc}")
             return "skipped"
         thread = threading.Thread(
             target=self._run_point,
@@ -284,6 +282,21 @@ class EvalDispatcher:
         self._threads.append(thread)
         thread.start()
         return "dispatched"
+
+    def _abandon(
+        self, point: _Point, pending: list[tuple[int, str, str]], reason: str, *, delete=True
+    ) -> None:
+        """Settle an in-flight point that will not run: skipped, its directory deleted."""
+        with self._lock:
+            self._in_flight.pop(point.step, None)
+            self._lock.notify_all()
+        if delete:
+            self._delete(point)
+        else:  # a surviving snapshot of a previous run: it settles now, under the keep rule
+            with self._lock:
+                self._retained.append((point.step, point.directory))
+            self._trim_retained()
+        self._skip_point(point.step, pending, reason, point.final, started=point.started)
 
     def _export_point(self, point: _Point) -> None:
         if point.directory.exists():  # a stale directory of a killed run: not this state's
@@ -318,6 +331,11 @@ class EvalDispatcher:
             point = _Point(step, final, directory)
             point.snapshots = [Snapshot(step, t, directory / t) for t in self.tenants]
             self._in_flight[step] = point
+        try:
+            self._start_ray()
+        except Exception as exc:
+            self._abandon(point, pending, f"the ray runner did not start: {exc}", delete=False)
+            return "skipped"
         thread = threading.Thread(
             target=self._run_point, args=(point, pending), name=f"eval-step-{step}", daemon=True
         )
@@ -443,22 +461,33 @@ class EvalDispatcher:
             except Exception:
                 traceback.print_exc()
 
-    def _run_on_ray(self, evaluator: Evaluator, snapshot: Snapshot):
-        """One evaluation as a Ray task (Ray started here unless the process already runs it)."""
+    def start(self) -> None:
+        """Connect the runner (Ray: ``ray.init``) now, from the calling thread, so a runner that
+        cannot start fails before training does.  Submitting does it otherwise."""
+        self._start_ray()
+
+    def _start_ray(self) -> None:
+        """Connect to (or start) Ray from the calling thread -- the training thread: Ray installs
+        its signal handlers in the main thread -- before the first point runs on it."""
+        if self.runner != "ray" or self._ray_task is not None:
+            return
         import ray
 
-        with self._ray_lock:
-            if not ray.is_initialized():
-                ray.init(
-                    address=self._ray_options.get("address"),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                )
-                self._ray_owned = True
-            if self._ray_task is None:
-                self._ray_task = ray.remote(
-                    num_cpus=self._ray_options.get("num_cpus", 1), max_retries=0
-                )(_ray_evaluate)
+        if not ray.is_initialized():
+            ray.init(
+                address=self._ray_options.get("address"),
+                include_dashboard=False,
+                log_to_driver=False,
+            )
+            self._ray_owned = True
+        self._ray_task = ray.remote(num_cpus=self._ray_options.get("num_cpus", 1), max_retries=0)(
+            _ray_evaluate
+        )
+
+    def _run_on_ray(self, evaluator: Evaluator, snapshot: Snapshot):
+        """One evaluation as a Ray task."""
+        import ray
+
         return ray.get(self._ray_task.remote(evaluator, snapshot))
 
     # -- end ----------------------------------------------------------------------------------

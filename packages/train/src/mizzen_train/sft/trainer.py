@@ -304,6 +304,17 @@ class _Trainer:
             f"parameters, {device}, {dtype}); engines needed: {config.engines_needed}"
         )
         self.dispatcher = self._dispatcher(records) if self.evaluators else None
+        if self.dispatcher is not None:
+            try:
+                self.dispatcher.start()  # a runner that cannot start fails before step 0
+            except Exception as exc:
+                raise SftConfigError(
+                    "eval.ray_address",
+                    config.eval.ray_address,
+                    f"the Ray runner did not start ({type(exc).__name__}: {exc})",
+                    'fix the address, or use eval.runner = "thread"',
+                    source=config.source,
+                ) from None
 
     def _restore_or_init(self) -> int:
         config = self.config
