@@ -19,7 +19,7 @@ from mizzen_rollout.engines import (
 )
 from mizzen_rollout.engines.launcher import embedded_server
 
-register_cpu_ci(est_time=40, labels=["engine", "rollout"])
+register_cpu_ci(est_time=25, labels=["engine", "rollout"])
 
 PROMPT = "Colour of lime?"
 

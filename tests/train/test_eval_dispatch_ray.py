@@ -9,7 +9,7 @@ import os
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=45, labels=["train", "ray"])
+register_cpu_ci(est_time=25, labels=["train", "ray"])
 
 EVALUATOR = """
 import os

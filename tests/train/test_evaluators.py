@@ -14,7 +14,7 @@ import torch
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=60, labels=["train", "engine"])
+register_cpu_ci(est_time=55, labels=["train", "engine"])
 
 
 REWARD = """

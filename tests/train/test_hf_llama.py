@@ -13,7 +13,7 @@ import torch
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=60, labels=["train", "megatron", "lora"])
+register_cpu_ci(est_time=45, labels=["train", "megatron", "lora"])
 
 ATOL = 2e-5
 

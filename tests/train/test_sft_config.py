@@ -14,7 +14,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=25, labels=["train"])
+register_cpu_ci(est_time=40, labels=["train"])
 
 BASE = {
     "run": {"dir": "runs/x", "steps": 60, "checkpoint_interval": 10},

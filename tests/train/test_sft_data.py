@@ -12,7 +12,7 @@ import torch
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=8, labels=["train"])
+register_cpu_ci(est_time=10, labels=["train"])
 
 
 def _write(path, records):

@@ -9,7 +9,7 @@ import json
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=120, labels=["e2e", "train"])
+register_cpu_ci(est_time=75, labels=["e2e", "train"])
 
 #: What the later metric gate will hold this run to (the summary record's final_eval).
 MIN_FINAL_SCORE = 0.6

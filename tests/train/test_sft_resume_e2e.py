@@ -10,7 +10,7 @@ from collections import Counter
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=120, labels=["e2e", "train"])
+register_cpu_ci(est_time=75, labels=["e2e", "train"])
 
 
 def test_killed_run_resumes_from_its_checkpoint_without_re_evaluating(sft, tmp_path):

@@ -74,30 +74,44 @@ def _write_json_atomic(path: Path, value: Any) -> None:
     _fsync_dir(path.parent)
 
 
-def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
-    """Create the run (fresh id) or, with ``resume``, read its id and check the config."""
+def check_run_dir(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> None:
+    """What :func:`open_run` would refuse, without creating anything."""
     path = run_dir / RUN_FILE
-    if path.exists():
-        if not resume:
-            raise RunStateError(
-                f"{run_dir} already holds a run ({path}); continue it with --resume, or choose "
-                "another run.dir"
-            )
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-            run_id = record["run_id"]
-            created = float(record["created"])
-            stored = record["config"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
-        if record.get("format") != FORMAT:
-            raise RunStateError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
-        _check_same_run(stored, config, path)
-        return RunIdentity(run_id, created, True)
-    if resume:
+    if path.exists() or resume:
+        _read_run(run_dir, config, resume=resume)
+
+
+def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
+    path = run_dir / RUN_FILE
+    if not path.exists():
         raise RunStateError(
             f"--resume: {run_dir} holds no run ({RUN_FILE} is missing); drop --resume to start one"
         )
+    if not resume:
+        raise RunStateError(
+            f"{run_dir} already holds a run ({path}); continue it with --resume, or choose "
+            "another run.dir"
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        run_id = record["run_id"]
+        created = float(record["created"])
+        stored = record["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
+    if record.get("format") != FORMAT:
+        raise RunStateError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(run_id, str) or not isinstance(stored, dict):
+        raise RunStateError(f"{path}: malformed run record; restore it")
+    _check_same_run(stored, config, path)
+    return RunIdentity(run_id, created, True)
+
+
+def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
+    """Create the run (fresh id) or, with ``resume``, read its id and check the config."""
+    path = run_dir / RUN_FILE
+    if path.exists() or resume:
+        return _read_run(run_dir, config, resume=resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     identity = RunIdentity(uuid.uuid4().hex[:12], time.time(), False)
     _write_json_atomic(

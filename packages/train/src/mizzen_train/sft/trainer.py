@@ -31,7 +31,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -57,6 +56,7 @@ from mizzen_train.sft.metrics import (
 )
 from mizzen_train.sft.state import (
     RunStateError,
+    check_run_dir,
     complete_checkpoints,
     load_checkpoint,
     open_run,
@@ -212,21 +212,20 @@ class _Trainer:
 
     # -- setup ----------------------------------------------------------------------------
 
-    def setup(self, device: str, dtype: str) -> None:
-        from mizzen_train.data import PackedStream, load_sft_dataset
-        from mizzen_train.executor import SlotExecutor
-        from mizzen_train.hf import import_hf_llama
-        from mizzen_train.specs import ExecutorConfig
+    def validate(self, device: str, dtype: str) -> None:
+        """Everything that can be wrong with the configuration, its files and the run directory,
+        checked before megatron starts: model config, tokenizer, data and eval sets, evaluators."""
+        from mizzen_train.data import load_sft_dataset
+        from mizzen_train.hf import read_llama_config
 
         config = self.config
         self.device, self.dtype = device, dtype
+        check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
-        model_dir = _base_model_dir(config)
-        imported = import_hf_llama(model_dir, device=device, dtype=dtype)
-        self.tokenizer = _tokenizer(config, model_dir)
-        self.model, self.source = imported.model, imported.source
-        spec = imported.spec
+        self.model_dir = _base_model_dir(config)
+        spec = read_llama_config(self.model_dir, dtype=dtype).spec
+        self.tokenizer = _tokenizer(config, self.model_dir)
         if len(self.tokenizer) > spec.vocab_size:
             raise SftConfigError(
                 "model.tokenizer", config.model.tokenizer,
@@ -252,6 +251,18 @@ class _Trainer:
             _build_evaluator(ev, i, self.tokenizer, spec.max_sequence_length)
             for i, ev in enumerate(config.evaluators)
         ]
+
+    def setup(self) -> None:
+        from mizzen_train.data import PackedStream
+        from mizzen_train.executor import SlotExecutor
+        from mizzen_train.hf import import_hf_llama
+        from mizzen_train.specs import ExecutorConfig
+
+        config = self.config
+        device, dtype, model_dir = self.device, self.dtype, self.model_dir
+        imported = import_hf_llama(model_dir, device=device, dtype=dtype)
+        self.model, self.source = imported.model, imported.source
+        spec = imported.spec
         # everything is validated: only now does the run directory become a run
         self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
         self.executor = SlotExecutor(
@@ -281,7 +292,6 @@ class _Trainer:
         if not self.identity.resumed and self.metrics_path.exists():
             self.metrics_path.unlink()  # a leftover of a start that never became a run
         self.metrics = MetricsLog(self.metrics_path)
-        self.previous_records = records
         event = "resumed" if self.identity.resumed else "run_started"
         self.metrics.event(
             event,
@@ -622,11 +632,7 @@ def run_sft(config: SftConfig, *, resume: bool = False, stream: TextIO | None = 
     """Run (or ``resume``) the SFT job ``config`` in this process; returns the summary record."""
     device, dtype = _resolve_device(config)
     trainer = _Trainer(config, resume=resume, stream=stream)
+    trainer.validate(device, dtype)
     with _single_rank(device):
-        trainer.setup(device, dtype)
+        trainer.setup()
         return trainer.train()
-
-
-def replace_config(config: SftConfig, **sections: Any) -> SftConfig:
-    """``config`` with whole sections replaced (tests and tools)."""
-    return dataclasses.replace(config, **sections)
