@@ -7,6 +7,11 @@ megatron's forward-backward schedule for 60 steps, evaluating every 20: exactly 
 before the first point.  Then a second run is SIGKILLed after step 30 and resumed: it continues
 from the step-30 checkpoint and evaluates 40 and 60 only.  The wall time and tokens/s are printed
 (and recorded as junit properties).  Needs no matplotlib, ray or console scripts.
+
+Run it on a Hopper host (the image's Python, nothing installed) with the lane:
+``python3 -m nox -s gpu-hopper -- tests/train/test_sft_e2e_gpu.py``, or without nox:
+``PYTHONPATH=ci/src:packages/plugins/src:packages/rollout/src:packages/train/src
+python3 -m mizzen_ci gpu-lane hopper tests/train/test_sft_e2e_gpu.py``.
 """
 
 from __future__ import annotations
