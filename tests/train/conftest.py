@@ -77,3 +77,277 @@ def kit(run_ranks) -> SimpleNamespace:
         join_tp_shards=slot_kit.join_tp_shards,
         TINY_GPT=slot_kit.TINY_GPT,
     )
+
+
+# -- SFT runs as real subprocesses (the e2e tests) ----------------------------------------------
+
+#: Keys every record kind of a finished SFT run's metrics.jsonl carries (the e2e tests compare an
+#: interrupted-and-resumed run against the same schema as an uninterrupted one).
+SFT_RECORD_KEYS = {
+    "train": {
+        "kind", "time", "step", "tenant", "loss", "lr", "grad_norm", "stepped", "tokens",
+        "loss_tokens", "tokens_per_s", "step_s",
+    },
+    "eval": {"kind", "time", "step", "tenant", "evaluator", "status", "metrics", "reason", "wall_s"},
+    "eval_point": {"kind", "time", "step", "status", "final", "reason", "wall_s"},
+    "summary": {
+        "kind", "time", "run_id", "steps", "eval_points", "final_eval", "final_train_loss",
+        "wall_s", "tokens_per_s", "engines_needed",
+    },
+}  # fmt: skip
+
+
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _write_sft_config(path: Path, sections: dict[str, Any]) -> Path:
+    """A TOML file from ``{"run": {...}, "tenants": [{...}], "eval.evaluators": [{...}]}``."""
+    lines = []
+    for section, body in sections.items():
+        tables = body if isinstance(body, list) else [body]
+        for table in tables:
+            lines.append(f"[[{section}]]" if isinstance(body, list) else f"[{section}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+            lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _sft_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+def _launch_sft(config: Path, log: Path, *extra: str):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "mizzen_train", "sft", "--config", str(config), *extra]
+    handle = open(log, "ab")  # noqa: SIM115 (the child owns it; closed on wait)
+    try:
+        return subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=_sft_env(),
+        )  # fmt: skip
+    finally:
+        handle.close()
+
+
+def _read_sft_metrics(path: Path) -> list[dict[str, Any]]:
+    import contextlib
+    import json
+
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written right now
+            records.append(json.loads(line))
+    return records
+
+
+def _engine_descendants(pid: int) -> list[int]:
+    """Pids of ``mizzen_rollout serve`` processes whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"mizzen_rollout" in cmdline and b"serve" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _max_train_step(records: Sequence[dict[str, Any]]) -> int:
+    return max((r["step"] for r in records if r.get("kind") == "train"), default=0)
+
+
+def _colours_sections(
+    run_dir: Path, *, steps: int = 60, interval: int = 20, checkpoint_interval: int = 10
+) -> dict[str, Any]:
+    """The e2e run: the tiny Llama learning the shipped colours task, evaluated every
+    ``interval`` steps by generation (an embedded engine on the snapshot) and held-out loss."""
+    return {
+        "run": {
+            "dir": str(run_dir), "steps": steps, "checkpoint_interval": checkpoint_interval,
+            "device": "cpu",
+            "micro_batch_size": 4, "threads": 1, "seed": 0,
+        },
+        "model": {"path": "tiny", "tokenizer": "model"},
+        "model.tiny": {"seed": 0, "initializer_range": 0.12},
+        "data": {"seq_len": 144},  # two examples per row
+        "tenants": [
+            {"name": "colours", "data": "example:colours_train", "rows": 4, "lr": 1e-2,
+             "lora_rank": 16, "lora_alpha": 32.0},
+        ],
+        "eval": {
+            "interval": interval, "snapshot_dir": "snapshots", "max_in_flight": 1,
+            "overflow": "wait", "keep_snapshots": 1,
+        },
+        "eval.evaluators": [
+            {"kind": "generate", "name": "answers", "data": "example:colours_eval",
+             "reward": "f1", "max_new_tokens": 16, "limit": 16},
+            {"kind": "loss", "name": "heldout", "data": "example:colours_eval"},
+        ],
+    }  # fmt: skip
+
+
+def _run_to_completion(config: Path, log: Path, run_dir: Path, *, first_point: int) -> dict:
+    """Run ``mizzen-train sft`` to its end, watching for engine processes before the first
+    eval point; returns the records, the output, the wall time and what it saw."""
+    import time
+
+    started = time.monotonic()
+    process = _launch_sft(config, log)
+    early_engines = []
+    try:
+        while process.poll() is None:
+            step = _max_train_step(_read_sft_metrics(run_dir / "metrics.jsonl"))
+            engines = _engine_descendants(process.pid)
+            if engines and step < first_point:
+                early_engines.append((step, engines))
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(60)
+    output = log.read_text()
+    assert process.returncode == 0, output[-6000:]
+    return {
+        "records": _read_sft_metrics(run_dir / "metrics.jsonl"),
+        "output": output,
+        "wall": time.monotonic() - started,
+        "early_engines": early_engines,
+    }
+
+
+def _check_protocol(records: list[dict[str, Any]], *, steps: int, points: Sequence[int]) -> dict:
+    """The SFT e2e protocol on a finished run's metrics: every record has its schema; the run
+    needed engines for eval only; each step trained once; exactly ``points`` were evaluated (the
+    last one forced, flagged final), every evaluation succeeded, and the eval score and held-out
+    loss improved from the first point to the last; every engine was started for an eval point
+    after its step trained, and stopped.  Returns the final score and held-out loss."""
+    for record in records:
+        if record["kind"] in SFT_RECORD_KEYS:
+            assert set(record) == SFT_RECORD_KEYS[record["kind"]], record
+    first = next(r for r in records if r.get("event") in ("run_started", "resumed"))
+    assert first["engines_needed"] == "eval-only"
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, steps + 1))
+    got = [(r["step"], r["status"], r["final"]) for r in records if r["kind"] == "eval_point"]
+    assert got == [(p, "ok", p == points[-1]) for p in points]
+    evals = {(r["step"], r["evaluator"]): r for r in records if r["kind"] == "eval"}
+    assert sorted(evals) == [(p, e) for p in points for e in ("answers", "heldout")]
+    assert all(r["status"] == "ok" for r in evals.values()), evals
+    score = {p: evals[(p, "answers")]["metrics"]["score"] for p in points}
+    heldout = {p: evals[(p, "heldout")]["metrics"]["loss"] for p in points}
+    assert score[points[-1]] > score[points[0]], score
+    assert heldout[points[-1]] < heldout[points[0]], heldout
+    trained_at = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
+    starts = [r for r in records if r.get("event") == "engine_started"]
+    assert sorted(e["step"] for e in starts) == list(points)
+    for event in starts:
+        assert event["purpose"] == "eval" and event["time"] >= trained_at[event["step"]]
+    stopped = {e["pid"] for e in records if e.get("event") == "engine_stopped"}
+    assert stopped == {e["pid"] for e in starts}
+    summary = records[-1]
+    assert summary["kind"] == "summary" and summary["eval_points"] == list(points)
+    final = summary["final_eval"]["colours"]
+    assert (final["answers"]["score"], final["heldout"]["loss"]) == (
+        score[points[-1]],
+        heldout[points[-1]],
+    )
+    return {"score": score, "heldout": heldout, "summary": summary}
+
+
+def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int, point: int):
+    """Start a run, SIGKILL it once it trained ``kill_after`` steps and eval ``point`` settled,
+    then ``--resume`` it to the end.  Returns what the test checks."""
+    import json
+    import signal
+    import time
+
+    metrics = run_dir / "metrics.jsonl"
+    first = _launch_sft(config, log)
+    engines: list[int] = []
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert first.poll() is None, f"exited early ({first.returncode}):\n{log.read_text()}"
+            assert time.monotonic() < deadline, "timed out waiting for the kill point"
+            records = _read_sft_metrics(metrics)
+            settled = any(r["kind"] == "eval_point" and r["step"] == point for r in records)
+            if settled and _max_train_step(records) >= kill_after:
+                break
+            time.sleep(0.02)
+        engines = _engine_descendants(first.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(60)
+    assert first.returncode == -signal.SIGKILL
+    before = _read_sft_metrics(metrics)
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    deadline = time.monotonic() + 15  # the engine of a killed run exits on its own
+    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [pid for pid in engines if _process_alive(pid)]
+    resumed_at = time.time()
+    second = _launch_sft(config, log, "--resume")
+    assert second.wait(900) == 0, log.read_text()[-6000:]
+    return {
+        "killed_at": _max_train_step(before),
+        "checkpoints_at_kill": checkpoints,
+        "run_id": run_id,
+        "orphans": orphans,
+        "resumed_at": resumed_at,
+        "records": _read_sft_metrics(metrics),
+        "output": log.read_text(),
+    }
+
+
+@pytest.fixture
+def sft() -> SimpleNamespace:
+    """Write SFT configurations, launch ``python -m mizzen_train sft`` subprocesses, read their
+    metrics and find the engine processes they start."""
+    return SimpleNamespace(
+        RECORD_KEYS=SFT_RECORD_KEYS,
+        write_config=_write_sft_config,
+        launch=_launch_sft,
+        read_metrics=_read_sft_metrics,
+        engine_descendants=_engine_descendants,
+        max_train_step=_max_train_step,
+        alive=_process_alive,
+        env=_sft_env,
+        colours_sections=_colours_sections,
+        run_to_completion=_run_to_completion,
+        check_protocol=_check_protocol,
+        kill_and_resume=_kill_and_resume,
+    )

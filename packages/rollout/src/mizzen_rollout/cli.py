@@ -152,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 # ============================================================================= serve
 def cmd_serve(args: argparse.Namespace) -> int:
     from .engines.embedded.backend import BackendUnavailableError, make_backend
-    from .engines.embedded.server import serve
+    from .engines.embedded.server import serve, watch_parent
 
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid)  # before the (slow) model load: no orphan if killed then
     try:
         backend = make_backend(
             args.backend, model_path=args.model, seed=args.seed, num_threads=args.num_threads

@@ -6,6 +6,16 @@ slot checkpoints.  Rollout samples come from :mod:`mizzen_rollout.samples`, the 
 
 Modules (each states its invariants in its docstring):
 
+- :mod:`~mizzen_train.sft` -- ``mizzen-train sft``: the SFT trainer, its configuration, run
+  directory (checkpoints, resume) and metrics; :mod:`~mizzen_train.cli` the command line.
+- :mod:`~mizzen_train.hf` -- Hugging Face Llama import into megatron-core and merged-snapshot
+  export (the one megatron <-> HF name table), small Llamas created by code.
+- :mod:`~mizzen_train.data` -- SFT records, tokenisation with response-only loss, packing.
+- :mod:`~mizzen_train.eval_dispatch` -- the eval dispatcher (snapshots evaluated on the side);
+  :mod:`~mizzen_train.evaluators` its built-in generation and held-out loss evaluators.
+- :mod:`~mizzen_train.runplan` -- ``engines_needed``, derived once from a configuration.
+- :mod:`~mizzen_train.plot` -- ``mizzen-train plot``: loss and eval curves (matplotlib).
+
 - :mod:`~mizzen_train.executor` -- ``SlotExecutor``: load_slot / unload_slot / forward_backward /
   optim_step, forward_logprobs, save_slot / restore_slot; the failure policy.
 - :mod:`~mizzen_train.lora` -- slotted LoRA around megatron's column/row-parallel linears.
@@ -15,7 +25,7 @@ Modules (each states its invariants in its docstring):
 - :mod:`~mizzen_train.losses` -- cross-entropy (SFT) and clipped policy-gradient (RL) losses.
 - :mod:`~mizzen_train.validation` and :mod:`~mizzen_train.errors` -- registration-time rules.
 - :mod:`~mizzen_train.batch`, :mod:`~mizzen_train.specs` -- request records.
-- :mod:`~mizzen_train.gpt` -- build a megatron-core GPT (local layer spec) for the executor.
+- :mod:`~mizzen_train.gpt` -- build a megatron-core GPT (local layer spec; GPT-2 or Llama shape).
 - :mod:`~mizzen_train.megatron_on_cpu` -- opt-in ``torch.cuda`` shim to run megatron on a CPU.
 - :mod:`~mizzen_train.memory` -- CUDA allocated bytes once asynchronous frees have landed.
 

@@ -8,7 +8,12 @@ tensors are ``[rows, seq]``:
 - ``loss_mask``: 1 where the position's loss counts (bool or 0/1 floats);
 - ``slot_ids``: the slot whose adapter applies to each token, ``-1`` for base-only tokens;
 - ``old_logprobs`` / ``advantages``: per-token fields the policy-gradient loss needs;
-- ``position_ids``: optional, ``arange(seq)`` per row when omitted.
+- ``position_ids``: optional, ``arange(seq)`` per row when omitted (restarting at every segment
+  when ``segment_ids`` is given);
+- ``segment_ids``: optional, for packed rows: a token attends only to earlier tokens of its own
+  segment (a block-diagonal causal mask), so several sequences share a row without seeing each
+  other.  With rotary positions this is exactly the unpacked computation (attention depends on
+  relative positions only); learned positions restart per segment through ``position_ids``.
 
 Invariants (checked by :func:`mizzen_train.validation.check_batch` before any work starts):
 - a row holds the tokens of at most one slot (its other tokens are ``-1``): attention mixes the
@@ -25,7 +30,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 #: Optional per-token tensor fields, in declaration order.
-OPTIONAL_TOKEN_FIELDS = ("old_logprobs", "advantages", "position_ids")
+OPTIONAL_TOKEN_FIELDS = ("old_logprobs", "advantages", "position_ids", "segment_ids")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class SlotBatch:
     old_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    segment_ids: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -7,6 +7,8 @@
 - :class:`SlotCheckpointError` — a slot checkpoint could not be saved or loaded.  Saving agrees on
   success over all ranks before it commits, so every rank raises it together and the previous
   checkpoint stays the committed one; loading validates before it touches the slot.
+- :class:`HFModelError` — a Hugging Face model directory cannot be imported or exported (see
+  :mod:`mizzen_train.hf`).
 - :class:`ExecutorFailedError` — an earlier operation died part-way (see
   :mod:`mizzen_train.executor`); the executor refuses all further work until it is rebuilt from a
   checkpoint.
@@ -36,3 +38,8 @@ class SlotCheckpointError(RuntimeError):
 
 class ExecutorFailedError(RuntimeError):
     """The executor failed earlier and must be rebuilt from a checkpoint before further work."""
+
+
+class HFModelError(ValueError):
+    """A Hugging Face model directory cannot be imported or exported; the message names the file
+    (and field), the rule and the fix.  Raised before any weight is copied into a model."""

@@ -116,6 +116,24 @@ class _MicroBatch:
     num_tokens: torch.Tensor
 
 
+def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[b, 1, s, s]`` True where attention is masked: later positions and other segments."""
+    seq_len = segment_ids.shape[1]
+    causal = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+    other = segment_ids.unsqueeze(2) != segment_ids.unsqueeze(1)
+    return (causal.unsqueeze(0) | other).unsqueeze(1)
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 where the segment id changes along each row."""
+    rows, seq_len = segment_ids.shape
+    index = torch.arange(seq_len).expand(rows, -1)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    start_index = torch.where(starts, index, torch.zeros_like(index))
+    return index - torch.cummax(start_index, dim=1).values
+
+
 class SlotExecutor:
     """K LoRA slots on one frozen megatron-core GPT (see the module docstring)."""
 
@@ -227,6 +245,31 @@ class SlotExecutor:
         }
         state["step"] = opt.step
         return state
+
+    @torch.no_grad()
+    def adapter_weights(self, slot: int) -> dict[str, torch.Tensor]:
+        """The slot's full (TP shards joined) fp32 factors at its true rank, by factor name --
+        the ``weights`` :meth:`load_slot` takes -- read from the optimizer's fp32 masters.
+
+        Collective under tensor parallelism (split factors are all-gathered over the TP group);
+        tensors stay on the executor's device."""
+        self._check_usable("adapter_weights")
+        record = self._loaded(slot, "slot")
+        full: dict[str, torch.Tensor] = {}
+        for factor, master in zip(self.layout, record.optimizer.masters, strict=True):
+            tensor = master.detach()
+            layer = factor.layer
+            if factor.split_dim is not None and layer.tp_size > 1:
+                parts = [torch.empty_like(tensor) for _ in range(layer.tp_size)]
+                torch.distributed.all_gather(parts, tensor.contiguous(), group=layer.tp_group)
+                tensor = torch.cat(parts, dim=factor.split_dim)
+            full[factor.name] = checkpoint.trim_rank_padding(
+                tensor,
+                rank=record.spec.rank,
+                rank_axis_from_end=factor.rank_axis_from_end,
+                name=factor.name,
+            ).clone()
+        return full
 
     def _loaded(self, slot: Any, field_name: str) -> _LoadedSlot:
         check_slot_index(slot, num_slots=self.config.num_slots, field=field_name)
@@ -418,13 +461,20 @@ class SlotExecutor:
             device=device,
         )
         position_ids = rows.position_ids
-        if position_ids is None:
-            position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
+        segments = rows.segment_ids
+        if segments is None:
+            attention_mask = self._attention_mask(rows.seq_len)
+            if position_ids is None:
+                position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
+        else:
+            attention_mask = segment_attention_mask(segments).to(device)
+            if position_ids is None:
+                position_ids = segment_positions(segments)
         return _ModelInputs(
             input_ids=rows.input_ids.to(device=device, dtype=torch.int64),
             position_ids=position_ids.to(device=device, dtype=torch.int64),
             target_ids=rows.target_ids.to(device=device, dtype=torch.int64),
-            attention_mask=self._attention_mask(rows.seq_len),
+            attention_mask=attention_mask,
             routing=routing,
         )
 

@@ -278,7 +278,7 @@ def check_batch(
                 "batches arrive as host tensors (routing is planned on the host)",
                 "pass CPU tensors; the executor moves them to the device",
             )
-    for name in ("input_ids", "target_ids", "slot_ids", "position_ids"):
+    for name in ("input_ids", "target_ids", "slot_ids", "position_ids", "segment_ids"):
         tensor = getattr(batch, name)
         if tensor is not None and (tensor.dtype.is_floating_point or tensor.dtype == torch.bool):
             raise SlotConfigError(

@@ -241,6 +241,23 @@ class SGLangClient:
             raise
         return protocol.parse_tokenize_response(body, engine=self._base_url)
 
+    async def update_weights_from_disk(self, model_path: str) -> str:
+        """Make the server load the weights of ``model_path`` (a directory it can read, of the
+        architecture it serves); returns the server's message.  A refusal raises
+        :class:`EngineRequestError` with the server's reason."""
+        body = await self._post(
+            protocol.UPDATE_WEIGHTS_PATH, protocol.build_update_weights_payload(model_path), None
+        )
+        success, message = protocol.parse_update_weights_response(body, engine=self._base_url)
+        if not success:
+            raise EngineRequestError(
+                f"{self._base_url} refused to load {model_path}: {message}",
+                status_code=200,
+                body=message,
+                engine=self._base_url,
+            )
+        return message
+
     async def abort(self, request_id: str) -> None:
         self._aborted[request_id] = None
         while len(self._aborted) > _ABORTED_MEMORY:

@@ -33,6 +33,10 @@ Facts taken from SGLang's documentation and source (read, not copied):
   ``{"index", "message": {"role", "content"}, "logprobs": {"content": [{"token", "logprob",
   ...}]}, "finish_reason", "matched_stop", "prompt_token_ids", "token_ids"}``; ``usage`` holds
   ``prompt_tokens``, ``completion_tokens``, ``total_tokens``.
+- ``POST /update_weights_from_disk`` takes ``{"model_path", "load_format", "abort_all_requests",
+  "weight_version", ...}`` (``io_struct.py::UpdateWeightFromDiskReqInput``) and answers
+  ``{"success": bool, "message": str, "num_paused_requests": int}``; the server reloads the
+  weights of a model directory of the same architecture in place.
 
 Invariants:
 - Standard library only.  Parsing errors raise :class:`EngineProtocolError` (client side) or
@@ -64,6 +68,7 @@ ABORT_PATH = "/abort_request"
 HEALTH_PATH = "/health"
 TOKENIZE_PATH = "/tokenize"
 MODEL_INFO_PATH = "/get_model_info"
+UPDATE_WEIGHTS_PATH = "/update_weights_from_disk"
 
 # ----------------------------------------------------------------------------- documented fields
 #: Top-level fields of SGLang's ``/generate`` request that mizzen may send or the embedded server
@@ -129,6 +134,9 @@ META_INFO_FIELDS = frozenset(
 FINISH_REASON_TYPES = frozenset({"stop", "length", "abort"})
 ABORT_REQUEST_FIELDS = frozenset({"rid", "abort_all"})
 TOKENIZE_REQUEST_FIELDS = frozenset({"prompt", "add_special_tokens"})
+UPDATE_WEIGHTS_REQUEST_FIELDS = frozenset(
+    {"model_path", "load_format", "abort_all_requests", "weight_version"}
+)
 CHAT_REQUEST_FIELDS = frozenset(
     {
         "model",
@@ -636,3 +644,45 @@ def parse_tokenize_response(body: Any, *, engine: str) -> list[int]:
     if not isinstance(tokens, list):
         raise EngineProtocolError(f"{engine}: '/tokenize' 'tokens' is not a list", engine=engine)
     return [_as_int(t, f"tokens[{i}]", engine) for i, t in enumerate(tokens)]
+
+
+# ============================================================================= weight updates
+def build_update_weights_payload(model_path: str) -> dict[str, Any]:
+    return {"model_path": model_path}
+
+
+def parse_update_weights_payload(body: Any) -> str:
+    """The model directory of an update request (the server side)."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("model_path"), str):
+        raise ProtocolRequestError(
+            f"{UPDATE_WEIGHTS_PATH} takes {{'model_path': str, ...}} "
+            f"({sorted(UPDATE_WEIGHTS_REQUEST_FIELDS)})"
+        )
+    unknown = set(body) - UPDATE_WEIGHTS_REQUEST_FIELDS
+    if unknown:
+        raise ProtocolRequestError(
+            f"{UPDATE_WEIGHTS_PATH}: unknown field(s) {sorted(unknown)}; this server takes "
+            f"{sorted(UPDATE_WEIGHTS_REQUEST_FIELDS)}"
+        )
+    if body.get("load_format") not in (None, "auto"):
+        raise ProtocolRequestError(
+            f"{UPDATE_WEIGHTS_PATH}: load_format={body['load_format']!r} is not implemented by "
+            "this server (only the model directory's own format); drop it"
+        )
+    if not body["model_path"]:
+        raise ProtocolRequestError(f"{UPDATE_WEIGHTS_PATH}: model_path is empty")
+    return body["model_path"]
+
+
+def build_update_weights_response(success: bool, message: str) -> dict[str, Any]:
+    return {"success": bool(success), "message": message, "num_paused_requests": 0}
+
+
+def parse_update_weights_response(body: Any, *, engine: str) -> tuple[bool, str]:
+    success = _require(body, "success", "", engine)
+    if not isinstance(success, bool):
+        raise EngineProtocolError(
+            f"{engine}: '{UPDATE_WEIGHTS_PATH}' 'success' is not a boolean", engine=engine
+        )
+    message = body.get("message", "")
+    return success, message if isinstance(message, str) else str(message)

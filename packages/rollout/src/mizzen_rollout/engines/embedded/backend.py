@@ -17,6 +17,8 @@ Invariants:
 - Log-probs are ``log_softmax(logits / temperature)`` of the sampled token (``logits`` when
   greedy), before top-k/top-p truncation.
 - Unsupported sampling parameters with non-default values are rejected, never ignored.
+- :meth:`TransformersBackend.reload` swaps in another model directory between two generations
+  (a generation never mixes weights); the echo backend has no weights to update.
 """
 
 from __future__ import annotations
@@ -194,18 +196,38 @@ class TransformersBackend:
                 f"seeded {seed}"
             )
         else:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                model_path, local_files_only=True, dtype=torch.float32
-            )
-            hf_tok = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-            eos = self.model.generation_config.eos_token_id
-            if eos is None:
-                eos = hf_tok.eos_token_id
-            eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-            self.tokenizer = HFTokenizerAdapter(hf_tok, eos_ids)
+            self.model, self.tokenizer = self._load_local(model_path)
             self.description = f"local model {model_path}"
         self.model.eval()
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+    def _load_local(self, model_path: str) -> tuple[Any, HFTokenizerAdapter]:
+        transformers = self._transformers
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            model_path, local_files_only=True, dtype=self._torch.float32
+        )
+        hf_tok = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = hf_tok.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return model, HFTokenizerAdapter(hf_tok, eos_ids)
+
+    def reload(self, model_path: str) -> str:
+        """Serve the model directory ``model_path`` from now on (SGLang's
+        ``update_weights_from_disk``): loaded first, swapped in between two generations."""
+        model, tokenizer = self._load_local(model_path)
+        if type(model.config) is not type(self.model.config):
+            raise UnsupportedParameterError(
+                f"{model_path} holds a {type(model.config).__name__} model but this server "
+                f"serves {type(self.model.config).__name__}; start a server for it instead"
+            )
+        model.eval()
+        with self._lock:
+            self.model, self.tokenizer = model, tokenizer
+            self.description = f"local model {model_path}"
+            self.max_model_len = int(getattr(model.config, "max_position_embeddings", 4096))
+        return f"serving {model_path}"
 
     def _stopping_criteria(
         self, prompt_len: int, stops: Sequence[str], should_abort: Callable[[], bool]

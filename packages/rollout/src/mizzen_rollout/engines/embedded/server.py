@@ -1,8 +1,9 @@
 """The embedded engine server (``mizzen-rollout serve``): SGLang's protocol subset over HTTP/1.1.
 
 Endpoints: ``POST /generate``, ``POST /v1/chat/completions``, ``POST /abort_request``,
-``POST /tokenize``, ``GET /health``, ``GET /get_model_info`` — shapes from :mod:`..protocol`, so
-the client code that talks to SGLang talks to this server unchanged.
+``POST /tokenize``, ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info`` —
+shapes from :mod:`..protocol`, so the client code that talks to SGLang talks to this server
+unchanged.
 
 Invariants:
 - Standard library HTTP (``ThreadingHTTPServer``, keep-alive); one thread per connection; the
@@ -15,7 +16,7 @@ Invariants:
 - ``/abort_request`` marks the request id: a queued request ends before it starts, a running one
   after its current token; both answer 200 with an ``abort`` finish reason (as current SGLang).
 - With ``parent_pid`` set, the server exits when that process is gone (no orphans when an engine
-  worker is killed).
+  worker is killed); ``mizzen-rollout serve`` starts watching before the backend loads.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
             protocol.CHAT_PATH: self.server.handle_chat,
             protocol.ABORT_PATH: self.server.handle_abort,
             protocol.TOKENIZE_PATH: self.server.handle_tokenize,
+            protocol.UPDATE_WEIGHTS_PATH: self.server.handle_update_weights,
         }
         handler = routes.get(self.path)
         if handler is None:
@@ -233,6 +235,21 @@ class EmbeddedServer(ThreadingHTTPServer):
         self.inflight.abort(request_id, abort_all)
         return HTTPStatus.OK, {}
 
+    def handle_update_weights(self, body: Any) -> tuple[int, Any]:
+        model_path = protocol.parse_update_weights_payload(body)
+        reload = getattr(self.backend, "reload", None)
+        if reload is None:
+            raise UnsupportedParameterError(
+                f"the {self.backend.description} backend has no weights to update"
+            )
+        try:
+            message = reload(model_path)
+        except Exception as exc:  # SGLang answers a failed load with 400 and success=false
+            return HTTPStatus.BAD_REQUEST, protocol.build_update_weights_response(
+                False, f"loading {model_path} failed: {type(exc).__name__}: {exc}"
+            )
+        return HTTPStatus.OK, protocol.build_update_weights_response(True, message)
+
     def handle_tokenize(self, body: Any) -> tuple[int, Any]:
         text, add_special = protocol.parse_tokenize_payload(body)
         tokens = self.backend.tokenizer.encode(text, add_special_tokens=add_special)
@@ -248,7 +265,23 @@ def _write_url_file(path: str, url: str) -> None:
     os.replace(tmp, target)
 
 
-def _watch_parent(server: EmbeddedServer, parent_pid: int, interval_s: float = 0.5) -> None:
+def watch_parent(parent_pid: int) -> None:
+    """Exit this process as soon as ``parent_pid`` is no longer its parent (a daemon thread).
+    Started before the backend loads, so a launcher killed during a slow model load leaves no
+    orphan behind; idempotent."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), daemon=True, name="parent-watch"
+    ).start()
+
+
+_WATCHING = False
+
+
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
     while True:
         time.sleep(interval_s)
         if os.getppid() != parent_pid:
@@ -272,9 +305,7 @@ def serve(
     """Serve ``backend`` until interrupted (blocks)."""
     server = EmbeddedServer(backend, host, port, verbose=verbose)
     if parent_pid is not None:
-        threading.Thread(
-            target=_watch_parent, args=(server, parent_pid), daemon=True, name="parent-watch"
-        ).start()
+        watch_parent(parent_pid)
     if port_file:
         _write_url_file(port_file, server.client_url)
     print(f"mizzen-rollout serve: listening on {server.url} ({backend.description})", flush=True)

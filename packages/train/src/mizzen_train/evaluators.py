@@ -1,0 +1,223 @@
+"""The built-in evaluators of :mod:`mizzen_train.eval_dispatch`.
+
+- :class:`GenerationEvaluator` (``kind = "generate"``, needs an engine): generates on the eval
+  set with a rollout engine serving the snapshot and scores the answers with a
+  :mod:`mizzen_rollout.rewards` function.  The engines are either embedded engines it starts on
+  the snapshot directory for the point and stops afterwards (``num_engines`` of them: the eval
+  fleet is sized here, from the eval configuration, never from a training rollout fleet), or
+  running SGLang (or embedded) servers given by URL, which it points at the snapshot with
+  ``/update_weights_from_disk`` (the servers must be able to read the snapshot directory).
+- :class:`LossEvaluator` (``kind = "loss"``, no engine): the held-out loss and perplexity of the
+  snapshot on the eval set's response tokens, computed with ``transformers`` on the snapshot
+  directory (so it also checks that the snapshot loads).
+
+Invariants:
+- Evaluators are built (eval set loaded, tokenised and checked non-empty, reward resolved) before
+  step 0; ``evaluate`` only reads the snapshot.  They are picklable (the Ray runner ships them).
+- Greedy decoding by default (``temperature = 0``), so a point's score is a function of the
+  snapshot alone.
+- Every engine started is stopped before ``evaluate`` returns, and noted on the snapshot
+  (``engine_started`` / ``engine_stopped`` events with the process id), whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mizzen_rollout.data import PromptRecord
+from mizzen_train.data import SftExample, SftTokenizer
+from mizzen_train.eval_dispatch import EvalSkip, Snapshot
+
+__all__ = ["GenerationEvaluator", "LossEvaluator"]
+
+# One lock per set of engine URLs: a server serves one snapshot at a time.
+_URL_LOCKS: dict[tuple[str, ...], threading.Lock] = {}
+_URL_LOCKS_GUARD = threading.Lock()
+
+
+def _url_lock(urls: Sequence[str]) -> threading.Lock:
+    key = tuple(sorted(urls))
+    with _URL_LOCKS_GUARD:
+        return _URL_LOCKS.setdefault(key, threading.Lock())
+
+
+@dataclass
+class GenerationEvaluator:
+    """Generate on ``prompts`` with engines serving the snapshot; score with ``reward``."""
+
+    name: str
+    prompts: list[PromptRecord]
+    reward: str
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    engine_urls: tuple[str, ...] = ()
+    num_engines: int = 1
+    engine_threads: int = 1
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    concurrency: int = 64
+    needs_engine: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        from mizzen_rollout.rewards import load_reward
+
+        self._reward_fn = load_reward(self.reward)  # raises RewardSpecError before step 0
+        if self._reward_fn is None:
+            raise ValueError(f"evaluator {self.name!r}: reward='none' leaves nothing to score")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_reward_fn", None)  # rebuilt from the spec where it is unpickled
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def evaluate(self, snapshot: Snapshot) -> dict[str, float]:
+        if self.engine_urls:
+            with _url_lock(self.engine_urls):
+                return asyncio.run(self._on_urls(snapshot, list(self.engine_urls)))
+        return self._on_embedded(snapshot)
+
+    def _on_embedded(self, snapshot: Snapshot) -> dict[str, float]:
+        from mizzen_rollout.engines.launcher import LaunchError, launch_embedded
+
+        servers = []
+        try:
+            for _ in range(self.num_engines):
+                server = launch_embedded(
+                    model_path=str(snapshot.path),
+                    num_threads=self.engine_threads,
+                    deadline_s=self.startup_timeout_s,
+                    wait=False,
+                )
+                servers.append(server)
+                snapshot.note("engine_started", purpose="eval", pid=server.pid, engine="embedded")
+            for server in servers:
+                server.wait_healthy(self.startup_timeout_s)
+            return asyncio.run(self._generate(snapshot, [s.url for s in servers]))
+        except LaunchError as exc:
+            raise EvalSkip(f"the eval engine did not start: {str(exc)[:600]}") from None
+        finally:
+            for server in servers:
+                server.stop()
+                server.cleanup_logs()
+                snapshot.note("engine_stopped", purpose="eval", pid=server.pid)
+
+    async def _on_urls(self, snapshot: Snapshot, urls: list[str]) -> dict[str, float]:
+        from mizzen_rollout.engines import EngineError, SGLangClient
+
+        for url in urls:
+            async with SGLangClient(url, timeout_s=self.startup_timeout_s) as client:
+                try:
+                    await client.update_weights_from_disk(str(snapshot.path))
+                except EngineError as exc:
+                    raise EvalSkip(f"{url} did not load the snapshot: {exc}") from None
+            snapshot.note("engine_weights_updated", purpose="eval", engine=url)
+        return await self._generate(snapshot, urls)
+
+    async def _generate(self, snapshot: Snapshot, urls: list[str]) -> dict[str, float]:
+        from mizzen_rollout.engines import SamplingParams, SGLangClient
+        from mizzen_rollout.rollout import RolloutConfig, run_rollout
+        from mizzen_rollout.router import EngineRouter
+        from mizzen_rollout.samples import SampleStatus
+
+        config = RolloutConfig(
+            n_samples=1,
+            sampling=SamplingParams(
+                max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=0
+            ),
+            return_logprob=False,
+            max_concurrency=self.concurrency,
+        )
+        router = EngineRouter([SGLangClient(u, timeout_s=self.request_timeout_s) for u in urls])
+        try:
+            batch = await run_rollout(
+                self.prompts,
+                router,
+                config,
+                reward=self._reward_fn,
+                batch_id=f"eval-{snapshot.step}-{snapshot.tenant}",
+            )
+        finally:
+            await router.aclose()
+        samples = batch.all_samples
+        failed = [s for s in samples if s.status == SampleStatus.FAILED]
+        if len(failed) == len(samples):
+            raise EvalSkip(f"all {len(samples)} generations failed; first: {failed[0].error}")
+        rewards = [s.reward if s.reward is not None else 0.0 for s in samples]
+        lengths = [len(s.response_tokens) for s in samples]
+        return {
+            "score": sum(rewards) / len(samples),
+            "completed": sum(s.status == SampleStatus.COMPLETED for s in samples) / len(samples),
+            "failed": float(len(failed)),
+            "response_tokens": sum(lengths) / len(samples),
+            "samples": float(len(samples)),
+        }
+
+
+@dataclass
+class LossEvaluator:
+    """Held-out loss of a snapshot on the eval set's response tokens (no engine)."""
+
+    name: str
+    examples: list[SftExample]
+    batch_size: int = 8
+    device: str = "cpu"
+    needs_engine: bool = field(default=False, init=False)
+
+    def evaluate(self, snapshot: Snapshot) -> dict[str, float]:
+        import torch
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        device = torch.device(self.device)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(snapshot.path), dtype=torch.float32, local_files_only=True
+        ).to(device)
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for start in range(0, len(self.examples), self.batch_size):
+                chunk = self.examples[start : start + self.batch_size]
+                width = max(len(e.input_ids) for e in chunk)
+                ids = torch.zeros(len(chunk), width, dtype=torch.long)
+                attention = torch.zeros(len(chunk), width, dtype=torch.long)
+                mask = torch.zeros(len(chunk), width, dtype=torch.bool)
+                for row, example in enumerate(chunk):
+                    n = len(example.input_ids)
+                    ids[row, :n] = torch.tensor(example.input_ids)
+                    attention[row, :n] = 1
+                    mask[row, :n] = torch.tensor(example.loss_mask)
+                logits = model(
+                    input_ids=ids.to(device), attention_mask=attention.to(device)
+                ).logits.float()
+                logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+                targets = ids[:, 1:].to(device)
+                nll = -logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                counted = mask[:, 1:].to(device)
+                total += float(nll[counted].sum())
+                count += int(counted.sum())
+        del model
+        loss = total / count
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": float(count)}
+
+
+def generation_prompts(tokenizer: SftTokenizer, examples: Sequence[SftExample]):
+    """Eval prompts for the generation evaluator: what the engine generates from, and the
+    reference answer (the example's last assistant message) as the label."""
+    return [
+        PromptRecord(
+            index=i,
+            input=tokenizer.generation_prompt(example.record),
+            label=example.record.label,
+            metadata={"line": example.where},
+        )
+        for i, example in enumerate(examples)
+    ]

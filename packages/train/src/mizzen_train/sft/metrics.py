@@ -1,0 +1,147 @@
+"""The run's metrics as JSON lines, and the progress line.
+
+Every line of ``metrics.jsonl`` is one JSON object with a ``kind``:
+
+- ``train``: ``step``, ``tenant``, ``loss``, ``lr``, ``grad_norm``, ``tokens`` (the tenant's
+  non-padding positions), ``loss_tokens``, ``tokens_per_s`` (the whole step's throughput),
+  ``step_s``, ``stepped`` (False when a non-finite gradient skipped the update), ``time``;
+- ``eval``: ``step`` (the snapshot's), ``tenant``, ``evaluator``, ``status`` (``ok`` |
+  ``skipped``), ``metrics`` (``{name: number}``), ``reason``, ``wall_s``, ``time``;
+- ``eval_point``: ``step``, ``status`` (``ok`` | ``partial`` | ``skipped``), ``final``,
+  ``reason``, ``wall_s``;
+- ``event``: ``event`` (``run_started``, ``resumed``, ``checkpoint``, ``engine_started``, ...)
+  and its fields;
+- ``summary``: the last line of a finished run: ``final`` eval metrics by tenant and evaluator,
+  the final training loss, wall time and tokens/s.
+
+Invariants:
+- One ``write`` per line under a lock, flushed: lines are whole and never interleaved (worker
+  threads log eval results).  A line cut by a kill is dropped, and counted, when the file is read.
+- :func:`rewrite_for_resume` keeps eval results (they are keyed by step and never redone) and
+  drops training lines after the checkpoint the run resumes from (those steps run again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no nan/inf; keep it visible rather than dropping it
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Every whole record of a metrics file, and how many broken lines were dropped."""
+    if not path.is_file():
+        return [], 0
+    records, broken = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            broken += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("kind"), str):
+            records.append(record)
+        else:
+            broken += 1
+    return records, broken
+
+
+def rewrite_for_resume(path: Path, resume_step: int) -> tuple[list[dict[str, Any]], int]:
+    """Keep the records a resumed run builds on; returns them and the broken-line count."""
+    records, broken = read_metrics(path)
+    kept = [
+        r
+        for r in records
+        if not (r["kind"] == "train" and int(r.get("step", 0)) > resume_step)
+        and r["kind"] != "summary"
+    ]
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for record in kept:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return kept, broken
+
+
+def settled_eval_keys(records: Iterable[Mapping[str, Any]]) -> set[tuple[int, str, str]]:
+    return {
+        (int(r["step"]), str(r["tenant"]), str(r["evaluator"]))
+        for r in records
+        if r.get("kind") == "eval"
+    }
+
+
+class MetricsLog:
+    """Append-only JSON lines, thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        record = _clean({"kind": kind, "time": round(time.time(), 3), **fields})
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with self._lock:
+            self._handle.write(line)
+            self._handle.flush()
+        return record
+
+    def event(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.write("event", event=event, **fields)
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle.close()
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """One line per logged step on stderr: step, loss per tenant, tokens/s, ETA."""
+
+    def __init__(self, total_steps: int, *, stream: TextIO | None = None) -> None:
+        self.total = total_steps
+        self.stream = stream or sys.stderr
+        self._times: list[float] = []
+
+    def step(self, step: int, losses: Mapping[str, float], tokens_per_s: float, step_s: float):
+        self._times = [*self._times[-19:], step_s]
+        eta = (self.total - step) * (sum(self._times) / len(self._times))
+        loss_text = " ".join(f"{name}={value:.4f}" for name, value in losses.items())
+        rate = f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 1000 else f"{tokens_per_s:.0f}"
+        self.print(
+            f"step {step}/{self.total} | loss {loss_text} | {rate} tok/s | "
+            f"eta {format_duration(eta)}"
+        )
+
+    def print(self, text: str) -> None:
+        print(f"[mizzen-train sft] {text}", file=self.stream, flush=True)

@@ -1,0 +1,273 @@
+"""The run directory: its identity (``run.json``) and trainer checkpoints.
+
+Layout::
+
+    <run.dir>/run.json                      run id, creation time, the config it started with
+    <run.dir>/checkpoints/step-00000030/    one complete checkpoint:
+        trainer_state.json                  step, run id, each tenant's data stream state
+        rng.pt                              python, torch CPU (and CUDA) generator states
+        slots/<tenant>/                     the tenant's slot checkpoint (executor.save_slot)
+    <run.dir>/metrics.jsonl                 see :mod:`mizzen_train.sft.metrics`
+
+Invariants:
+- A checkpoint directory is written under a temporary name (``.tmp-step-...``), fsynced and
+  renamed: a ``step-*`` directory is complete by construction, so a killed run leaves at worst a
+  temporary directory, which the next start removes.  Resume takes the newest ``step-*``.
+- A resumed run keeps its run id (``run.json`` is written once, when the run is created); it
+  refuses a configuration that changes what was trained (model, data, tenants' LoRA shapes),
+  naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RUN_FILE = "run.json"
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.pt"
+FORMAT = "mizzen-sft-run/1"
+CHECKPOINT_FORMAT = "mizzen-sft-checkpoint/1"
+
+#: Config fields a resumed run may not change (they define what the checkpoint holds).
+IDENTITY_FIELDS = ("model", "data")
+IDENTITY_TENANT_FIELDS = ("name", "data", "rows", "lora_rank", "lora_alpha", "data_seed")
+
+
+class RunStateError(RuntimeError):
+    """The run directory cannot be started or resumed as asked; says why and what to do."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    run_id: str
+    created: float
+    resumed: bool
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def check_run_dir(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> None:
+    """What :func:`open_run` would refuse, without creating anything."""
+    path = run_dir / RUN_FILE
+    if path.exists() or resume:
+        _read_run(run_dir, config, resume=resume)
+
+
+def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
+    path = run_dir / RUN_FILE
+    if not path.exists():
+        raise RunStateError(
+            f"--resume: {run_dir} holds no run ({RUN_FILE} is missing); drop --resume to start one"
+        )
+    if not resume:
+        raise RunStateError(
+            f"{run_dir} already holds a run ({path}); continue it with --resume, or choose "
+            "another run.dir"
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        run_id = record["run_id"]
+        created = float(record["created"])
+        stored = record["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
+    if record.get("format") != FORMAT:
+        raise RunStateError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(run_id, str) or not isinstance(stored, dict):
+        raise RunStateError(f"{path}: malformed run record; restore it")
+    _check_same_run(stored, config, path)
+    return RunIdentity(run_id, created, True)
+
+
+def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
+    """Create the run (fresh id) or, with ``resume``, read its id and check the config."""
+    path = run_dir / RUN_FILE
+    if path.exists() or resume:
+        return _read_run(run_dir, config, resume=resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    identity = RunIdentity(uuid.uuid4().hex[:12], time.time(), False)
+    _write_json_atomic(
+        path,
+        {
+            "format": FORMAT,
+            "run_id": identity.run_id,
+            "created": identity.created,
+            "config": config,
+        },
+    )
+    return identity
+
+
+def _check_same_run(stored: Mapping[str, Any], config: Mapping[str, Any], path: Path) -> None:
+    for section in IDENTITY_FIELDS:
+        if stored.get(section) != config.get(section):
+            raise RunStateError(
+                f"--resume: [{section}] differs from the run's ({path}: {stored.get(section)} "
+                f"vs now {config.get(section)}); a checkpoint holds what that configuration "
+                "trained. Resume with the original settings, or start a new run.dir"
+            )
+    old, new = stored.get("tenants", []), config.get("tenants", [])
+    if [t.get("name") for t in old] != [t.get("name") for t in new]:
+        raise RunStateError(
+            f"--resume: the tenants {[t.get('name') for t in new]} differ from the run's "
+            f"{[t.get('name') for t in old]} ({path}); resume with the same tenants"
+        )
+    for i, (before, after) in enumerate(zip(old, new, strict=True)):
+        for key in IDENTITY_TENANT_FIELDS:
+            if before.get(key) != after.get(key):
+                raise RunStateError(
+                    f"--resume: tenants[{i}].{key} is {after.get(key)!r}, the run trained with "
+                    f"{before.get(key)!r} ({path}); resume with the original value"
+                )
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def remove_partial_checkpoints(run_dir: Path) -> list[str]:
+    root = checkpoints_dir(run_dir)
+    removed = []
+    if root.is_dir():
+        for entry in sorted(root.iterdir()):
+            if entry.name.startswith(".tmp-"):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.random.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.random.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    run_dir: Path,
+    *,
+    step: int,
+    run_id: str,
+    streams: Mapping[str, Mapping[str, Any]],
+    save_slots: Callable[[Path], None],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp-{checkpoint_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_slots(tmp / "slots")
+        torch.save(rng_state(), tmp / RNG_FILE)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "step": step,
+            "run_id": run_id,
+            "streams": dict(streams),
+            "saved": time.time(),
+        }
+        with open(tmp / STATE_FILE, "w", encoding="utf-8") as handle:
+            json.dump(state, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # a re-run of a step after a resume from an older checkpoint
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    path: Path
+    step: int
+    streams: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{path / STATE_FILE}: unreadable ({exc})") from None
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise RunStateError(f"{path}: format {state.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
+    if state.get("run_id") != run_id:
+        raise RunStateError(
+            f"{path}: belongs to run {state.get('run_id')!r}, this is run {run_id!r}; the run "
+            "directory was mixed up"
+        )
+    step = state.get("step")
+    if not isinstance(step, int) or step < 1:
+        raise RunStateError(f"{path}: step={step!r} is not a positive integer")
+    streams = state.get("streams")
+    if not isinstance(streams, dict):
+        raise RunStateError(f"{path / STATE_FILE}: streams={streams!r} is not a table")
+    try:
+        rng = torch.load(path / RNG_FILE, map_location="cpu", weights_only=True)  # no code
+    except Exception as exc:
+        raise RunStateError(
+            f"{path / RNG_FILE}: unreadable ({type(exc).__name__}: {exc})"
+        ) from None
+    return LoadedCheckpoint(path, step, dict(streams), rng)

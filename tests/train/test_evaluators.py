@@ -1,0 +1,187 @@
+"""The built-in evaluators on real components: the generation evaluator scores what the snapshot
+generates, through an embedded engine it starts (and stops) on the snapshot or through a running
+server it points at the snapshot over HTTP; an engine that cannot start skips the point with the
+reason; the held-out loss equals the slotted executor's own loss on the same tokens."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=55, labels=["train", "engine"])
+
+
+REWARD = """
+import zlib
+
+
+def fingerprint(sample):
+    return zlib.crc32(sample.response_text.encode()) % 9973 / 9973
+"""
+
+
+def _fingerprint(text: str) -> float:
+    import zlib
+
+    return zlib.crc32(text.encode()) % 9973 / 9973
+
+
+def _models(tmp: str) -> dict:
+    """Two tiny Llamas and what greedy decoding answers on the first eval prompts."""
+    import transformers
+
+    from mizzen_train.data import SftTokenizer, load_sft_dataset
+    from mizzen_train.hf import write_tiny_llama
+
+    tokenizer = SftTokenizer.load("byte")
+    examples = load_sft_dataset(
+        "example:colours_eval", tokenizer, field="eval", seq_len=200, limit=3
+    ).examples
+    out = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        directory = write_tiny_llama(Path(tmp) / name, seed=seed, initializer_range=0.2)
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        scores = []
+        for example in examples:
+            ids = tokenizer.prompt_ids(example.record)
+            generated = model.generate(
+                torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=2,
+                pad_token_id=0,
+            )  # fmt: skip
+            text = tokenizer.hf.decode(generated[0, len(ids) :], skip_special_tokens=True)
+            scores.append(_fingerprint(text))
+        out[name] = {"path": str(directory), "score": sum(scores) / len(scores), "texts": scores}
+    return out
+
+
+def _generation_evaluator(reward: str, **kwargs):
+    from mizzen_train.data import SftTokenizer, load_sft_dataset
+    from mizzen_train.evaluators import GenerationEvaluator, generation_prompts
+
+    tokenizer = SftTokenizer.load("byte")
+    examples = load_sft_dataset(
+        "example:colours_eval", tokenizer, field="eval", seq_len=200, limit=3
+    ).examples
+    return GenerationEvaluator(
+        name="answers",
+        prompts=generation_prompts(tokenizer, examples),
+        reward=reward,
+        max_new_tokens=8,
+        **kwargs,
+    )
+
+
+def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
+    import asyncio
+
+    import httpx
+
+    from mizzen_rollout.engines.launcher import embedded_server
+    from mizzen_train.eval_dispatch import EvalSkip, Snapshot
+
+    (tmp_path / "rewards.py").write_text(REWARD)
+    reward = f"{tmp_path / 'rewards.py'}:fingerprint"  # a user reward that tells answers apart
+    (made,) = kit.run_ranks(_models, args=(str(tmp_path),))
+    assert made["a"]["texts"] != made["b"]["texts"], "the two models must answer differently"
+
+    # a fleet of embedded engines (sized by the evaluator's own num_engines) started on the
+    # snapshot for this point and stopped afterwards
+    evaluator = _generation_evaluator(reward, num_engines=2)
+    evaluator = pickle.loads(pickle.dumps(evaluator))  # the Ray runner ships evaluators
+    snapshot = Snapshot(20, "t", Path(made["b"]["path"]))
+    metrics = evaluator.evaluate(snapshot)
+    assert metrics["score"] == pytest.approx(made["b"]["score"])
+    assert metrics["samples"] == 3 and metrics["failed"] == 0
+    started = [e["pid"] for e in snapshot.events if e["event"] == "engine_started"]
+    stopped = [e["pid"] for e in snapshot.events if e["event"] == "engine_stopped"]
+    assert len(set(started)) == 2 and sorted(stopped) == sorted(started)
+    for pid in started:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+    # a running server (as SGLang would be), pointed at each snapshot over HTTP
+    with embedded_server(model_path=made["a"]["path"]) as server:
+        by_url = _generation_evaluator(reward, engine_urls=(server.url,))
+        for name in ("b", "a"):
+            snap = Snapshot(40, "t", Path(made[name]["path"]))
+            assert by_url.evaluate(snap)["score"] == pytest.approx(made[name]["score"])
+            assert [e["event"] for e in snap.events] == ["engine_weights_updated"]
+        info = httpx.get(server.url + "/get_model_info").json()
+        assert info["model_path"] == f"local model {made['a']['path']}"
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        with pytest.raises(EvalSkip, match="did not load the snapshot"):
+            by_url.evaluate(Snapshot(60, "t", broken))
+        assert asyncio.run(_healthy(server.url))
+
+    with pytest.raises(EvalSkip, match="the eval engine did not start"):
+        _generation_evaluator(reward, startup_timeout_s=60).evaluate(Snapshot(60, "t", broken))
+
+
+async def _healthy(url: str) -> bool:
+    from mizzen_rollout.engines import SGLangClient
+
+    async with SGLangClient(url) as client:
+        return await client.health()
+
+
+def _loss_parity(tmp: str) -> dict:
+    from mizzen_train.batch import SlotBatch
+    from mizzen_train.data import SftTokenizer, load_sft_dataset
+    from mizzen_train.eval_dispatch import Snapshot
+    from mizzen_train.evaluators import LossEvaluator
+    from mizzen_train.executor import SlotExecutor
+    from mizzen_train.hf import export_hf_snapshot, import_hf_llama, write_tiny_llama
+    from mizzen_train.specs import ExecutorConfig
+
+    tokenizer = SftTokenizer.load("byte")
+    examples = load_sft_dataset(
+        "example:colours_eval", tokenizer, field="eval", seq_len=200, limit=5
+    ).examples
+    imported = import_hf_llama(write_tiny_llama(Path(tmp) / "base", seed=4), device="cpu")
+    executor = SlotExecutor(imported.model, ExecutorConfig(num_slots=1, max_rank=4))
+    generator = torch.Generator().manual_seed(0)
+    executor.load_slot(
+        0,
+        4,
+        8.0,
+        weights={
+            n: torch.randn(s, generator=generator) * 0.2
+            for n, s in executor.adapter_shapes(4).items()
+        },
+    )
+    snapshot = export_hf_snapshot(
+        Path(tmp) / "snap", model=imported.model, source=imported.source, executor=executor, slot=0
+    )
+    ours = LossEvaluator(name="heldout", examples=examples, batch_size=2).evaluate(
+        Snapshot(1, "t", snapshot)
+    )
+    width = max(len(e.input_ids) for e in examples) - 1
+    ids = torch.zeros(len(examples), width + 1, dtype=torch.long)
+    mask = torch.zeros(len(examples), width + 1, dtype=torch.bool)
+    for row, example in enumerate(examples):
+        ids[row, : len(example.input_ids)] = torch.tensor(example.input_ids)
+        mask[row, : len(example.input_ids)] = torch.tensor(example.loss_mask)
+    batch = SlotBatch(
+        input_ids=ids[:, :-1],
+        target_ids=ids[:, 1:],
+        loss_mask=mask[:, 1:],
+        slot_ids=torch.zeros(len(examples), width, dtype=torch.long),
+    )
+    logprobs = executor.forward_logprobs(batch)
+    reference = float(-(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum())
+    return {"ours": ours, "reference": reference, "tokens": int(batch.loss_mask.sum())}
+
+
+def test_held_out_loss_matches_the_executor(kit, tmp_path):
+    (result,) = kit.run_ranks(_loss_parity, args=(str(tmp_path),))
+    assert result["ours"]["loss"] == pytest.approx(result["reference"], abs=1e-5)
+    assert result["ours"]["tokens"] == result["tokens"]
+    assert result["ours"]["perplexity"] == pytest.approx(2.718281828 ** result["reference"])
