@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
