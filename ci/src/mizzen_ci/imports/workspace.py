@@ -4,7 +4,10 @@ workspace, packages located by name, and root-relative paths.
 - ``source_files(dir)`` / ``source_modules(root, dirs)``: the module walk (every package — a
   directory with ``__init__.py``; namespace packages are not walked, as ``pkgutil`` does not walk
   them — and module below each ``sys.path`` entry, by dotted name).
-- ``workspace_source_dirs(root)``: the ``sys.path`` entries of a uv workspace's members.
+- ``workspace_members(root)`` / ``workspace_source_dirs(root)``: a uv workspace's members and
+  their ``sys.path`` entries.
+- ``entry_point_modules(root)``: the modules the members' ``pyproject.toml`` declare as entry
+  points (``[project.scripts]``, ``[project.gui-scripts]``, ``[project.entry-points.*]``).
 - ``locate_packages(root, names)``: where top-level packages live in a tree.
 - ``root_relative(path, root)`` / ``relative_dirs(dirs, root)``: paths as the CI names them.
 
@@ -155,23 +158,69 @@ def locate_packages(root: Path, names: Iterable[str], max_depth: int = 4) -> dic
     return {n: sorted(set(v)) for n, v in found.items()}
 
 
-def workspace_source_dirs(root: Path) -> list[Path]:
-    """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
-    the member directory), from ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; plus
-    ``root/src`` when present.  Empty when ``root`` is no uv workspace."""
-    out: list[Path] = []
+def workspace_members(root: Path) -> list[Path]:
+    """The member directories of a uv workspace (those holding a ``pyproject.toml``), from
+    ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; empty when ``root`` is none."""
     pyproject = root / "pyproject.toml"
     members: list[str] = []
     if pyproject.is_file():
         with pyproject.open("rb") as f:
             data = tomllib.load(f)
         members = data.get("tool", {}).get("uv", {}).get("workspace", {}).get("members", [])
+    out: list[Path] = []
     for pattern in members:
         for member in sorted(root.glob(pattern)):
             if (member / "pyproject.toml").is_file():
-                out.append(member / "src" if (member / "src").is_dir() else member)
+                out.append(member)
+    return out
+
+
+def workspace_source_dirs(root: Path) -> list[Path]:
+    """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
+    the member directory); plus ``root/src`` when present.  Empty when ``root`` is no uv
+    workspace."""
+    out = [m / "src" if (m / "src").is_dir() else m for m in workspace_members(root)]
     if (root / "src").is_dir() and root / "src" not in out:
         out.append(root / "src")
+    return out
+
+
+_ENTRY_POINT_TABLES = ("scripts", "gui-scripts")
+
+
+def entry_point_modules(root: Path) -> dict[str, list[str]]:
+    """``{module: [how it is an entry point]}`` for every module a workspace member declares:
+    the ``module`` of each ``module:attr`` (or plain ``module``) value of ``[project.scripts]``,
+    ``[project.gui-scripts]`` and ``[project.entry-points.<group>]``; each description names the
+    table, the entry and the member's ``pyproject.toml`` (e.g. ``entry point mizzen-rollout of
+    [project.scripts] in packages/rollout/pyproject.toml``).  A value whose module part is not a
+    dotted name is no entry point any installer accepts, and is left out.  A member whose
+    ``pyproject.toml`` is not valid TOML is an error naming it (the planner cannot know its
+    entry points)."""
+    out: dict[str, list[str]] = {}
+    for member in workspace_members(root):
+        path = member / "pyproject.toml"
+        rel = root_relative(path, root)[1]
+        try:
+            with path.open("rb") as f:
+                project = tomllib.load(f).get("project", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"{rel}: cannot read its entry points: {e}") from e
+        tables: list[tuple[str, object]] = [
+            (f"[project.{t}]", project.get(t)) for t in _ENTRY_POINT_TABLES
+        ]
+        groups = project.get("entry-points")
+        if isinstance(groups, dict):
+            tables += [(f"[project.entry-points.{g}]", v) for g, v in sorted(groups.items())]
+        for table, entries in tables:
+            if not isinstance(entries, dict):
+                continue
+            for name, value in entries.items():
+                if not isinstance(value, str):
+                    continue
+                module = value.partition(":")[0].partition("[")[0].strip()
+                if module and all(p.isidentifier() for p in module.split(".")):
+                    out.setdefault(module, []).append(f"entry point {name} of {table} in {rel}")
     return out
 
 

@@ -61,6 +61,7 @@ from pathlib import Path
 from ... import __file__ as _register_functions
 from ... import sources
 from ...imports import facts as _import_facts
+from ...imports import path_literals as _path_literals
 from ...registry import model as _registry_model
 from ...registry import rules as _registry_rules
 from ...registry import syntax as _registry_syntax
@@ -78,6 +79,7 @@ CODE_MODULES = (
     __file__,
     source_facts.__file__,
     _import_facts.__file__,
+    _path_literals.__file__,
     _registry_syntax.__file__,
     _registry_rules.__file__,
     _registry_model.__file__,
