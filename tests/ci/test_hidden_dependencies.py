@@ -32,6 +32,7 @@ from mizzen_ci.imports import (
     workspace_source_dirs,
 )
 from mizzen_ci.imports import path_literals as path_literals_module
+from mizzen_ci.imports.facts import DYNAMIC_SPELLINGS, spells_dynamic
 from mizzen_ci.imports.resolve import sibling_names
 from mizzen_ci.plan.index import CACHE_FILE, build_index
 from mizzen_ci.plan.index.build import cache_context
@@ -134,6 +135,12 @@ def test_python_m_commands_run_a_module_and_its_main_in_a_subprocess():
         ("pkg.tool.__main__", 0, (), 5, "subprocess", False, "run"),
     ]
     assert dynamic == 0
+
+
+def test_the_spellings_that_make_a_file_searched_are_the_documented_ones():
+    for spelling in DYNAMIC_SPELLINGS:
+        assert spells_dynamic(b"x = 1\n" + spelling + b"\n")
+    assert not spells_dynamic(b"import importlib.util\nimportlib.util.find_spec('x')\n")
 
 
 def test_a_file_that_spells_no_dynamic_import_is_not_searched_for_one():

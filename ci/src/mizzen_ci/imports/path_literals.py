@@ -58,20 +58,21 @@ MAX_LENGTH = 200
 OVERFLOW = "*"  # not a path character: never a literal itself
 
 _PATH_PUNCTUATION = frozenset("._-+@~/")
-# A run of path characters that starts after a non-path character and ends right before a quote,
-# holding a "." or "/" (a run without one cannot be a path literal).  The look-behind anchors each
-# run at its start, so the scan is linear.
-_RUN_BEFORE_QUOTE = re.compile(
-    rb"(?<![A-Za-z0-9._\-+@~/])[A-Za-z0-9_\-+@~]*+[./][A-Za-z0-9._\-+@~/]*+(?=[\"'])"
+# In the *reversed* source: a quote, then the run of path characters that ends at it in the
+# source (holding a "." or "/": a run without one is no path literal), then the character before
+# the run.  Reversed, every match starts with a quote, which the regex engine finds fast.
+_QUOTE_THEN_RUN_REVERSED = re.compile(
+    rb"[\"']([A-Za-z0-9_\-+@~]*+[./][A-Za-z0-9._\-+@~/]*+)(?=(.?))", re.DOTALL
 )
 # Implicit concatenation of string tokens, or something that may be one (false alarms only cost a
-# parse): a quote, then whitespace or comments (at least one character), an optional prefix and a
-# quote; a quote, a prefix and a quote; or a run of quote characters that is not exactly one
-# triple-quote delimiter (``""`` is also the empty string: parsed, to be safe).
+# parse), after a quote: whitespace or comments (at least one character), an optional prefix and
+# a quote; a prefix and a quote; or, the quote starting a run of quote characters, a run that is
+# not exactly one triple-quote delimiter (``""`` is also the empty string: parsed, to be safe).
+# Every branch starts with a quote (so the engine scans for quotes only).
+_GAP = rb"(?:[ \t\f\r\n]++|\#[^\r\n]*+)++[rRbBuUfF]{0,2}[\"']|[rRbBuUfF]{1,2}[\"']"
 _MAY_CONCATENATE = re.compile(
-    rb"[\"'](?:[ \t\f\r\n]++|\#[^\r\n]*+)++[rRbBuUfF]{0,2}[\"']"
-    rb"|[\"'][rRbBuUfF]{1,2}[\"']"
-    rb"|(?<![\"'])(?:[\"']{2}|[\"']{4,}|\"(?:\"'|'[\"'])|'(?:'\"|\"[\"']))(?![\"'])"
+    rb"\"(?:" + _GAP + rb"|(?<![\"']\")(?:[\"'](?![\"'])|[\"']{3,}|\"'(?![\"'])|'[\"'](?![\"'])))"
+    rb"|'(?:" + _GAP + rb"|(?<![\"']')(?:[\"'](?![\"'])|[\"']{3,}|'\"(?![\"'])|\"[\"'](?![\"'])))"
 )
 
 
@@ -106,12 +107,13 @@ def unparsed_literals(source: bytes) -> tuple[str, ...]:
 
 
 def _from_bytes(source: bytes) -> Iterator[str]:
-    for m in _RUN_BEFORE_QUOTE.finditer(source):
-        start = m.start()
-        before = source[start - 1 : start]
+    found = _QUOTE_THEN_RUN_REVERSED.findall(source[::-1])
+    for run, before in reversed(found):  # in source order
+        if b"/" not in run and b"." not in run[1:-1]:
+            continue  # one segment without an extension (most docstrings end so): no literal
         # start of the source, whitespace or a quote (the string's own opening quote): whole run
         cut = before not in (b"", b'"', b"'") and not before.isspace()
-        literal = _literal(m.group().decode("ascii"), cut)
+        literal = _literal(run[::-1].decode("ascii"), cut)
         if literal is not None:
             yield literal
 

@@ -118,7 +118,8 @@ class ReachIndex:
         has the path literals ``paths`` and the fail-open packages ``wild``."""
         list_under(self.named, node, names)
         list_under(self.under, node, parents)
-        list_under(self.paths, node, paths)
+        if paths:
+            list_under(self.paths, node, paths)
         if wild:
             self.wild[node] = wild
             self._wild_by_top = None
