@@ -34,6 +34,8 @@ from mizzen_ci.imports import (
 from mizzen_ci.imports import path_literals as path_literals_module
 from mizzen_ci.imports.facts import DYNAMIC_SPELLINGS, spells_dynamic
 from mizzen_ci.imports.resolve import sibling_names
+from mizzen_ci.plan.change import Change, Entry
+from mizzen_ci.plan.impact import Analyser
 from mizzen_ci.plan.index import CACHE_FILE, build_index
 from mizzen_ci.plan.index.build import cache_context
 from mizzen_ci.plan.index.lazy_reach import LazyReach
@@ -329,9 +331,32 @@ def test_entry_points_of_every_member(tmp_path):
             "entry point one of [project.entry-points.a.plugins] in packages/a/pyproject.toml"
         ],
     }
+    # unknown entry points: every module of the member counts as one (fail open)
     (tmp_path / "packages/b/pyproject.toml").write_text("[project\n")
-    with pytest.raises(ValueError, match=r"packages/b/pyproject.toml: cannot read its entry"):
-        entry_point_modules(tmp_path)
+    (why,) = entry_point_modules(tmp_path)["packages/b/"]
+    assert why.startswith("packages/b/pyproject.toml cannot be read (")
+    assert why.endswith("its entry points are unknown")
+
+
+def test_a_member_whose_entry_points_are_unknown_fails_open(tmp_path):
+    reg = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=1, labels=['ci'])\n"
+    write(
+        tmp_path,
+        {
+            "pyproject.toml": '[tool.uv.workspace]\nmembers = ["packages/*"]\n',
+            "ci/fleet.toml": (REPO / "tests/ci/fixtures/registry/fleet.toml").read_text(),
+            "packages/b/pyproject.toml": "[project\n",
+            "packages/b/src/b/__init__.py": "",
+            "packages/b/src/b/one.py": "",
+            "packages/b/src/b/two.py": "",
+            "tests/test_two.py": "import b.two\n" + reg,
+        },
+    )
+    index = build_index(tmp_path, load_fleet(tmp_path / "ci" / "fleet.toml"), None, save=False)
+    change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", "packages/b/src/b/one.py")])
+    why = Analyser.of_index(index).analyse(change).tests["tests/test_two.py"]
+    assert why.startswith("reaches packages/b (packages/b/src/b/one.py changed: ")
+    assert "its entry points are unknown" in why
 
 
 # ---- the registry's `watches`

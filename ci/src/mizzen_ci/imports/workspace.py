@@ -195,8 +195,9 @@ def entry_point_modules(root: Path) -> dict[str, list[str]]:
     table, the entry and the member's ``pyproject.toml`` (e.g. ``entry point mizzen-rollout of
     [project.scripts] in packages/rollout/pyproject.toml``).  A value whose module part is not a
     dotted name is no entry point any installer accepts, and is left out.  A member whose
-    ``pyproject.toml`` is not valid TOML is an error naming it (the planner cannot know its
-    entry points)."""
+    ``pyproject.toml`` cannot be read (not valid TOML) has unknown entry points: its directory
+    (with a trailing ``/``) is a key, meaning every module of it (fail open; the description says
+    why)."""
     out: dict[str, list[str]] = {}
     for member in workspace_members(root):
         path = member / "pyproject.toml"
@@ -205,7 +206,11 @@ def entry_point_modules(root: Path) -> dict[str, list[str]]:
             with path.open("rb") as f:
                 project = tomllib.load(f).get("project", {})
         except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ValueError(f"{rel}: cannot read its entry points: {e}") from e
+            directory = root_relative(member, root)[1] + "/"
+            out[directory] = [f"{rel} cannot be read ({e}): its entry points are unknown"]
+            continue
+        if not isinstance(project, dict):
+            continue
         tables: list[tuple[str, object]] = [
             (f"[project.{t}]", project.get(t)) for t in _ENTRY_POINT_TABLES
         ]

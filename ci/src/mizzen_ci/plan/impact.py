@@ -270,13 +270,19 @@ class Analyser:
         prefix = package + "/"
         return [m for m, f in self.modules.items() if f.startswith(prefix)]
 
-    def runs_without_import(self, module: str) -> str | None:
-        """How ``module`` runs without being imported (``python -m``, an entry point), or None."""
+    def runs_without_import(self, module: str, path: str) -> str | None:
+        """How ``module`` (at ``path``) runs without being imported (``python -m``, an entry
+        point; any module of a package whose entry points are unknown), or None."""
         if module == "__main__" or module.endswith(".__main__"):
             package = module.rpartition(".")[0]
             return f"`python -m {package}` runs it" if package else "it runs as a script"
         found = self.entry_points.get(module)
-        return "; ".join(found) if found else None
+        if found:
+            return "; ".join(found)
+        for key, why in self.entry_points.items():
+            if key.endswith("/") and path.startswith(key):
+                return "; ".join(why)
+        return None
 
     # -- the analysis
 
@@ -312,7 +318,7 @@ class Analyser:
                     )
                 else:
                     changed.setdefault(module, f"reaches {module} ({path} changed)")
-                    how = self.runs_without_import(module)
+                    how = self.runs_without_import(module, path)
                     if how is not None:
                         package = package_of(path)
                         why = f"reaches {package} ({path} changed: {how})"
