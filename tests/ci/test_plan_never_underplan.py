@@ -80,6 +80,11 @@ FILES = {
             return importlib.import_module(f"beta.{name}")
         """,
     "packages/beta/src/beta/data/schema.json": "{}\n",
+    "packages/beta/src/beta/loader.py": """\
+        from pathlib import Path
+
+        HEAVY = Path(__file__).with_name("heavy.py")  # run by path, never imported
+        """,
     # -- tests
     "tests/alpha/test_core.py": "import alpha.core\n",
     "tests/alpha/test_reader.py": "import alpha.reader\n",
@@ -197,6 +202,13 @@ FILES = {
         sys.path.insert(0, str(Path(__file__).parent))
         from test_base import shared_case
         """,
+    "tests/tools/test_loader.py": "import beta.loader\n",
+    "tests/tools/test_writes_trees.py": """\
+        def test_tree(tmp_path):
+            (tmp_path / "pkg").mkdir()
+            (tmp_path / "pkg" / "__init__.py").write_text("")
+        """,
+    "tests/tools/test_names_a_module_file.py": 'TARGET = "src/alpha/core.py"\n',
     "tests/policy/test_every_module.py": """\
         import subprocess
         import sys
@@ -264,6 +276,21 @@ def test_a_package_module_naming_another_packages_data_file(ws):
     # alpha.reader names beta's schema: its tests see the change (beta's own tests do anyway)
     assert "tests/alpha/test_reader.py" in got
     assert "tests/alpha/test_core.py" not in got  # alpha.core names nothing
+
+
+def test_a_module_file_is_named_by_a_path_or_by_its_name_beside_it(ws):
+    got = selected(ws, "packages/alpha/src/alpha/core.py")
+    assert got["tests/tools/test_names_a_module_file.py"] == (
+        "names packages/alpha/src/alpha/core.py, which changed"
+    )
+    got = selected(ws, "packages/beta/src/beta/heavy.py")
+    assert got["tests/tools/test_loader.py"] == (
+        "names packages/beta/src/beta/heavy.py, which changed"  # beta.loader, its neighbour
+    )
+    # code that writes other trees spells "__init__.py": it names no package of this one
+    assert "tests/tools/test_writes_trees.py" not in selected(
+        ws, "packages/alpha/src/alpha/__init__.py"
+    )
 
 
 # ---- 2. __main__ and entry points

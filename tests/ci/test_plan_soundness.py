@@ -64,8 +64,8 @@ def test_no_change_of_this_repository_misses_an_observer(soundness, tmp_path):
 
 
 def test_the_check_catches_a_planner_that_ignores_path_literals(soundness, synthetic, monkeypatch):
-    monkeypatch.setattr(ReachIndex, "namers", lambda self, path: [])
-    monkeypatch.setattr(LazyReach, "namers", lambda self, path: [])
+    monkeypatch.setattr(ReachIndex, "namers", lambda self, path, bare=True: [])
+    monkeypatch.setattr(LazyReach, "namers", lambda self, path, bare=True: [])
     changes = [
         p
         for p in soundness.tree_files(synthetic)

@@ -197,13 +197,16 @@ def names(literal: str, path: str) -> bool:
     return literal == OVERFLOW or path == literal or path.endswith("/" + literal)
 
 
-def lookup_keys(path: str) -> list[str]:
+def lookup_keys(path: str, bare: bool = True) -> list[str]:
     """Every string that names ``path`` as a literal (``path`` itself and each of its suffixes of
-    whole segments), then :data:`OVERFLOW`: the keys an index of literals is looked up by."""
+    whole segments), then :data:`OVERFLOW`: the keys an index of literals is looked up by.
+    ``bare=False`` leaves out the file name alone (the literals holding a ``/``)."""
     keys = [path]
     i = path.find("/")
     while i != -1:
         keys.append(path[i + 1 :])
         i = path.find("/", i + 1)
+    if not bare and len(keys) > 1:
+        keys.pop()
     keys.append(OVERFLOW)
     return keys

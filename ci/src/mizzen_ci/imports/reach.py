@@ -177,10 +177,11 @@ class ReachIndex:
             ]
         return found
 
-    def namers(self, path: str) -> list[str]:
-        """The nodes whose path literals name ``path`` (a node may be listed twice)."""
+    def namers(self, path: str, bare: bool = True) -> list[str]:
+        """The nodes whose path literals name ``path`` (a node may be listed twice);
+        ``bare=False``: by a literal holding a ``/`` (not by the file name alone)."""
         out: list[str] = []
-        for key in lookup_keys(path):
+        for key in lookup_keys(path, bare):
             found = self.paths.get(key)
             if found:
                 out += found

@@ -18,7 +18,11 @@ A test file is impacted when
 - it, or anything its closure reaches, *names* a changed file by a path literal
   (:mod:`mizzen_ci.imports.path_literals`): a test reading ``data/x.json``, a conftest loading
   ``fake_engine.py`` by path (then the tests that conftest serves), a module naming its data
-  file; whatever names a file is impacted as if it were that file's importer;
+  file; whatever names a file is impacted as if it were that file's importer.  A workspace
+  module's file (reached through imports anyway) is named by a literal holding a ``/``
+  (``src/pkg/tool.py``), or by its bare file name only from its own directory
+  (``Path(__file__).with_name("tool.py")``): code that writes or walks other trees spells
+  ``"__init__.py"`` and ``"conftest.py"``, and would otherwise name every package's;
 - a ``conftest.py`` of its directory or any directory above changed, or is impacted;
 - a file it reads under ``tests/`` changed: a helper or data file in its directory or below
   (helpers are loaded by path, so a helper that is impacted counts too);
@@ -147,6 +151,7 @@ class Analyser:
         self.tree = tree
         self.test_set = set(tree.tests)
         self.tree_files = set(tree.all)
+        self.module_files = set(modules.values())
         self.watches = {t: tuple(g) for t, g in (watches or {}).items() if g}
         self.entry_points = {m: list(how) for m, how in (entry_points or {}).items()}
         self.rank = {n: i for i, n in enumerate(itertools.chain(modules, tree.all))}
@@ -206,7 +211,7 @@ class Analyser:
             key, why, is_path = queue.popleft()
             found: list[str] = []
             if is_path:
-                found = reach.namers(key)
+                found = self.namers(key)
             else:
                 if "/" in key:  # a file under tests/: who imports it as a sibling
                     for directory, dotted in sibling_names(key, tree_files):
@@ -221,13 +226,26 @@ class Analyser:
                     file = modules.get(key)
                 if file is not None and file not in named:  # who names its file
                     named.add(file)
-                    found = found + reach.namers(file)
+                    found = found + self.namers(file)
             for node in sorted(set(found), key=tree_order) if len(found) > 1 else found:
                 if node not in seen:
                     seen.add(node)
                     origin[node] = why
                     queue.append((node, why, False))
         return origin
+
+    def namers(self, path: str) -> list[str]:
+        """The nodes that name ``path`` by a path literal; a workspace module's file by its bare
+        name only from its own directory (see the module docstring)."""
+        if path not in self.module_files:
+            return self.reach.namers(path)
+        directory, _, name = path.rpartition("/")
+        modules = self.modules
+        return self.reach.namers(path, bare=False) + [
+            n
+            for n in self.reach.namers(name)
+            if (modules.get(n) or n).rpartition("/")[0] == directory
+        ]
 
     # -- test-tree rules
 

@@ -54,9 +54,9 @@ class LazyReach:
         self._parse_candidates(name)
         return self.index.naming(name, below)
 
-    def namers(self, path: str) -> list[str]:
+    def namers(self, path: str, bare: bool = True) -> list[str]:
         """The nodes whose path literals name ``path`` (as :meth:`ReachIndex.namers`)."""
-        return self.index.namers(path) + self.pending.namers(path)
+        return self.index.namers(path, bare) + self.pending.namers(path, bare)
 
     def _parse_candidates(self, name: str) -> None:
         if self.pending.nodes:

@@ -142,13 +142,14 @@ class PendingNodes:
             i += 1
         return list(out)
 
-    def namers(self, path: str) -> list[str]:
-        """Every pending node whose path literals name ``path``, once, in a deterministic order."""
+    def namers(self, path: str, bare: bool = True) -> list[str]:
+        """Every pending node whose path literals name ``path``, once, in a deterministic order
+        (``bare``: as :meth:`~mizzen_ci.imports.reach.ReachIndex.namers`)."""
         if not self.literals:
             return []
         out: dict[str, None] = {}
         literals = self.literals
-        for key in lookup_keys(path):
+        for key in lookup_keys(path, bare):
             for n in self.by_literal.get(key, ()):
                 if key in literals.get(n, ()):
                     out[n] = None
