@@ -17,8 +17,8 @@ literals read here from the syntax trees, entry points from the ``pyproject.toml
   every module of its own top-level package, or, for a file under ``tests/``, of the packages
   it names, or of every package when it names none);
 - O(t): the files of S(t); every file a node of S(t) names by a string literal V (``V == P`` or
-  P ends with ``/V``, V holding ``/`` or an extension; a workspace module's file, reached through
-  imports anyway, by a V holding ``/``, or by its bare name from its own directory only); every file under ``tests/`` in t's
+  P ends with ``/V``, V holding ``/`` or an extension; a bare ``__init__.py``, ``__main__.py`` or
+  ``conftest.py`` only the one beside the node); every file under ``tests/`` in t's
   directory or below that is not a test, conftest or helper (its data, fixture trees included); the package data (what the rules table calls so) and the
   ``__main__`` and entry-point modules of every workspace package with a module in S(t); every
   path matching a glob t ``watches``.
@@ -68,6 +68,7 @@ from mizzen_ci.plan.path_rules import PACKAGE_DATA, glob_matches, rule_for  # no
 from mizzen_ci.registry import discover, read_registry, registry_excludes  # noqa: E402
 
 _SKIP = {".git", "__pycache__", ".venv", "node_modules", ".ci-artifacts"}
+_CONVENTIONS = {"__init__.py", "__main__.py", "conftest.py"}  # named bare: only the one beside
 
 
 def tree_files(root: Path) -> list[str]:
@@ -138,7 +139,6 @@ class Oracle:
             for i in range(len(parts)):
                 by_suffix.setdefault("/".join(parts[i:]), []).append(f)
         node_of_file = {f: n for n, f in graph.files.items()}
-        module_files = set(graph.modules.values())
         named: dict[str, set[str]] = {}
         for node, rel in graph.files.items():
             try:
@@ -149,7 +149,7 @@ class Oracle:
             here = rel.rpartition("/")[0]
             for v in string_literals(source):
                 for f in by_suffix.get(v, ()):
-                    if "/" in v or f not in module_files or f.rpartition("/")[0] == here:
+                    if v not in _CONVENTIONS or f.rpartition("/")[0] == here:
                         found.add(f)
             named[node] = found
         modules = graph.modules

@@ -33,6 +33,7 @@ from mizzen_ci.imports import (
 )
 from mizzen_ci.imports import path_literals as path_literals_module
 from mizzen_ci.imports.facts import DYNAMIC_SPELLINGS, spells_dynamic
+from mizzen_ci.imports.path_literals import names
 from mizzen_ci.imports.resolve import sibling_names
 from mizzen_ci.plan.change import Change, Entry
 from mizzen_ci.plan.impact import Analyser
@@ -300,6 +301,39 @@ def test_no_older_cache_is_served(tmp_path):
         path_literals_module.__file__ = saved
     # a reach section of the older shape (two tables, two pending tables) is not read
     assert LazyReach.from_data(({}, {}, {}, {})) is None
+
+
+def test_the_planners_namers_are_the_definition_of_naming(tmp_path):
+    reg = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=1, labels=['ci'])\n"
+    literals = ["conftest.py", "a/conftest.py", "__init__.py", "x.json", "b/x.json", "run.py"]
+    files = {
+        "pyproject.toml": '[tool.uv.workspace]\nmembers = ["packages/*"]\n',
+        "ci/fleet.toml": (REPO / "tests/ci/fixtures/registry/fleet.toml").read_text(),
+        "packages/p/pyproject.toml": '[project]\nname = "p"\n',
+        "packages/p/src/p/__init__.py": "",
+        "packages/p/src/p/run.py": "",
+        "packages/p/src/p/x.json": "",
+    }
+    for d in ("tests/a", "tests/b", "tests/a/c"):
+        files[f"{d}/conftest.py"] = ""
+        files[f"{d}/__init__.py"] = ""
+        files[f"{d}/x.json"] = ""
+    rng = random.Random(5)
+    for k, d in enumerate(["tests/a", "tests/b", "tests/a/c", "tests/a", "tests/b"]):
+        chosen = rng.sample(literals, 3)
+        files[f"{d}/test_n{k}.py"] = "".join(f"L{i} = {v!r}\n" for i, v in enumerate(chosen)) + reg
+    files["packages/p/src/p/namer.py"] = "A = '__init__.py'\nB = 'x.json'\n"
+    write(tmp_path, files)
+    index = build_index(tmp_path, load_fleet(tmp_path / "ci" / "fleet.toml"), None, save=False)
+    analyser = Analyser.of_index(index)
+    graph = ImportGraph.build(tmp_path, workspace_source_dirs(tmp_path), index.tree.all)
+    for path in files:
+        want = {
+            node
+            for node, facts in graph.facts.items()
+            if any(names(v, path, graph.files[node].rpartition("/")[0]) for v in facts.paths)
+        }
+        assert set(analyser.namers(path)) == want, path
 
 
 # ---- the workspace's entry points

@@ -278,7 +278,7 @@ def test_a_package_module_naming_another_packages_data_file(ws):
     assert "tests/alpha/test_core.py" not in got  # alpha.core names nothing
 
 
-def test_a_module_file_is_named_by_a_path_or_by_its_name_beside_it(ws):
+def test_files_are_named_by_a_path_or_a_name_and_conventional_ones_only_beside(ws):
     got = selected(ws, "packages/alpha/src/alpha/core.py")
     assert got["tests/tools/test_names_a_module_file.py"] == (
         "names packages/alpha/src/alpha/core.py, which changed"

@@ -275,8 +275,12 @@ def test_path_literals_cases():
     assert path_literals(split, ast.parse(split)) == ("data/x.json",)
     many = "".join(f'A{i} = "d/f{i}.json"\n' for i in range(MAX_LITERALS + 1)).encode()
     assert path_literals(many) == (OVERFLOW,)  # a bounded record names every path instead
-    assert names(OVERFLOW, "any/path") and names("x.json", "tests/x.json")
-    assert not names("x.json", "tests/ax.json")
+    assert names(OVERFLOW, "any/path", "") and names("x.json", "tests/x.json", "elsewhere")
+    assert not names("x.json", "tests/ax.json", "tests")
+    # a conventional name alone names only the file beside the literal
+    assert names("conftest.py", "tests/a/conftest.py", "tests/a")
+    assert not names("conftest.py", "tests/b/conftest.py", "tests/a")
+    assert names("b/conftest.py", "tests/b/conftest.py", "tests/a")
 
 
 def test_pending_nodes_answer_namers_without_parsing():

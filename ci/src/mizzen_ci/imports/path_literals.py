@@ -7,7 +7,7 @@ This module reads those literals, so that the planner selects whoever names a ch
 
 ``path_literals(source, tree=None) -> tuple[str, ...] | None``: the path literals of a source, in
 order, each once; ``None`` when the source is not :func:`simple` and no ``tree`` is given (the
-caller must parse it).  ``names(literal, path)``: whether a literal names a path;
+caller must parse it).  ``names(literal, path, beside)``: whether a literal names a path;
 ``lookup_keys(path)``: the literals that would name it (for an index lookup).
 
 Definitions.
@@ -23,7 +23,12 @@ Definitions.
   is a *path literal* when it contains ``/`` or its last segment has an extension (a ``.`` after
   its first character and before its last); one longer than :data:`MAX_LENGTH` characters is kept
   as its longest suffix of whole segments within that length.
-- A path literal L *names* a repository path P when ``P == L`` or P ends with ``"/" + L``.
+- A path literal L *names* a repository path P when ``P == L`` or P ends with ``"/" + L``;
+  except that a bare :data:`CONVENTION_NAMES` literal (``"__init__.py"``, ``"__main__.py"``,
+  ``"conftest.py"``) names only the file of that name beside the file holding it.  Python and
+  pytest give these names to a file of every package and test directory, so alone they identify
+  none (code that writes or walks other trees spells them); the planner reaches such files
+  through imports and the conftest rule anyway.  ``"pkg/__init__.py"`` names as any literal does.
 - A source has at most :data:`MAX_LITERALS` distinct path literals; one with more gives
   ``(OVERFLOW,)``, which names every path (fail open: a bounded record never hides a file).
 
@@ -56,6 +61,7 @@ from collections.abc import Iterator
 MAX_LITERALS = 64
 MAX_LENGTH = 200
 OVERFLOW = "*"  # not a path character: never a literal itself
+CONVENTION_NAMES = frozenset({"__init__.py", "__main__.py", "conftest.py"})
 
 _PATH_PUNCTUATION = frozenset("._-+@~/")
 # In the *reversed* source: a quote, then the run of path characters that ends at it in the
@@ -192,9 +198,14 @@ def _literal(run: str, cut: bool) -> str | None:
     return literal if len(literal) <= MAX_LENGTH else None
 
 
-def names(literal: str, path: str) -> bool:
-    """Whether ``literal`` (a path literal, or :data:`OVERFLOW`) names the repository ``path``."""
-    return literal == OVERFLOW or path == literal or path.endswith("/" + literal)
+def names(literal: str, path: str, beside: str) -> bool:
+    """Whether ``literal`` (a path literal, or :data:`OVERFLOW`), held by a file of directory
+    ``beside`` (root-relative, "" at the root), names the repository ``path``."""
+    if literal == OVERFLOW:
+        return True
+    if literal in CONVENTION_NAMES:
+        return path == (f"{beside}/{literal}" if beside else literal)
+    return path == literal or path.endswith("/" + literal)
 
 
 def lookup_keys(path: str, bare: bool = True) -> list[str]:

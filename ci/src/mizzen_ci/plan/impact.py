@@ -18,11 +18,9 @@ A test file is impacted when
 - it, or anything its closure reaches, *names* a changed file by a path literal
   (:mod:`mizzen_ci.imports.path_literals`): a test reading ``data/x.json``, a conftest loading
   ``fake_engine.py`` by path (then the tests that conftest serves), a module naming its data
-  file; whatever names a file is impacted as if it were that file's importer.  A workspace
-  module's file (reached through imports anyway) is named by a literal holding a ``/``
-  (``src/pkg/tool.py``), or by its bare file name only from its own directory
-  (``Path(__file__).with_name("tool.py")``): code that writes or walks other trees spells
-  ``"__init__.py"`` and ``"conftest.py"``, and would otherwise name every package's;
+  file; whatever names a file is impacted as if it were that file's importer (a bare
+  ``"conftest.py"``, ``"__init__.py"`` or ``"__main__.py"`` names only the one beside it:
+  :func:`mizzen_ci.imports.path_literals.names`);
 - a ``conftest.py`` of its directory or any directory above changed, or is impacted;
 - a file it reads under ``tests/`` changed: a helper or data file in its directory or below
   (helpers are loaded by path, so a helper that is impacted counts too);
@@ -59,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..imports import ImportGraph, ReachIndex, reach_of_graph, relative_dirs, workspace_source_dirs
+from ..imports.path_literals import CONVENTION_NAMES
 from ..imports.resolve import sibling_names
 from ..registry import TESTS_DIR, TestTree, is_excluded
 from .change import Change
@@ -151,7 +150,6 @@ class Analyser:
         self.tree = tree
         self.test_set = set(tree.tests)
         self.tree_files = set(tree.all)
-        self.module_files = set(modules.values())
         self.watches = {t: tuple(g) for t, g in (watches or {}).items() if g}
         self.entry_points = {m: list(how) for m, how in (entry_points or {}).items()}
         self.rank = {n: i for i, n in enumerate(itertools.chain(modules, tree.all))}
@@ -235,11 +233,12 @@ class Analyser:
         return origin
 
     def namers(self, path: str) -> list[str]:
-        """The nodes that name ``path`` by a path literal; a workspace module's file by its bare
-        name only from its own directory (see the module docstring)."""
-        if path not in self.module_files:
-            return self.reach.namers(path)
+        """The nodes that name ``path`` by a path literal
+        (:func:`mizzen_ci.imports.path_literals.names`: a file of a conventional name, by its
+        bare name only from beside it)."""
         directory, _, name = path.rpartition("/")
+        if name not in CONVENTION_NAMES:
+            return self.reach.namers(path)
         modules = self.modules
         return self.reach.namers(path, bare=False) + [
             n
