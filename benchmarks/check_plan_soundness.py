@@ -117,6 +117,7 @@ class Oracle:
     graph: ImportGraph
     tests: list[str]
     observed: dict[str, set[str]] = field(default_factory=dict)  # test -> paths it observes
+    module_files: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, root: Path) -> Oracle:
@@ -127,7 +128,7 @@ class Oracle:
         files = tree_files(root)
         fleet = load_fleet(root / "ci" / "fleet.toml")
         registrations = {r.path: r for r in read_registry(root, fleet).registrations}
-        oracle = cls(root, files, graph, sorted(registrations))
+        oracle = cls(root, files, graph, sorted(registrations), {}, set(graph.modules.values()))
         oracle._compute(tree, registrations)
         return oracle
 
@@ -240,23 +241,26 @@ def _under(d: str, ancestor: str) -> bool:
     return d == ancestor or d.startswith(ancestor + "/")
 
 
+def kind_of(oracle: Oracle, path: str) -> str:
+    """The kind of file ``path`` is, for sampling and for the report."""
+    if path in oracle.module_files:
+        name = path.rpartition("/")[2]
+        return "module (__main__)" if name == "__main__.py" else "module"
+    if path.startswith("tests/") and path.endswith(".py"):
+        return "test" if path.rpartition("/")[2].startswith("test_") else "helper"
+    if path.startswith("tests/"):
+        return "test data"
+    if rule_for(path).effect == PACKAGE_DATA:
+        return "package data"
+    return "other"
+
+
 def sample_changes(oracle: Oracle, n: int, rng: random.Random) -> list[str]:
     """``n`` paths, drawn evenly from kinds of file (modules, test files, helpers and conftests,
     data under tests/, package data, everything else) and uniformly within each."""
-    modules = set(oracle.graph.modules.values())
     kinds: dict[str, list[str]] = {}
     for f in oracle.files:
-        if f in modules:
-            kind = "module"
-        elif f.startswith("tests/") and f.endswith(".py"):
-            kind = "test" if f.rpartition("/")[2].startswith("test_") else "helper"
-        elif f.startswith("tests/"):
-            kind = "test data"
-        elif rule_for(f).effect == PACKAGE_DATA:
-            kind = "package data"
-        else:
-            kind = "other"
-        kinds.setdefault(kind, []).append(f)
+        kinds.setdefault(kind_of(oracle, f).partition(" (")[0], []).append(f)
     names = sorted(kinds)
     return [rng.choice(kinds[rng.choice(names)]) for _ in range(n)]
 
@@ -321,6 +325,7 @@ class Result:
     selected: list[int] = field(default_factory=list)
     old_selected: list[int] = field(default_factory=list)
     old_missed: int = 0
+    by_kind: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
 
     def report(self) -> str:
         lines = [
@@ -339,6 +344,12 @@ class Result:
                 f"{statistics.mean(self.selected) - statistics.mean(self.old_selected):+.1f} "
                 "tests per change"
             )
+        if self.old_selected:
+            lines.append("  per kind of changed file: changes, mean selected (old planner)")
+            for kind, pairs in sorted(self.by_kind.items()):
+                new = statistics.mean(p[0] for p in pairs)
+                old = statistics.mean(p[1] for p in pairs)
+                lines.append(f"    {kind:20} {len(pairs):4}  {new:7.1f} ({old:.1f})")
         for path, test in self.missed[:20]:
             lines.append(f"  MISSED {test} observes {path}")
         return "\n".join(lines)
@@ -366,6 +377,8 @@ def check(label: str, root: Path, n: int, rng: random.Random, old: Path | None =
             was = set(oracle.tests) if was is None else set(was)
             result.old_selected.append(len(was))
             result.old_missed += len(truth - was)
+            pair = (len(chosen), len(was))
+            result.by_kind.setdefault(kind_of(oracle, path), []).append(pair)
     return result
 
 
