@@ -4,8 +4,9 @@ Runs ``python3 -S -m mizzen_ci plan`` of two ``ci/src`` trees (``--old``, ``--ne
 scenarios and compares what they print: the plan JSON (``--json``) and the verbose terminal table
 (``--verbose``).  Scenarios:
 
-- this repository (a scratch clone of it): for each of ``--repo-changes`` sampled files (every
-  tracked file when the sample is larger), a working-tree change that appends a line to it;
+- this repository (a scratch clone of it, its ``main`` set to its HEAD): for each of
+  ``--repo-changes`` sampled files (every tracked file when the sample is larger), a working-tree
+  change that appends a line to it;
   plus a few event variants (push, nightly and weekly schedules, labels, an untrusted fork,
   comment commands) on one change;
 - the synthetic monorepo of :mod:`synthetic_monorepo` (``--modules``/``--tests``): leaf modules,
@@ -13,7 +14,11 @@ scenarios and compares what they print: the plan JSON (``--json``) and the verbo
 
 Each scenario is planned without a cache, then twice through one cache directory (cold, warm), by
 each version; every output must equal the old version's uncached one.  ``--ignore-field NAME``
-drops a job field from both sides (a field the new version removed on purpose).
+drops a job field from both sides (a field the new version removed on purpose).  Whatever the
+versions do, each version's cached plans must equal its own uncached one (a cache makes a plan
+faster, never different): those are counted apart, as "cache changed the plan".  ``--explain``
+prints, for each scenario whose plan the new version changes, the (test, arch) pairs it schedules
+more or less and the reasons it words differently (for a version that changes plans on purpose).
 
 Run from a checkout: ``python3 benchmarks/check_plan_equivalence.py --old /tmp/old/ci/src``
 (``--new`` defaults to this checkout's ``ci/src``; ``git archive`` a revision to get an old one).
@@ -93,15 +98,51 @@ def scenario_outputs(ci_src: Path, root: Path, args: tuple[str, ...], tmp: Path)
     return runs
 
 
+EXPLAIN = False  # set by --explain
+CACHE_CHANGED: list[str] = []  # scenarios where a version's cached plan differs from its own
+
+
+def _scheduled(text: str) -> dict[tuple[str, str | None], str] | None:
+    try:
+        data = json.loads(text.partition("\n")[2])
+    except ValueError:
+        return None
+    return {(t["file"], j["arch"]): t["why"] for j in data.get("jobs", []) for t in j["tests"]}
+
+
+def explain(label: str, old_json: str, new_json: str) -> None:
+    old, new = _scheduled(old_json), _scheduled(new_json)
+    if old is None or new is None:
+        print(f"EXPLAIN {label}: not both plans are JSON", flush=True)
+        return
+    more, less = sorted(new.keys() - old.keys()), sorted(old.keys() - new.keys())
+    reworded = sorted(k for k in new.keys() & old.keys() if new[k] != old[k])
+    print(f"EXPLAIN {label}: +{len(more)} -{len(less)} reworded {len(reworded)}", flush=True)
+    for k in more[:6]:
+        print(f"    + {k[0]}{' @' + k[1] if k[1] else ''}: {new[k]}")
+    for k in less[:6]:
+        print(f"    - {k[0]}{' @' + k[1] if k[1] else ''}: was {old[k]}")
+    for k in reworded[:3]:
+        print(f"    ~ {k[0]}: {old[k]}  ->  {new[k]}")
+
+
 def compare(label: str, old: Path, new: Path, root: Path, args, tmp: Path, ignore) -> list[str]:
     reference = [normalise(t, ignore) for t in plan(old, root, args, None)]
     problems = []
     for version, src in (("old", old), ("new", new)):
-        for k, run in enumerate(scenario_outputs(src, root, args, tmp)):
-            for what, got, want in zip(("json", "table"), run, reference, strict=True):
+        runs = scenario_outputs(src, root, args, tmp)
+        own = [normalise(t, ignore) for t in runs[0]]
+        for k, run in enumerate(runs):
+            kind = ("no cache", "cold cache", "warm cache")[k]
+            for what, got, want, mine in zip(("json", "table"), run, reference, own, strict=True):
                 if normalise(got, ignore) != want:
-                    kind = ("no cache", "cold cache", "warm cache")[k]
                     problems.append(f"{label}: {version} {what} differs ({kind})")
+                if normalise(got, ignore) != mine:
+                    CACHE_CHANGED.append(
+                        f"{label}: {version} {what} ({kind}) differs from its own uncached plan"
+                    )
+        if EXPLAIN and version == "new" and own[0] != reference[0]:
+            explain(label, reference[0], own[0])
     return problems
 
 
@@ -148,7 +189,10 @@ def main() -> int:
     p.add_argument("--synthetic-changes", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-field", action="append", default=[], help="a job field to drop")
+    p.add_argument("--explain", action="store_true", help="what the new version plans otherwise")
     a = p.parse_args()
+    global EXPLAIN
+    EXPLAIN = a.explain
     rng = random.Random(a.seed)
     old, new, ignore = a.old.resolve(), a.new.resolve(), tuple(a.ignore_field)
     problems: list[str] = []
@@ -157,6 +201,9 @@ def main() -> int:
         tmp = Path(tmp_name)
         clone = tmp / "repo"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        # Each scenario's change is its one file: the clone's main is its HEAD (a branch's own
+        # commits would otherwise be part of every change, and a change to ci/ selects all).
+        git(clone, "update-ref", "refs/heads/main", "HEAD")
         tracked = sorted(git(clone, "ls-files").split("\n")[:-1])
         files = tracked if a.repo_changes >= len(tracked) else rng.sample(tracked, a.repo_changes)
         n, found = run_scenarios("repo", clone, sorted(files), EVENT_VARIANTS, old, new, tmp, ignore)  # fmt: skip
@@ -182,7 +229,10 @@ def main() -> int:
         print("DIFF", line)
     print(f"{total} scenario(s) × (no cache, cold, warm) × (json, table): "
           f"{'identical' if not problems else f'{len(problems)} difference(s)'}")  # fmt: skip
-    return 1 if problems else 0
+    for line in CACHE_CHANGED[:40]:
+        print("CACHE", line)
+    print(f"cache changed the plan: {len(CACHE_CHANGED)} time(s) (must be 0)")
+    return 1 if problems or CACHE_CHANGED else 0
 
 
 if __name__ == "__main__":

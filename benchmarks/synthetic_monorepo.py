@@ -14,8 +14,25 @@ Import fan-out (realistic, deterministic from ``seed``):
 - A test file imports 1–4 modules of its package (plus, sometimes, of another), half of them
   lazily inside test functions, as real tests do.
 
+With ``hidden=True`` the tree also holds the dependencies no plain import shows (what the
+planner's soundness check, ``benchmarks/check_plan_soundness.py``, exercises), per package:
+
+- a ``__main__.py``, a console script and a plugin entry point in its ``pyproject.toml``;
+- a package data file that one of its modules names by path (``Path(__file__).parent / …``);
+- a module importing by a computed name (``importlib.import_module(f"…{name}")``) and one
+  importing through an alias (``import importlib as il``; ``il.import_module("…")``);
+- tests that import through ``pytest.importorskip``, ``from importlib import import_module as
+  load``, a relative name with a literal package, or a computed name;
+- test data under ``area*/data/`` (read by the area's tests, and by a test elsewhere by path);
+- a helper under ``tests/<pkg>/shared/`` that the area conftests load by path;
+- a worker script under ``tests/<pkg>/tools/`` importing its sibling ``kit*.py``, run by a test
+  of another directory by path, and tests running ``python -m <pkg>`` without importing it;
+- a test importing another test file as a sibling (``sys.path``), tests declaring ``watches``,
+  and a test reading the root ``README.md``.
+
 Invariants: pure function of its arguments; files are small but syntactically rich (functions,
-classes, decorators, docstrings) so that parsing costs what real files cost.
+classes, decorators, docstrings) so that parsing costs what real files cost.  ``hidden=False``
+(the default) writes exactly the tree it always wrote (the speed benchmarks' tree).
 """
 
 from __future__ import annotations
@@ -144,8 +161,10 @@ def generate(
     gpu_share: float = 0.3,
     seed: int = 0,
     fleet: Path | str | None = None,
+    hidden: bool = False,
 ) -> Repo:
-    """Write a synthetic monorepo under ``root`` (emptied first)."""
+    """Write a synthetic monorepo under ``root`` (emptied first); ``hidden``: see the module
+    docstring."""
     rng = random.Random(seed)
     root = Path(root)
     if root.exists():
@@ -217,6 +236,9 @@ def generate(
         if gpu:
             repo.gpu_tests.add(rel)
 
+    if hidden:
+        _add_hidden_dependencies(root, repo, random.Random(seed + 1), all_modules)
+
     members = ", ".join(f'"packages/{p}"' for p in repo.packages)
     (root / "pyproject.toml").write_text(
         '[project]\nname = "synthetic"\nversion = "0.1.0"\n\n'
@@ -226,6 +248,138 @@ def generate(
     fleet = Path(fleet) if fleet else Path(__file__).resolve().parents[1] / "ci" / "fleet.toml"
     shutil.copy(fleet, root / "ci" / "fleet.toml")
     return repo
+
+
+_CPU = (
+    "from mizzen_ci import register_cpu_ci\n\nregister_cpu_ci(est_time=5, labels=['ci']{extra})\n"
+)
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _test(root: Path, repo: Repo, rel: str, body: str, extra: str = "") -> None:
+    _write(root, rel, '"""Synthetic test."""\n\n' + body + "\n" + _CPU.format(extra=extra))
+    repo.tests[rel] = []
+
+
+def _add_hidden_dependencies(
+    root: Path, repo: Repo, rng: random.Random, all_modules: list[list[str]]
+) -> None:
+    """The dependencies no plain import shows (see the module docstring)."""
+    _write(root, "README.md", "# synthetic\n")
+    for p, names in enumerate(all_modules):
+        pkg = repo.packages[p]
+        src = f"packages/{pkg}/src/{pkg}"
+        pick = rng.choice
+        # __main__, a console script and a plugin entry point
+        _write(root, f"{src}/__main__.py", f"from {pkg} import cli\n\ncli.main()\n")
+        _write(root, f"{src}/cli.py", f"import {pick(names)}\n\n\ndef main():\n    return 0\n")
+        plugin = pick(names)
+        (root / "packages" / pkg / "pyproject.toml").write_text(
+            f'[project]\nname = "{pkg}"\nversion = "0.1.0"\n\n'
+            f'[project.scripts]\n{pkg}-cli = "{pkg}.cli:main"\n\n'
+            f'[project.entry-points."synthetic.plugins"]\n{pkg} = "{plugin}:Component"\n'
+        )
+        # package data named by a module; a computed and an aliased dynamic import
+        _write(root, f"{src}/data/table_{pkg}.json", "{}\n")
+        _write(
+            root,
+            f"{src}/tables.py",
+            "from pathlib import Path\n\n"
+            f'TABLE = Path(__file__).parent / "data" / "table_{pkg}.json"\n',
+        )
+        _write(
+            root,
+            f"{src}/registry.py",
+            "import importlib\n\n\ndef load(name):\n"
+            f'    return importlib.import_module(f"{pkg}.{{name}}")\n',
+        )
+        _write(
+            root,
+            f"{src}/aliased.py",
+            f'import importlib as il\n\nMOD = il.import_module("{pick(names)}")\n',
+        )
+        for extra in ("cli", "tables", "registry", "aliased"):
+            repo.modules[f"{pkg}.{extra}"] = f"{src}/{extra}.py"
+        repo.modules[f"{pkg}.__main__"] = f"{src}/__main__.py"
+        tests = f"tests/{pkg}"
+        # a helper loaded by path from the area conftests, beside a worker and its kit
+        _write(root, f"{tests}/shared/engine_{pkg}.py", f"import {pick(names)}\n")
+        _write(root, f"{tests}/tools/kit_{pkg}.py", f"import {pick(names)}\n")
+        _write(root, f"{tests}/tools/worker_{pkg}.py", f"import kit_{pkg}\n\nkit_{pkg}.run = 1\n")
+        areas = sorted({t.split("/")[2] for t in repo.tests if t.startswith(f"{tests}/area")})
+        for a in areas:
+            conftest = root / tests / a / "conftest.py"
+            conftest.write_text(
+                conftest.read_text() + "\nimport importlib.util\nfrom pathlib import Path\n\n"
+                f'ENGINE = Path(__file__).parent.parent / "shared" / "engine_{pkg}.py"\n'
+            )
+            _write(root, f"{tests}/{a}/data/case_{pkg}_{a}.json", "{}\n")
+        a0, a1 = areas[0], areas[-1]
+        package, _, leaf = pick(names).rpartition(".")
+        forms = [
+            f'import pytest\n\nMOD = pytest.importorskip("{pick(names)}")\n',
+            f'from importlib import import_module as load\n\nMOD = load("{pick(names)}")\n',
+            "import importlib\n\n\ndef test_relative():\n"
+            f'    importlib.import_module(".{leaf}", "{package}")\n',
+            f"import importlib\nimport {pkg}\n\n\ndef test_computed(name='x'):\n"
+            f'    importlib.import_module(f"{pkg}.{{name}}")\n',
+        ]
+        for k, form in enumerate(forms):
+            _test(root, repo, f"{tests}/{a0}/test_dynamic_{k}.py", form)
+        _test(
+            root,
+            repo,
+            f"{tests}/{a1}/test_reads_other_data.py",
+            "from pathlib import Path\n\n"
+            f'CASE = Path("tests") / "{pkg}/{a0}/data/case_{pkg}_{a0}.json"\n',
+        )
+        _test(
+            root,
+            repo,
+            f"{tests}/{a1}/test_runs_worker.py",
+            "import subprocess\nimport sys\nfrom pathlib import Path\n\n"
+            f'WORKER = Path(__file__).parent.parent / "tools" / "worker_{pkg}.py"\n\n\n'
+            "def test_worker():\n    subprocess.run([sys.executable, str(WORKER)], check=True)\n",
+        )
+        _test(
+            root,
+            repo,
+            f"{tests}/{a1}/test_python_m.py",
+            "import subprocess\nimport sys\n\n\ndef test_cli():\n"
+            f'    subprocess.run([sys.executable, "-m", "{pkg}"], check=True)\n',
+        )
+        _test(
+            root,
+            repo,
+            f"{tests}/{a1}/test_sibling_test.py",
+            "import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).parent))\n"
+            "import test_python_m\n",
+        )
+        _test(
+            root,
+            repo,
+            f"{tests}/{a1}/test_watches_package.py",
+            "",
+            extra=f', watches=["packages/{pkg}/src/**/*.py"]',
+        )
+    _test(
+        root,
+        repo,
+        "tests/docs/test_readme.py",
+        'from pathlib import Path\n\nREADME = Path(__file__).parents[2] / "README.md"\n',
+    )
+    _test(
+        root,
+        repo,
+        "tests/policy/test_every_module_imports.py",
+        "",
+        extra=', watches=["packages/*/src/**/*.py"]',
+    )
 
 
 def leaf_modules(repo: Repo) -> list[str]:

@@ -17,6 +17,8 @@
 - ``deadline``: ``with deadline(seconds):`` fails the test with ``TimeoutError`` when the body
   blocks longer (SIGALRM, main thread), so a hang on a hostile input is a failure, not a stuck
   run.
+- ``soundness``: ``benchmarks/check_plan_soundness.py`` loaded by path (it imports
+  ``synthetic_monorepo`` beside it), the planner-soundness check the property tests run.
 - ``workspace_kit``: the generated-workspace builders of ``generated_workspace.py`` (loaded by
   path: test modules are imported by path, so a helper is no importable module either), and its
   two functions as fixtures of their own, ``make_workspace`` and ``age_all``.
@@ -150,6 +152,19 @@ def _deadline(seconds: float = 10):
 def deadline():
     """``with deadline(seconds=10):`` — a blocking body fails instead of hanging."""
     return _deadline
+
+
+@pytest.fixture(scope="module")
+def soundness():
+    """``benchmarks/check_plan_soundness.py`` as a module (registered in ``sys.modules`` while
+    in use: its dataclasses need it)."""
+    path = REPO / "benchmarks" / "check_plan_soundness.py"
+    spec = importlib.util.spec_from_file_location("mizzen_check_plan_soundness", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ from mizzen_ci.lazy_imports.policy import load_policy
 from mizzen_ci.lazy_imports.runtime import check_runtime
 from mizzen_ci.lazy_imports.static import check_static
 
-register_cpu_ci(est_time=40, labels=["ci"])
+# It imports every module of the real workspace in subprocesses and copies its source trees.
+register_cpu_ci(est_time=40, labels=["ci"], watches=["packages/*/src/**/*.py"])
 
 FIXTURE_PACKAGES = [
     "rt_clean",

@@ -11,7 +11,8 @@ from mizzen_ci import register_cpu_ci
 from mizzen_ci.lazy_imports.policy import Policy, PolicyError, load_policy, parse_policy
 from mizzen_ci.lazy_imports.static import check_static
 
-register_cpu_ci(est_time=10, labels=["ci"])
+# It checks the real workspace (every module, in a subprocess): no import of its own shows them.
+register_cpu_ci(est_time=10, labels=["ci"], watches=["packages/*/src/**/*.py"])
 
 PACKAGES = [
     "direct", "deep", "parentinit", "relative", "fromsub", "lazyok", "dyn", "guarded", "prefix",

@@ -91,7 +91,7 @@ def test_rules_are_derived_from_the_register_signatures():
     cpu_positional, cpu = SIGNATURES["register_cpu_ci"]
     cuda_positional, cuda = SIGNATURES["register_cuda_ci"]
     assert cpu_positional == cuda_positional == ["est_time"]
-    assert set(cpu) == {"est_time", "labels", "nightly", "disabled"}
+    assert set(cpu) == {"est_time", "labels", "nightly", "disabled", "watches"}
     assert set(cuda) == {
         "est_time",
         "hardware",
@@ -100,6 +100,7 @@ def test_rules_are_derived_from_the_register_signatures():
         "needs",
         "nightly",
         "disabled",
+        "watches",
     }
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=40, labels=["ssm", "plugins"])
+# It copies the plugins source tree and checks it in subprocesses against the workspace policy.
+register_cpu_ci(est_time=40, labels=["ssm", "plugins"], watches=["packages/*/src/**/*.py"])
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS_PACKAGE = REPO / "packages" / "plugins" / "src" / "mizzen_plugins"

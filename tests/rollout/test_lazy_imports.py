@@ -10,7 +10,8 @@ import textwrap
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=3, labels=["rollout"])
+# It imports every module of the workspace in a subprocess: no import of its own shows them.
+register_cpu_ci(est_time=3, labels=["rollout"], watches=["packages/*/src/**/*.py"])
 
 BLOCKED = ("torch", "ray", "transformers", "harbor", "sglang")
 

@@ -28,8 +28,17 @@ def register_cpu_ci(
     labels: list[str] | tuple[str, ...] = (),
     nightly: bool = False,
     disabled: str | None = None,
+    watches: list[str] | tuple[str, ...] = (),
 ) -> None:
-    """Declare this test file for the CPU lane (a no-op; read statically by the registry)."""
+    """Declare this test file for the CPU lane (a no-op; read statically by the registry).
+
+    ``est_time``: expected wall seconds.  ``labels``: domain labels from ``ci/fleet.toml``.
+    ``nightly``: runs on the nightly schedule only.  ``disabled``: why it does not run.
+    ``watches``: globs of repository paths (``*`` and ``?`` within a segment, ``**`` across
+    segments, e.g. ``["packages/*/src/**/*.py"]``) whose change selects this file, for what it
+    depends on that no import or path literal shows (it imports every module in a subprocess, or
+    copies a source tree).  Relative POSIX globs, no ``..``; at most 32, each at most 200
+    characters."""
 
 
 def register_cuda_ci(
@@ -41,5 +50,10 @@ def register_cuda_ci(
     needs: list[str] | tuple[str, ...] = (),
     nightly: bool = False,
     disabled: str | None = None,
+    watches: list[str] | tuple[str, ...] = (),
 ) -> None:
-    """Declare this test file for the GPU lanes of ``hardware`` (a no-op; read statically)."""
+    """Declare this test file for the GPU lanes of ``hardware`` (a no-op; read statically).
+
+    ``hardware``: the GPU generations it supports (from ``ci/fleet.toml``); ``num_gpus``: how many
+    it needs; ``needs``: capabilities such as ``rdma``; the other arguments as for
+    :func:`register_cpu_ci`."""

@@ -1,21 +1,24 @@
-"""Imports read from syntax trees, never executed: one file's facts (:mod:`.facts`), their
-resolution to absolute names (:mod:`.resolve`), the workspace's files (:mod:`.workspace`), the
-graph with its chains (:mod:`.graph`) and the inverted one-step relation for reverse searches
+"""Imports read from syntax trees, never executed: one file's facts (:mod:`.facts`) and the
+files it names by string literals (:mod:`.path_literals`), their resolution to absolute names and
+sibling files (:mod:`.resolve`), the workspace's files and entry points (:mod:`.workspace`), the
+graph with its chains (:mod:`.graph`) and the inverted one-step relations for reverse searches
 (:mod:`.reach`).  The lazy-import check and the planner's impact analysis both build on them.
 """
 
 from .facts import ModuleFacts, RawImport, facts_of_parse_error, facts_of_tree, parse_facts
 from .graph import GETATTR_SUFFIX, Hop, ImportEdge, ImportGraph
-from .reach import ReachIndex, parents_of, reach_of_graph
+from .reach import ReachIndex, node_entry, parents_of, reach_of_graph
 from .resolve import direct_names, package_of, relative_base
 from .workspace import (
     GraphProblem,
+    entry_point_modules,
     iter_source_modules,
     locate_packages,
     relative_dirs,
     root_relative,
     source_files,
     source_modules,
+    workspace_members,
     workspace_source_dirs,
 )
 
@@ -29,10 +32,12 @@ __all__ = [
     "RawImport",
     "ReachIndex",
     "direct_names",
+    "entry_point_modules",
     "facts_of_parse_error",
     "facts_of_tree",
     "iter_source_modules",
     "locate_packages",
+    "node_entry",
     "package_of",
     "parents_of",
     "parse_facts",
@@ -42,5 +47,6 @@ __all__ = [
     "root_relative",
     "source_files",
     "source_modules",
+    "workspace_members",
     "workspace_source_dirs",
 ]

@@ -5,25 +5,46 @@ Per file, **facts** parsed from the source alone (independent of where the file 
     facts = parse_facts(source_bytes, filename)   # -> ModuleFacts
     facts.imports   # tuple[RawImport, ...] in source order
     facts.error     # None, or "line N: message" when the file does not parse (then no imports)
+    facts.dynamic   # 0, or the line of the first import whose name is computed (see below)
+    facts.paths     # its path literals (:mod:`.path_literals`): the files it may name
 
     RawImport(module, level, names, line, scope, guarded, kind)
       module   dotted name as written after ``import`` / ``from`` ("" for ``from . import x``)
       level    leading dots of a relative import (0: absolute)
       names    for ``from`` imports the imported names (``"*"`` included); () otherwise
-      line     1-based line of the statement (of the call for importlib)
+      line     1-based line of the statement (of the call for a dynamic import)
       scope    "module"        top-level statement, also inside if/try/with/for/while/match blocks
                                and class bodies (they run when the module is imported)
                "function"      inside a function body (runs only when called): lazy
                "type-checking" under ``if TYPE_CHECKING:`` (never at run time): lazy
                "getattr"       inside a module-level ``def __getattr__`` (PEP 562): lazy
+               "subprocess"    run in another process (``[sys.executable, "-m", "pkg"]``): lazy
                (a statement nested in several takes the outermost lazy reason)
       guarded  inside ``try:`` with a handler that catches ImportError (ImportError,
                ModuleNotFoundError, Exception, BaseException, a bare except, or a tuple with one),
-               or inside ``with contextlib.suppress(ImportError)``.  Still an eager import.
-      kind     "import" | "from" | "importlib" (``importlib.import_module("lit")``, also
-               ``import_module("lit")`` and relative literals with ``package=__package__``) |
-               "__import__" (``__import__("lit")``).  Only string-literal names are seen;
-               computed names are invisible here (the runtime check sees them).
+               or inside ``with contextlib.suppress(ImportError)``, or ``pytest.importorskip``.
+               Still an eager import.
+      kind     "import" | "from" |
+               "importlib"    ``importlib.import_module("lit")``; relative literals resolve with a
+                              literal package (``import_module(".x", "pkg")`` is ``pkg.x``) or
+                              with ``__package__`` / ``__spec__.parent`` (level > 0) |
+               "__import__"   ``__import__("lit")`` (``level=`` as given; a literal ``fromlist``
+                              adds a "from" record for its names) |
+               "importorskip" ``pytest.importorskip("lit")`` |
+               "run"          ``runpy.run_module("lit")`` and ``python -m lit`` in a command list
+                              whose program is ``sys.executable`` (or a literal ``python…``): the
+                              module and its ``__main__``.
+
+Dynamic imports are recognised through aliases bound anywhere in the file (``import importlib
+as il``, ``from importlib import import_module as load``, ``import pytest as pt``, ``from pytest
+import importorskip``, ``load = importlib.import_module``, …).  One whose name is not a literal
+(``import_module(name)``, a relative name with a computed package, ``[sys.executable, "-m",
+mod]``), or a use of one of these functions other than a call (``map(import_module, names)``,
+``getattr(importlib, "import_module")``) is invisible statically: ``dynamic`` is set to its line,
+and the planner treats the file as importing anything of its package (fail open).  Expressions
+are only searched when the source spells one of :data:`DYNAMIC_SPELLINGS`; a source that spells
+none has no dynamic import (the planner's byte rule, :mod:`mizzen_ci.plan.index.spelled_names`,
+parses every file that spells one).
 
 ``facts_of_tree(tree, source_bytes)`` is the same from a tree the caller parsed already (one parse
 per file for everything the CI reads: :mod:`mizzen_ci.plan.index.source_facts`).
@@ -41,6 +62,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..sources import PARSE_ERRORS
+from .path_literals import path_literals, unparsed_literals
 
 _GUARD_EXCEPTIONS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 
@@ -71,6 +93,8 @@ class ModuleFacts:
     # Only for a module whose PEP 562 ``__getattr__`` imports something: the names its module
     # scope binds (``from it import other_name`` runs that ``__getattr__``); None otherwise.
     bound: frozenset[str] | None = None
+    dynamic: int = 0  # line of the first import with a computed name (0: none)
+    paths: tuple[str, ...] = ()  # path literals (mizzen_ci.imports.path_literals)
 
 
 def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
@@ -78,30 +102,59 @@ def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
     try:
         tree = ast.parse(source, filename)
     except PARSE_ERRORS as e:
-        return facts_of_parse_error(e)
+        return facts_of_parse_error(e, source)
     return facts_of_tree(tree, source)
 
 
-def facts_of_parse_error(e: BaseException) -> ModuleFacts:
+def facts_of_parse_error(e: BaseException, source: bytes = b"") -> ModuleFacts:
     """The facts of a source that does not parse (``e``: what ``ast.parse`` raised)."""
     line = getattr(e, "lineno", None) or 1
     msg = getattr(e, "msg", None) or str(e)
-    return ModuleFacts((), f"line {line}: {msg}", line)
+    return ModuleFacts((), f"line {line}: {msg}", line, paths=unparsed_literals(source))
 
 
 def facts_of_tree(tree: ast.Module, source: bytes) -> ModuleFacts:
     """The imports of a source already parsed into ``tree`` (the same as :func:`parse_facts`)."""
-    imports, bound = imports_of_tree(tree, source)
-    return ModuleFacts(tuple(map(RawImport._make, imports)), bound=bound)
+    imports, bound, dynamic = imports_of_tree(tree, source)
+    return ModuleFacts(
+        tuple(map(RawImport._make, imports)),
+        bound=bound,
+        dynamic=dynamic,
+        paths=path_literals(source, tree) or (),
+    )
+
+
+# Spellings that make the walk search expressions: every dynamic import, alias and ``-m`` run
+# recognised here spells one of them (so does every use this module fails open on).
+DYNAMIC_SPELLINGS = (
+    b"import_module",
+    b"__import__",
+    b"importorskip",
+    b"run_module",
+    b'"-m"',
+    b"'-m'",
+)
+
+
+def spells_dynamic(source: bytes) -> bool:
+    """Whether ``source`` may hold a dynamic import (it spells one of :data:`DYNAMIC_SPELLINGS`)."""
+    return (  # (the tuple above, spelled out: a generator costs more than the scans)
+        b"import_module" in source
+        or b"__import__" in source
+        or b"importorskip" in source
+        or b"run_module" in source
+        or b'"-m"' in source
+        or b"'-m'" in source
+    )
 
 
 def imports_of_tree(
     tree: ast.Module, source: bytes
-) -> tuple[tuple[tuple, ...], frozenset[str] | None]:
-    """``(imports as plain tuples of the RawImport fields, bound)``: what :func:`facts_of_tree`
-    wraps, for a caller that stores plain data."""
+) -> tuple[tuple[tuple, ...], frozenset[str] | None, int]:
+    """``(imports as plain tuples of the RawImport fields, bound, dynamic)``: what
+    :func:`facts_of_tree` wraps, for a caller that stores plain data."""
     out: list[tuple] = []
-    dynamic = b"import_module" in source or b"__import__" in source
+    dynamic = _Dynamic(tree, out) if spells_dynamic(source) else None
     _Walker(out, dynamic, None if dynamic else _keyword_lines(source)).block(
         tree.body, "module", False, True
     )
@@ -110,7 +163,7 @@ def imports_of_tree(
         if imp[4] == "getattr":
             bound = frozenset(_bound_names(tree.body))
             break
-    return tuple(out), bound
+    return tuple(out), bound, dynamic.line if dynamic is not None else 0
 
 
 def _bound_names(body: list[ast.stmt]) -> Iterator[str]:
@@ -192,13 +245,13 @@ def _keyword_lines(source: bytes) -> list[int]:
 
 
 class _Walker:
-    """Statement walk (expressions are only searched for importlib calls, and only when the file
-    mentions ``import_module`` or ``__import__``; otherwise compound statements whose lines never
+    """Statement walk (expressions are only searched for dynamic imports, and only when the file
+    spells one of :data:`DYNAMIC_SPELLINGS`; otherwise compound statements whose lines never
     spell ``import`` are skipped, which keeps the walk cheap)."""
 
     __slots__ = ("dynamic", "marks", "out")
 
-    def __init__(self, out: list[tuple], dynamic: bool, marks: list[int] | None):
+    def __init__(self, out: list[tuple], dynamic: _Dynamic | None, marks: list[int] | None):
         self.out = out
         self.dynamic = dynamic
         self.marks = marks  # lines with the word "import"; None: walk everything
@@ -206,6 +259,7 @@ class _Walker:
     def block(self, body: list[ast.stmt], scope: str, guarded: bool, top: bool) -> None:
         out = self.out
         marks = self.marks
+        dynamic = self.dynamic
         for node in body:
             t = type(node)
             if t is _Import:
@@ -223,9 +277,9 @@ class _Walker:
                 i = bisect_left(marks, node.lineno)
                 if i == len(marks) or marks[i] > node.end_lineno:
                     continue  # no import statement inside this statement
+            if dynamic is not None:  # the statement's own expressions (not its bodies)
+                dynamic.search(_own_expressions(node), scope, guarded)
             if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
-                if self.dynamic:
-                    self.calls(node.decorator_list, scope, guarded)
                 if scope == "module":
                     inner = "getattr" if top and node.name == "__getattr__" else "function"
                 else:
@@ -239,8 +293,6 @@ class _Walker:
                         node.body, "type-checking" if scope == "module" else scope, guarded, top
                     )
                 else:
-                    if self.dynamic:
-                        self.calls((node.test,), scope, guarded)
                     self.block(node.body, scope, guarded, top)
                 self.block(node.orelse, scope, guarded, top)
             elif t is ast.Try or t is ast.TryStar:
@@ -252,8 +304,6 @@ class _Walker:
                 self.block(node.finalbody, scope, guarded, top)
             elif t is ast.With or t is ast.AsyncWith:
                 suppresses = guarded or any(_suppresses_import_error(i) for i in node.items)
-                if self.dynamic:
-                    self.calls([i.context_expr for i in node.items], scope, guarded)
                 self.block(node.body, scope, suppresses, top)
             elif t is ast.For or t is ast.AsyncFor or t is ast.While:
                 self.block(node.body, scope, guarded, top)
@@ -261,49 +311,236 @@ class _Walker:
             elif t is ast.Match:
                 for case in node.cases:
                     self.block(case.body, scope, guarded, top)
-            elif self.dynamic:
-                self.calls((node,), scope, guarded)
 
-    def calls(self, nodes: Iterable[ast.AST], scope: str, guarded: bool) -> None:
-        """Record ``importlib.import_module("lit")`` / ``__import__("lit")`` inside ``nodes``."""
+
+_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
+def _own_expressions(node: ast.stmt) -> list[ast.AST]:
+    """The parts of a statement that are not statement bodies: a simple statement itself; a
+    compound one's test, iterable, items, decorators, defaults, bases, handler types, case
+    patterns and guards."""
+    if not hasattr(node, "body"):
+        return [node]
+    out: list[ast.AST] = []
+    for name, value in ast.iter_fields(node):
+        if name not in _BODIES:
+            if isinstance(value, list):
+                out += [v for v in value if isinstance(v, ast.AST)]
+            elif isinstance(value, ast.AST):
+                out.append(value)
+    for h in getattr(node, "handlers", ()):
+        if h.type is not None:
+            out.append(h.type)
+    for c in getattr(node, "cases", ()):
+        out.append(c.pattern)
+        if c.guard is not None:
+            out.append(c.guard)
+    return out
+
+
+# Modules whose functions import by name: {module: {function: kind}}.
+_IMPORTERS = {
+    "importlib": {"import_module": "importlib", "__import__": "__import__"},
+    "builtins": {"__import__": "__import__"},
+    "pytest": {"importorskip": "importorskip"},
+    "runpy": {"run_module": "run"},
+}
+# The same functions spelled bare (a name bound by ``from importlib import import_module`` or
+# the builtin ``__import__``), and the keyword each takes its name by.
+_FUNCTIONS = {"import_module": "importlib", "__import__": "__import__",
+              "importorskip": "importorskip", "run_module": "run"}  # fmt: skip
+_NAME_KEYWORD = {"importlib": "name", "__import__": "name", "importorskip": "modname",
+                 "run": "mod_name"}  # fmt: skip
+
+
+class _Dynamic:
+    """Dynamic imports of one file: the aliases it binds (anywhere: a module-level alias is seen
+    inside functions, a function's own alias too), the literal imports found and the first
+    computed one (``line``)."""
+
+    __slots__ = ("functions", "handled", "line", "modules", "out")
+
+    def __init__(self, tree: ast.Module, out: list[tuple]):
+        self.out = out
+        self.line = 0
+        self.modules = {m: m for m in _IMPORTERS}  # local name -> module it is bound to
+        self.functions = dict(_FUNCTIONS)  # local name -> kind
+        self.handled: set[int] = set()  # ids of references that are calls or alias bindings
+        bindings = []
+        for node in ast.walk(tree):
+            t = type(node)
+            if t is ast.Import:
+                for a in node.names:
+                    if a.asname is None:
+                        top = a.name.partition(".")[0]
+                        if top in _IMPORTERS:
+                            self.modules[top] = top
+                    elif a.name in _IMPORTERS:
+                        self.modules[a.asname] = a.name
+            elif t is ast.ImportFrom and node.level == 0 and node.module in _IMPORTERS:
+                for a in node.names:
+                    kind = _IMPORTERS[node.module].get(a.name)
+                    if kind is not None:
+                        self.functions[a.asname or a.name] = kind
+            elif (t is ast.Assign and len(node.targets) == 1) or (
+                t is ast.AnnAssign and node.value is not None
+            ):
+                target = node.targets[0] if t is ast.Assign else node.target
+                if type(target) is ast.Name:
+                    bindings.append((target.id, node.value))
+        for _ in range(3):  # alias chains (``a = importlib; b = a.import_module``)
+            for name, value in bindings:
+                kind = self._function_kind(value)
+                if kind is not None:
+                    self.functions[name] = kind
+                    self.handled.add(id(value))
+                elif type(value) is ast.Name and value.id in self.modules:
+                    self.modules[name] = self.modules[value.id]
+
+    def _function_kind(self, func: ast.expr) -> str | None:
+        """The kind of import a call of ``func`` makes, or None when it is no importing function."""
+        t = type(func)
+        if t is ast.Name:
+            return self.functions.get(func.id)
+        if t is ast.Attribute and type(func.value) is ast.Name:
+            module = self.modules.get(func.value.id)
+            if module is not None:
+                return _IMPORTERS[module].get(func.attr)
+        return None
+
+    def fail_open(self, line: int) -> None:
+        if not self.line or line < self.line:
+            self.line = line
+
+    def search(self, nodes: Iterable[ast.AST], scope: str, guarded: bool) -> None:
+        """Record the dynamic imports inside expressions ``nodes`` (a breadth-first walk: a
+        call is met before the reference it calls)."""
+        handled = self.handled
         for root in nodes:
             for n in ast.walk(root):
-                if type(n) is not ast.Call or not n.args:
-                    continue
-                kind = _dynamic_import_kind(n.func)
-                if kind is None:
-                    continue
-                arg = n.args[0]
-                if not (type(arg) is ast.Constant and type(arg.value) is str and arg.value):
-                    continue  # a computed name: invisible statically (the runtime check sees it)
-                name = arg.value
-                level = len(name) - len(name.lstrip("."))
-                if level:
-                    if kind != "importlib" or not _anchor_is_own_package(n):
-                        continue
-                    name = name[level:]
-                self.out.append((name, level, (), n.lineno, scope, guarded, kind))
+                t = type(n)
+                if t is ast.Call:
+                    kind = self._function_kind(n.func)
+                    if kind is not None:
+                        handled.add(id(n.func))
+                        self._call(n, kind, scope, guarded)
+                    self._python_m(n.args, n.lineno, guarded)
+                elif t is ast.List or t is ast.Tuple:
+                    self._python_m(n.elts, n.lineno, guarded)
+                elif t is ast.Name or t is ast.Attribute:
+                    if (
+                        type(n.ctx) is ast.Load
+                        and id(n) not in handled
+                        and self._function_kind(n) is not None
+                    ):
+                        self.fail_open(n.lineno)  # passed around: called with what, unknown
+                elif t is ast.Constant and type(n.value) is str and n.value in _FUNCTIONS:
+                    self.fail_open(n.lineno)  # ``getattr(importlib, "import_module")``
+
+    def _call(self, call: ast.Call, kind: str, scope: str, guarded: bool) -> None:
+        line = call.lineno
+        args = call.args
+        keywords = {k.arg: k.value for k in call.keywords}
+        if None in keywords or any(type(a) is ast.Starred for a in args):
+            self.fail_open(line)  # ``*args`` / ``**kwargs``: the name is not visible
+            return
+        name = _string(args[0] if args else keywords.get(_NAME_KEYWORD[kind]))
+        if not name:
+            self.fail_open(line)
+            return
+        out = self.out
+        if kind == "importorskip":
+            out.append((name, 0, (), line, scope, True, kind))
+        elif kind == "run":
+            out.append((name, 0, (), line, scope, guarded, kind))
+            out.append((name + ".__main__", 0, (), line, scope, guarded, kind))
+        elif kind == "importlib":
+            level = len(name) - len(name.lstrip("."))
+            if not level:
+                out.append((name, 0, (), line, scope, guarded, kind))
+                return
+            anchor = args[1] if len(args) > 1 else keywords.get("package")
+            package = _string(anchor)
+            if package:
+                absolute = _resolve_relative(name, level, package)
+                if absolute is not None:  # else: an import that always fails
+                    out.append((absolute, 0, (), line, scope, guarded, kind))
+            elif _is_own_package(anchor):
+                out.append((name[level:], level, (), line, scope, guarded, kind))
+            else:
+                self.fail_open(line)
+        else:  # __import__(name, globals, locals, fromlist, level)
+            level_node = args[4] if len(args) > 4 else keywords.get("level")
+            level = 0
+            if level_node is not None:
+                if not (type(level_node) is ast.Constant and type(level_node.value) is int):
+                    self.fail_open(line)
+                    return
+                level = max(level_node.value, 0)
+            if "." in name[:1]:
+                return  # a name with leading dots: __import__ refuses it
+            out.append((name, level, (), line, scope, guarded, kind))
+            fromlist = args[3] if len(args) > 3 else keywords.get("fromlist")
+            if fromlist is None or (type(fromlist) is ast.Constant and fromlist.value is None):
+                return
+            names = _strings(fromlist)
+            if names is None:
+                self.fail_open(line)
+            elif names:
+                out.append((name, level, names, line, scope, guarded, "from"))
+
+    def _python_m(self, items: list[ast.expr], line: int, guarded: bool) -> None:
+        """``python -m mod`` in a command (a list, tuple or argument list whose program is
+        ``sys.executable`` or a literal ``python…``): mod and its ``__main__`` run, in another
+        process."""
+        for i, item in enumerate(items):
+            if (
+                type(item) is ast.Constant
+                and item.value == "-m"
+                and any(_is_python(p) for p in items[:i])
+            ):
+                name = _string(items[i + 1]) if i + 1 < len(items) else None
+                if name and all(p.isidentifier() for p in name.split(".")):
+                    self.out.append((name, 0, (), line, "subprocess", guarded, "run"))
+                    self.out.append((name + ".__main__", 0, (), line, "subprocess", guarded, "run"))
+                else:
+                    self.fail_open(line)
 
 
-def _dynamic_import_kind(func: ast.expr) -> str | None:
-    if type(func) is ast.Attribute and func.attr == "import_module":
-        return (
-            "importlib" if type(func.value) is ast.Name and func.value.id == "importlib" else None
-        )
-    if type(func) is ast.Name:
-        if func.id == "import_module":
-            return "importlib"
-        if func.id == "__import__":
-            return "__import__"
+def _string(node: ast.expr | None) -> str | None:
+    if node is not None and type(node) is ast.Constant and type(node.value) is str:
+        return node.value
     return None
 
 
-def _anchor_is_own_package(call: ast.Call) -> bool:
-    """``import_module(".x", __package__)`` (or ``package=__package__`` / ``__spec__.parent``)."""
-    pkg = call.args[1] if len(call.args) > 1 else None
-    for kw in call.keywords:
-        if kw.arg == "package":
-            pkg = kw.value
+def _strings(node: ast.expr) -> tuple[str, ...] | None:
+    if type(node) in (ast.List, ast.Tuple) and all(
+        type(e) is ast.Constant and type(e.value) is str for e in node.elts
+    ):
+        return tuple(e.value for e in node.elts)
+    return None
+
+
+def _is_python(node: ast.expr) -> bool:
+    if type(node) is ast.Attribute:
+        return node.attr == "executable"
+    value = _string(node)
+    return value is not None and value.rpartition("/")[2].startswith("python")
+
+
+def _resolve_relative(name: str, level: int, package: str) -> str | None:
+    """``importlib.import_module(name, package)`` for a relative ``name`` (as importlib resolves
+    it); None when it reaches above the top of ``package``."""
+    bits = package.rsplit(".", level - 1)
+    if len(bits) < level:
+        return None
+    rest = name[level:]
+    return f"{bits[0]}.{rest}" if rest else bits[0]
+
+
+def _is_own_package(pkg: ast.expr | None) -> bool:
+    """``__package__`` or ``__spec__.parent``: the file's own package."""
     if type(pkg) is ast.Name:
         return pkg.id == "__package__"
     return (

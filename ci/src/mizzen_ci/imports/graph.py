@@ -26,6 +26,11 @@ runs; "all" follows lazy edges too, i.e. what calling anything might run):
   in source order.  Resolution: relative imports become absolute; ``from pkg import name`` gives
   an edge to ``pkg`` (kind "from") and, when ``pkg.name`` is a module of the graph, one to it
   (kind "submodule").  Targets outside the graph are kept as written (external modules).
+  An extra file's absolute import also resolves, as at run time (a script runs with its own
+  directory on ``sys.path``; pytest's ``--import-mode=importlib`` adds none), to its *siblings*
+  (:func:`mizzen_ci.imports.resolve.sibling_files`): ``import X`` / ``from X import n`` in
+  ``d/f.py`` gives an edge (kind "sibling") to the extra file ``d/X.py`` or ``d/X/__init__.py``
+  (and to ``d/X/n.py``, ``d/X/n/__init__.py``), besides the edge to ``X``.
 - ``graph.successors(node, scope)``: ``tuple[Hop, ...]``.  Importing ``a.b.c`` runs ``a`` and
   ``a.b`` first: each edge to a module of the graph yields hops to its parent packages that are in
   the graph (``hop.parent_of`` names the imported module), then to the module itself.  A node's
@@ -60,7 +65,7 @@ from typing import NamedTuple, Protocol
 
 from ..sources import read_bytes
 from .facts import ModuleFacts, RawImport, parse_facts
-from .resolve import package_of, relative_base
+from .resolve import package_of, relative_base, sibling_files
 from .workspace import GraphProblem, root_relative, source_modules
 
 
@@ -91,7 +96,7 @@ class ImportEdge(NamedTuple):
     line: int
     lazy: bool
     guarded: bool
-    kind: str  # "import" | "from" | "submodule" | "importlib" | "__import__"
+    kind: str  # "import" | "from" | "submodule" | "sibling" | "importlib" | "__import__" | …
     scope: str
     names: tuple[str, ...] = ()  # for kind "from": the imported names
 
@@ -101,6 +106,14 @@ _WHERE = {
     "function": "lazy: inside a function",
     "type-checking": "lazy: under TYPE_CHECKING",
     "getattr": "lazy: inside module __getattr__",
+    "subprocess": "lazy: run in a subprocess",
+}
+_KIND_NOTES = {
+    "importlib": "importlib.import_module",
+    "__import__": "__import__",
+    "importorskip": "pytest.importorskip",
+    "run": "run as `python -m` / runpy.run_module",
+    "sibling": "a file beside the importer, found on sys.path",
 }
 
 
@@ -119,10 +132,8 @@ class Hop(NamedTuple):
         notes = [_WHERE[e.scope]]
         if e.guarded:
             notes.append("guarded by try/except ImportError")
-        if e.kind == "importlib":
-            notes.append("importlib.import_module")
-        elif e.kind == "__import__":
-            notes.append("__import__")
+        if e.kind in _KIND_NOTES:
+            notes.append(_KIND_NOTES[e.kind])
         if self.parent_of is not None:
             notes.append(f"parent package of {self.parent_of}, its __init__ runs first")
         if self.target.endswith(GETATTR_SUFFIX):
@@ -216,6 +227,7 @@ class ImportGraph:
     def _resolve(self, node: str, module_scope_only: bool) -> tuple[ImportEdge, ...]:
         modules = self.modules
         out: list[ImportEdge] = []
+        extra = node not in modules  # a script or test file: its siblings are importable
         for module, level, names, line, scope, guarded, kind in self.facts[node].imports:
             lazy = scope != "module"
             if lazy and module_scope_only:
@@ -235,6 +247,9 @@ class ImportGraph:
                         out.append(ImportEdge(sub, line, lazy, guarded, "submodule", scope))
             else:
                 out.append(ImportEdge(target, line, lazy, guarded, kind, scope))
+            if extra and not level:
+                for sibling in sibling_files(node, target, names, self.files):
+                    out.append(ImportEdge(sibling, line, lazy, guarded, "sibling", scope))
         return tuple(out)
 
     # ---- queries
@@ -281,7 +296,7 @@ class ImportGraph:
         out: list[Hop] = []
         for e in self._scoped_edges(node, scope):
             t = e.target
-            if "." in t:
+            if "." in t and "/" not in t:  # (a sibling file's parents are files of their own)
                 for p in parents_of(t):
                     out.append(Hop(node, file, e.line, p, e, t))
             out.append(Hop(node, file, e.line, t, e))

@@ -1,25 +1,37 @@
-"""Who reaches what: the inverted direct-import relation of a tree, for reverse searches.
+"""Who reaches what: the inverted direct relations of a tree, for reverse searches.
 
 A node (a module, or a file under ``tests/`` named by its path) *names* some dotted names
 directly: :func:`mizzen_ci.imports.resolve.direct_names` (every import's target, in all scopes, and
 ``X.n`` for ``from X import n``).  Importing a name runs its parent packages first, but only those
 that are modules of the tree.  So node N reaches X in one step when X is one of N's names, or when
-X is a module of the tree and a strict dotted prefix of one of N's names (``parents_of``).
+X is a module of the tree and a strict dotted prefix of one of N's names (``parents_of``).  Two
+more relations, not imports, are kept beside them:
 
-:class:`ReachIndex` keeps both relations inverted::
+- *paths*: the node's path literals (:mod:`mizzen_ci.imports.path_literals`); it names a file P
+  when one of them does (:func:`~mizzen_ci.imports.path_literals.lookup_keys`);
+- *wild*: the top-level packages a node imports from by computed names (``ModuleFacts.dynamic``:
+  fail open): a module's own top-level package; for a file under ``tests/`` every top-level name
+  it names, and :data:`ANY` (every workspace package, when none of its names is one).  Such a node
+  reaches every name of those packages in one step.
+
+:class:`ReachIndex` keeps them inverted::
 
     named[X]  nodes that name X
     under[X]  nodes that name something strictly below X (X.…)
+    paths[L]  nodes with path literal L
+    wild[N]   the fail-open packages of node N (one small table: such nodes are few)
 
-and ``importers(X, modules)`` is ``named[X]`` plus, when X is a module, ``under[X]``: the nodes
-whose :class:`~mizzen_ci.imports.graph.ImportGraph` edges (with the parents they run) reach X,
-found without resolving any file at query time.  :func:`reach_of_graph` is the index of a built
-graph; the planner keeps one warm, parsing on demand (:mod:`mizzen_ci.plan.index.lazy_reach`).
+``importers(X, modules)`` is ``named[X]`` plus, when X is a module, ``under[X]``, plus the wild
+nodes of X's top-level package: the nodes whose :class:`~mizzen_ci.imports.graph.ImportGraph`
+edges (with the parents they run) reach X, or that may import it by a computed name; found
+without resolving any file at query time.  ``namers(P)``: the nodes whose literals name path P.
+:func:`reach_of_graph` is the index of a built graph; the planner keeps one warm, parsing on
+demand (:mod:`mizzen_ci.plan.index.lazy_reach`).
 
 Invariants:
 - The index does not depend on which names are modules (applied at query time), so a node's part
-  changes only when its own names change: ``add``/``remove`` keep it exact incrementally, equal as
-  sets to ``build`` over the same names.
+  changes only when its own bytes change: ``add``/``remove`` keep it exact incrementally, equal as
+  sets to ``build`` over the same entries.
 - A node appears at most once per list; list order is insertion order (callers use the members).
 - Plain data (``to_data`` / ``from_data``), so that a cache can keep it.
 """
@@ -29,7 +41,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .graph import ImportGraph
+from .path_literals import lookup_keys
 from .resolve import direct_names, package_of
+
+ANY = "*"  # in a node's wild packages: every workspace package, when it names none of them
+
+# What a node contributes to the index: (names, parents_of(names), path literals, wild packages).
+Entry = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 
 
 def parents_of(names: Iterable[str]) -> tuple[str, ...]:
@@ -46,56 +64,140 @@ def parents_of(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-class ReachIndex:
-    """The inverted one-step reach relation; see the module docstring."""
+def node_entry(
+    node: str, imports: Iterable[tuple], package: str, paths: Iterable[str], dynamic: int
+) -> Entry:
+    """The :data:`Entry` of ``node`` (a module name, or a path for a file under ``tests/``) from
+    its facts: imports, the package its relative imports start from, path literals and whether it
+    imports by a computed name (``dynamic``: a line, 0 for none)."""
+    names = direct_names(imports, package)
+    wild: tuple[str, ...] = ()
+    if dynamic:
+        if "/" in node:  # a file under tests/: the packages it names (ANY if none is ours)
+            wild = (*dict.fromkeys(n.partition(".")[0] for n in names), ANY)
+        else:
+            wild = (node.partition(".")[0],)
+    return names, parents_of(names), tuple(paths), wild
 
-    __slots__ = ("named", "under")
+
+class ReachIndex:
+    """The inverted one-step relations; see the module docstring."""
+
+    __slots__ = ("_wild_by_top", "named", "paths", "under", "wild")
 
     def __init__(
-        self, named: dict[str, list[str]] | None = None, under: dict[str, list[str]] | None = None
+        self,
+        named: dict[str, list[str]] | None = None,
+        under: dict[str, list[str]] | None = None,
+        paths: dict[str, list[str]] | None = None,
+        wild: dict[str, tuple[str, ...]] | None = None,
     ):
         self.named: dict[str, list[str]] = named if named is not None else {}
         self.under: dict[str, list[str]] = under if under is not None else {}
+        self.paths: dict[str, list[str]] = paths if paths is not None else {}
+        self.wild: dict[str, tuple[str, ...]] = wild if wild is not None else {}
+        self._wild_by_top: tuple[object, dict[str, list[str]]] | None = None
 
     @classmethod
-    def build(cls, nodes: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> ReachIndex:
-        """The index of ``{node: (names, parents_of(names))}``."""
+    def build(cls, nodes: Mapping[str, Entry]) -> ReachIndex:
+        """The index of ``{node: entry}``."""
         index = cls()
-        for node, (names, parents) in nodes.items():
-            index.add(node, names, parents)
+        for node, entry in nodes.items():
+            index.add(node, *entry)
         return index
 
-    def add(self, node: str, names: Iterable[str], parents: Iterable[str]) -> None:
-        """Record that ``node`` names ``names`` (distinct) whose strict prefixes are ``parents``."""
+    def add(
+        self,
+        node: str,
+        names: Iterable[str],
+        parents: Iterable[str],
+        paths: Iterable[str] = (),
+        wild: tuple[str, ...] = (),
+    ) -> None:
+        """Record that ``node`` names ``names`` (distinct) whose strict prefixes are ``parents``,
+        has the path literals ``paths`` and the fail-open packages ``wild``."""
         list_under(self.named, node, names)
         list_under(self.under, node, parents)
+        if paths:
+            list_under(self.paths, node, paths)
+        if wild:
+            self.wild[node] = wild
+            self._wild_by_top = None
 
-    def remove(self, node: str, names: Iterable[str], parents: Iterable[str]) -> None:
+    def remove(
+        self,
+        node: str,
+        names: Iterable[str],
+        parents: Iterable[str],
+        paths: Iterable[str] = (),
+        wild: tuple[str, ...] = (),
+    ) -> None:
         """Undo :meth:`add` of the same arguments."""
-        for table, keys in ((self.named, names), (self.under, parents)):
+        for table, keys in ((self.named, names), (self.under, parents), (self.paths, paths)):
             for k in keys:
                 nodes = table.get(k)
                 if nodes is not None and node in nodes:
                     nodes.remove(node)
                     if not nodes:
                         del table[k]
+        if wild and self.wild.pop(node, None) is not None:
+            self._wild_by_top = None
+
+    def naming(self, name: str, below: bool) -> list[str]:
+        """The nodes that name ``name`` (and, with ``below``, a name below it); a node may be
+        listed twice."""
+        found = self.named.get(name, [])
+        if below:
+            more = self.under.get(name)
+            if more:
+                return found + more
+        return found
 
     def importers(self, name: str, modules: Mapping[str, object]) -> list[str]:
         """The nodes that reach ``name`` in one step (a node may be listed twice)."""
-        found = self.named.get(name, [])
-        if name in modules:
-            below = self.under.get(name)
-            if below:
-                return found + below
+        found = self.naming(name, name in modules)
+        if self.wild:
+            wild = self._wild_for(name.partition(".")[0], modules)
+            if wild:
+                return found + wild
         return found
 
-    def to_data(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        return self.named, self.under
+    def _wild_for(self, top: str, modules: Mapping[str, object]) -> list[str]:
+        cached = self._wild_by_top
+        if cached is None or cached[0] is not modules:
+            cached = self._wild_by_top = (modules, {})
+        by_top = cached[1]
+        found = by_top.get(top)
+        if found is None:
+            found = by_top[top] = [
+                node
+                for node, packages in self.wild.items()
+                if top in packages
+                or (ANY in packages and not any(p in modules for p in packages if p != ANY))
+            ]
+        return found
+
+    def namers(self, path: str, bare: bool = True) -> list[str]:
+        """The nodes whose path literals name ``path`` (a node may be listed twice);
+        ``bare=False``: by a literal holding a ``/`` (not by the file name alone)."""
+        out: list[str] = []
+        for key in lookup_keys(path, bare):
+            found = self.paths.get(key)
+            if found:
+                out += found
+        return out
+
+    def to_data(self) -> tuple:
+        return self.named, self.under, self.paths, self.wild
 
     @classmethod
     def from_data(cls, data: object) -> ReachIndex | None:
         """The index from :meth:`to_data`, or None when ``data`` is not one."""
-        return cls(data[0], data[1]) if is_dict_pair(data) else None
+        if not (
+            isinstance(data, tuple) and len(data) == 4 and all(isinstance(t, dict) for t in data)
+        ):
+            return None
+        return cls(*data)
 
     def same_as(self, other: ReachIndex) -> bool:
         """Equal as relations (list order aside)."""
@@ -103,7 +205,13 @@ class ReachIndex:
         def norm(table):
             return {k: sorted(v) for k, v in table.items() if v}
 
-        return norm(self.named) == norm(other.named) and norm(self.under) == norm(other.under)
+        return (
+            all(
+                norm(getattr(self, t)) == norm(getattr(other, t))
+                for t in ("named", "under", "paths")
+            )
+            and self.wild == other.wild
+        )
 
 
 def reach_of_graph(graph: ImportGraph) -> ReachIndex:
@@ -112,8 +220,7 @@ def reach_of_graph(graph: ImportGraph) -> ReachIndex:
     for node, facts in graph.facts.items():
         rel = graph.modules.get(node)
         package = package_of(node, rel.endswith("__init__.py")) if rel is not None else ""
-        names = direct_names(facts.imports, package)
-        nodes[node] = (names, parents_of(names))
+        nodes[node] = node_entry(node, facts.imports, package, facts.paths, facts.dynamic)
     return ReachIndex.build(nodes)
 
 
@@ -125,13 +232,3 @@ def list_under(table: dict[str, list[str]], node: str, keys: Iterable[str]) -> N
             table[k] = [node]
         else:
             found.append(node)
-
-
-def is_dict_pair(data: object) -> bool:
-    """Whether cached ``data`` has the shape of a ``to_data()`` of two tables."""
-    return (
-        isinstance(data, tuple)
-        and len(data) == 2
-        and isinstance(data[0], dict)
-        and isinstance(data[1], dict)
-    )

@@ -4,7 +4,10 @@ workspace, packages located by name, and root-relative paths.
 - ``source_files(dir)`` / ``source_modules(root, dirs)``: the module walk (every package — a
   directory with ``__init__.py``; namespace packages are not walked, as ``pkgutil`` does not walk
   them — and module below each ``sys.path`` entry, by dotted name).
-- ``workspace_source_dirs(root)``: the ``sys.path`` entries of a uv workspace's members.
+- ``workspace_members(root)`` / ``workspace_source_dirs(root)``: a uv workspace's members and
+  their ``sys.path`` entries.
+- ``entry_point_modules(root)``: the modules the members' ``pyproject.toml`` declare as entry
+  points (``[project.scripts]``, ``[project.gui-scripts]``, ``[project.entry-points.*]``).
 - ``locate_packages(root, names)``: where top-level packages live in a tree.
 - ``root_relative(path, root)`` / ``relative_dirs(dirs, root)``: paths as the CI names them.
 
@@ -159,14 +162,14 @@ def locate_packages(root: Path, names: Iterable[str], max_depth: int = 4) -> dic
     return {n: sorted(set(v)) for n, v in found.items()}
 
 
-def workspace_source_dirs(root: Path) -> list[Path]:
-    """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
-    the member directory), from ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; plus
-    ``root/src`` when present.  Empty when ``root`` is no uv workspace.  The members come from the
-    checkout: each must be a relative glob without ``..`` whose matches lie inside ``root`` (a
-    member reached through a link out of it is not read); otherwise :class:`ConfigError`."""
-    out: list[Path] = []
+def workspace_members(root: Path) -> list[Path]:
+    """The member directories of a uv workspace (those holding a ``pyproject.toml``), from
+    ``[tool.uv.workspace] members`` of ``root/pyproject.toml``; empty when ``root`` is none.  The
+    members come from the checkout: each must be a relative glob without ``..`` whose matches lie
+    inside ``root`` (a member reached through a link out of it is not read); otherwise
+    :class:`ConfigError`."""
     pyproject = root / "pyproject.toml"
+    out: list[Path] = []
     for pattern in _members(pyproject):
         for member in sorted(root.glob(pattern)):
             if not _inside(member, root):
@@ -175,7 +178,15 @@ def workspace_source_dirs(root: Path) -> list[Path]:
                     "the repository (a link?); list members inside it"
                 )
             if (member / "pyproject.toml").is_file():
-                out.append(member / "src" if (member / "src").is_dir() else member)
+                out.append(member)
+    return out
+
+
+def workspace_source_dirs(root: Path) -> list[Path]:
+    """The ``sys.path`` entries of a uv workspace's members (``<member>/src`` when it exists, else
+    the member directory); plus ``root/src`` when present.  Empty when ``root`` is no uv
+    workspace."""
+    out = [m / "src" if (m / "src").is_dir() else m for m in workspace_members(root)]
     if (root / "src").is_dir() and root / "src" not in out:
         out.append(root / "src")
     return out
@@ -217,6 +228,50 @@ def _inside(path: Path, root: Path) -> bool:
     except ValueError:
         return False
     return True
+
+
+_ENTRY_POINT_TABLES = ("scripts", "gui-scripts")
+
+
+def entry_point_modules(root: Path) -> dict[str, list[str]]:
+    """``{module: [how it is an entry point]}`` for every module a workspace member declares:
+    the ``module`` of each ``module:attr`` (or plain ``module``) value of ``[project.scripts]``,
+    ``[project.gui-scripts]`` and ``[project.entry-points.<group>]``; each description names the
+    table, the entry and the member's ``pyproject.toml`` (e.g. ``entry point mizzen-rollout of
+    [project.scripts] in packages/rollout/pyproject.toml``).  A value whose module part is not a
+    dotted name is no entry point any installer accepts, and is left out.  A member whose
+    ``pyproject.toml`` cannot be read (not valid TOML) has unknown entry points: its directory
+    (with a trailing ``/``) is a key, meaning every module of it (fail open; the description says
+    why)."""
+    out: dict[str, list[str]] = {}
+    for member in workspace_members(root):
+        path = member / "pyproject.toml"
+        rel = root_relative(path, root)[1]
+        try:
+            source, _ = read_bytes(path, 1024 * 1024)
+            project = tomllib.loads(source.decode("utf-8")).get("project", {})
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+            directory = root_relative(member, root)[1] + "/"
+            out[directory] = [f"{rel} cannot be read ({e}): its entry points are unknown"]
+            continue
+        if not isinstance(project, dict):
+            continue
+        tables: list[tuple[str, object]] = [
+            (f"[project.{t}]", project.get(t)) for t in _ENTRY_POINT_TABLES
+        ]
+        groups = project.get("entry-points")
+        if isinstance(groups, dict):
+            tables += [(f"[project.entry-points.{g}]", v) for g, v in sorted(groups.items())]
+        for table, entries in tables:
+            if not isinstance(entries, dict):
+                continue
+            for name, value in entries.items():
+                if not isinstance(value, str):
+                    continue
+                module = value.partition(":")[0].partition("[")[0].strip()
+                if module and all(p.isidentifier() for p in module.split(".")):
+                    out.setdefault(module, []).append(f"entry point {name} of {table} in {rel}")
+    return out
 
 
 def relative_dirs(dirs: Iterable[Path], root: Path) -> list[str]:

@@ -8,21 +8,40 @@ files under ``tests/`` from the registry's one walk (:mod:`mizzen_ci.registry.di
 A test file is impacted when
 - it changed itself;
 - its import closure reaches a changed module, following *every* import, lazy ones too (tests
-  run function bodies), through parent packages' ``__init__`` and ``from pkg import sub``;
-- a ``conftest.py`` of its directory or any directory above changed, or reaches a changed
-  module;
+  run function bodies), through parent packages' ``__init__``, ``from pkg import sub``, dynamic
+  imports with literal names (``import_module``, ``importorskip``, ``python -m``, through aliases)
+  and *sibling* imports between files under ``tests/`` (``import slot_kit`` beside
+  ``slot_kit.py``: :func:`mizzen_ci.imports.resolve.sibling_names`);
+- something in that closure imports by a computed name (fail open): a module that does reaches
+  every module of its own top-level package; a file under ``tests/`` that does, every module of
+  the packages it names (of every workspace package if it names none of them);
+- it, or anything its closure reaches, *names* a changed file by a path literal
+  (:mod:`mizzen_ci.imports.path_literals`): a test reading ``data/x.json``, a conftest loading
+  ``fake_engine.py`` by path (then the tests that conftest serves), a module naming its data
+  file; whatever names a file is impacted as if it were that file's importer (a bare
+  ``"conftest.py"``, ``"__init__.py"`` or ``"__main__.py"`` names only the one beside it:
+  :func:`mizzen_ci.imports.path_literals.names`);
+- a ``conftest.py`` of its directory or any directory above changed, or is impacted;
 - a file it reads under ``tests/`` changed: a helper or data file in its directory or below
-  (helpers are loaded by path, so a helper that reaches a changed module counts too);
-- a non-Python file of a package whose modules it reaches changed.
+  (helpers are loaded by path, so a helper that is impacted counts too);
+- a non-Python file of a package whose modules it reaches changed;
+- a package's ``__main__`` module, or a module the package's ``pyproject.toml`` declares as an
+  entry point (:func:`mizzen_ci.imports.workspace.entry_point_modules`), changed and it reaches
+  any module of that package (``python -m pkg`` and console scripts run code no import shows);
+- a changed path matches a glob its registration ``watches``.
 
 Invariants:
 - A changed path's meaning is decided only by the rules table; a path no rule knows, a Python
   file outside every source directory, or an unusable diff selects everything (fail open).
+  Naming and ``watches`` apply to every changed path whatever its rule (a README a test reads
+  selects that test).
 - Renamed and deleted modules are looked up by name among the *targets* of imports, so a test
-  still importing a module that is gone is impacted.
+  still importing a module that is gone is impacted; a deleted file is looked up among the path
+  literals, so a test still naming it is impacted.
 - Every impacted test carries one reason naming the changed path that reached it.
-- The reverse search visits only what reaches a changed module (one index lookup per step); its
-  answer equals the importers that :meth:`ImportGraph.importers` finds over all scopes.
+- The reverse search visits only what reaches a changed module or file (one index lookup per
+  step); over imports alone its answer equals the importers that :meth:`ImportGraph.importers`
+  finds over all scopes (sibling imports included).
 - Deterministic whatever the order of the index's lists (a cold index is filled as parse workers
   finish, a lazy one as queries parse files): each step takes its importers in the tree's order
   (modules as discovered, then the files under ``tests/``), so a test reached through several
@@ -38,9 +57,22 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..imports import ImportGraph, ReachIndex, reach_of_graph, relative_dirs, workspace_source_dirs
+from ..imports.path_literals import CONVENTION_NAMES
+from ..imports.resolve import sibling_names
 from ..registry import TESTS_DIR, TestTree, is_excluded
 from .change import Change
-from .path_rules import EVERYTHING, NOTHING, PACKAGE_DATA, PYTHON, RULES, TESTS, Rule, rule_for
+from .path_rules import (
+    EVERYTHING,
+    NOTHING,
+    PACKAGE_DATA,
+    PYTHON,
+    RULES,
+    TESTS,
+    Rule,
+    glob_matches,
+    package_of,
+    rule_for,
+)
 
 
 @dataclass
@@ -50,7 +82,9 @@ class Impact:
     everything: bool = False
     everything_because: list[str] = field(default_factory=list)
     tests: dict[str, str] = field(default_factory=dict)  # test file -> why it is impacted
-    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, rule's why)
+    # (path, rule's why) of the paths whose rule selects nothing (tests that name or watch one
+    # are selected all the same)
+    ignored: list[tuple[str, str]] = field(default_factory=list)
 
     def why(self, test: str) -> str | None:
         if self.everything:
@@ -93,7 +127,10 @@ class Analyser:
     """Impact analysis over one tree; reusable for several changes (benchmarks, brute force).
 
     ``modules``: ``{module name: root-relative file}`` of the workspace's source dirs;
-    ``reach``: the :class:`ReachIndex` of those modules and of every Python file of ``tree``."""
+    ``reach``: the :class:`ReachIndex` (or the planner's lazy one) of those modules and of every
+    Python file of ``tree``; ``watches``: ``{test file: its registration's watches globs}``;
+    ``entry_points``: ``{module: how it is an entry point}``
+    (:func:`mizzen_ci.imports.workspace.entry_point_modules`)."""
 
     def __init__(
         self,
@@ -102,6 +139,9 @@ class Analyser:
         source_dirs: list[str],
         reach: ReachIndex,
         excludes: Iterable[str] = (),
+        *,
+        watches: Mapping[str, Iterable[str]] | None = None,
+        entry_points: Mapping[str, Iterable[str]] | None = None,
     ):
         self.excludes = tuple(excludes)
         self.modules = modules
@@ -109,6 +149,9 @@ class Analyser:
         self.source_dirs = source_dirs
         self.tree = tree
         self.test_set = set(tree.tests)
+        self.tree_files = set(tree.all)
+        self.watches = {t: tuple(g) for t, g in (watches or {}).items() if g}
+        self.entry_points = {m: list(how) for m, how in (entry_points or {}).items()}
         self.rank = {n: i for i, n in enumerate(itertools.chain(modules, tree.all))}
         self.tests_by_dir: dict[str, list[str]] = {}
         for t in tree.tests:
@@ -116,37 +159,92 @@ class Analyser:
 
     @classmethod
     def of_graph(
-        cls, graph: ImportGraph, source_dirs: list[str], tree: TestTree, excludes=()
+        cls,
+        graph: ImportGraph,
+        source_dirs: list[str],
+        tree: TestTree,
+        excludes=(),
+        **kwargs,
     ) -> Analyser:
-        return cls(tree, graph.modules, source_dirs, reach_of_graph(graph), excludes)
+        return cls(tree, graph.modules, source_dirs, reach_of_graph(graph), excludes, **kwargs)
+
+    @classmethod
+    def of_index(cls, index) -> Analyser:
+        """The analyser of a :class:`mizzen_ci.plan.index.PlanIndex` (what the planner uses)."""
+        watches = {r.path: r.watches for r in index.registry.registrations if r.watches}
+        return cls(
+            index.tree,
+            index.modules,
+            index.source_dirs,
+            index.reach,
+            index.excludes,
+            watches=watches,
+            entry_points=index.entry_points,
+        )
 
     # -- graph
 
-    def importers_with_origin(self, changed: dict[str, str]) -> dict[str, str]:
-        """``{node: why}`` for every node whose closure (all imports, lazy ones too) reaches a
-        name in ``changed`` (``{module name: why it changed}``): a reverse breadth-first search
-        over the reach index, visiting only nodes that reach the frontier.  A node reached from
-        several changed modules takes the why of the first in ``changed`` order at the least
-        depth (independent of the index's list order)."""
-        importers, modules, rank = self.reach.importers, self.modules, self.rank
+    def importers_with_origin(
+        self, changed: dict[str, str], paths: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """``{node: why}`` for every node that reaches a name in ``changed`` (``{module name or
+        file under tests/: why it changed}``), following every import (lazy ones too, sibling
+        imports, fail-open dynamic ones) and path literals (a node naming the file of anything
+        reached is reached too), or that names a path in ``paths`` (``{changed path: why}``):
+        a reverse breadth-first search over the reach index, visiting only nodes that reach the
+        frontier.  A node reached from several changes takes the why of the first in ``changed``
+        order at the least depth (independent of the index's list order)."""
+        reach, modules, rank, tree_files = self.reach, self.modules, self.rank, self.tree_files
         last = len(rank)
 
         def tree_order(node: str) -> tuple[int, str]:
             return rank.get(node, last), node
 
         origin: dict[str, str] = {}
-        queue = deque(changed.items())
+        named = set(paths or ())  # paths whose namers are looked up (changed paths: below)
+        queue = deque((name, why, False) for name, why in changed.items())
+        queue.extend((path, why, True) for path, why in (paths or {}).items())
         seen = set(changed)
         while queue:
-            name, why = queue.popleft()
-            found = importers(name, modules)
-            for node in sorted(found, key=tree_order) if len(found) > 1 else found:
+            key, why, is_path = queue.popleft()
+            found: list[str] = []
+            if is_path:
+                found = self.namers(key)
+            else:
+                if "/" in key:  # a file under tests/: who imports it as a sibling
+                    for directory, dotted in sibling_names(key, tree_files):
+                        found += [
+                            n
+                            for n in reach.naming(dotted, True)
+                            if "/" in n and n.rpartition("/")[0] == directory
+                        ]
+                    file = key if key in tree_files else None
+                else:
+                    found = reach.importers(key, modules)
+                    file = modules.get(key)
+                if file is not None and file not in named:  # who names its file
+                    named.add(file)
+                    found = found + self.namers(file)
+            for node in sorted(set(found), key=tree_order) if len(found) > 1 else found:
                 if node not in seen:
                     seen.add(node)
                     origin[node] = why
-                    if node in modules:  # a file under tests/ is imported by no one
-                        queue.append((node, why))
+                    queue.append((node, why, False))
         return origin
+
+    def namers(self, path: str) -> list[str]:
+        """The nodes that name ``path`` by a path literal
+        (:func:`mizzen_ci.imports.path_literals.names`: a file of a conventional name, by its
+        bare name only from beside it)."""
+        directory, _, name = path.rpartition("/")
+        if name not in CONVENTION_NAMES:
+            return self.reach.namers(path)
+        modules = self.modules
+        return self.reach.namers(path, bare=False) + [
+            n
+            for n in self.reach.namers(name)
+            if (modules.get(n) or n).rpartition("/")[0] == directory
+        ]
 
     # -- test-tree rules
 
@@ -179,6 +277,30 @@ class Analyser:
             return self.tests_below(_dir(path))
         return self.tests_above(_dir(path))
 
+    # -- package-wide changes
+
+    def package_modules(self, path: str) -> list[str]:
+        """The modules of the workspace package holding ``path`` (``packages/<name>/``)."""
+        package = package_of(path)
+        if package is None:
+            return []
+        prefix = package + "/"
+        return [m for m, f in self.modules.items() if f.startswith(prefix)]
+
+    def runs_without_import(self, module: str, path: str) -> str | None:
+        """How ``module`` (at ``path``) runs without being imported (``python -m``, an entry
+        point; any module of a package whose entry points are unknown), or None."""
+        if module == "__main__" or module.endswith(".__main__"):
+            package = module.rpartition(".")[0]
+            return f"`python -m {package}` runs it" if package else "it runs as a script"
+        found = self.entry_points.get(module)
+        if found:
+            return "; ".join(found)
+        for key, why in self.entry_points.items():
+            if key.endswith("/") and path.startswith(key):
+                return "; ".join(why)
+        return None
+
     # -- the analysis
 
     def analyse(self, change: Change, rules: tuple[Rule, ...] = RULES) -> Impact:
@@ -187,7 +309,8 @@ class Analyser:
             impact.everything = True
             impact.everything_because.append(f"the diff is unusable ({change.reason})")
             return impact
-        changed_modules: dict[str, str] = {}
+        changed: dict[str, str] = {}  # module names and files under tests/ -> why
+        changed_paths: dict[str, str] = {}  # every changed path -> why (for who names it)
         selected: dict[str, str] = {}
 
         def select(tests: Iterable[str], why: str) -> None:
@@ -199,7 +322,9 @@ class Analyser:
             if rule.effect == EVERYTHING:
                 impact.everything = True
                 impact.everything_because.append(f"{path} changed ({rule.why})")
-            elif rule.effect == NOTHING:
+                continue
+            changed_paths[path] = f"names {path}, which changed"
+            if rule.effect == NOTHING:
                 impact.ignored.append((path, rule.why))
             elif rule.effect == PYTHON:
                 module = module_of(path, self.source_dirs)
@@ -209,24 +334,36 @@ class Analyser:
                         f"{path} changed: Python outside every workspace source dir (fail open)"
                     )
                 else:
-                    changed_modules.setdefault(module, f"reaches {module} ({path} changed)")
+                    changed.setdefault(module, f"reaches {module} ({path} changed)")
+                    how = self.runs_without_import(module, path)
+                    if how is not None:
+                        package = package_of(path)
+                        why = f"reaches {package} ({path} changed: {how})"
+                        for m in self.package_modules(path):
+                            changed.setdefault(m, why)
             elif rule.effect == TESTS:
-                why = f"{path} changed"
-                select(self.tests_for_test_path(path), why)
+                select(self.tests_for_test_path(path), f"{path} changed")
+                if path.endswith(".py"):  # a helper imported by its siblings
+                    changed.setdefault(path, f"reaches {path} ({path} changed)")
             elif rule.effect == PACKAGE_DATA:
                 package_dir = "/".join(path.split("/")[:2]) + "/"
-                modules = [m for m, f in self.modules.items() if f.startswith(package_dir)]
+                modules = self.package_modules(path)
                 if not modules:
                     impact.everything = True
                     impact.everything_because.append(
                         f"{path} changed in {package_dir} which has no modules (fail open)"
                     )
                 for m in modules:
-                    changed_modules.setdefault(m, f"reaches {package_dir} ({path} changed)")
+                    changed.setdefault(m, f"reaches {package_dir} ({path} changed)")
+            for test, globs in self.watches.items():
+                for glob in globs:
+                    if glob_matches(glob, path):
+                        selected.setdefault(test, f"{path} changed (the test watches {glob})")
+                        break
         if impact.everything:
             return impact
 
-        for node, why in self.importers_with_origin(changed_modules).items():
+        for node, why in self.importers_with_origin(changed, changed_paths).items():
             if node in self.test_set:
                 selected.setdefault(node, why)
             elif node.startswith(TESTS_DIR + "/"):

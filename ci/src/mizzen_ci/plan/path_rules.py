@@ -13,8 +13,18 @@ decides.  The effects:
 - ``package-data``: a non-Python file inside a workspace package selects that package's tests
   (those whose import closure reaches any of its modules).
 
+Besides its rule's effect, every changed path (whatever rule decides it, ``nothing`` included)
+also selects the tests that *name* it (:mod:`mizzen_ci.imports.path_literals`: a test, a helper
+or conftest it uses, or a module it reaches holds a string literal naming the file) and the tests
+whose registration ``watches`` a glob matching it (:func:`glob_matches`); see
+:mod:`mizzen_ci.plan.impact`.  So a README that a test reads is documentation here and still
+selects that test.
+
 Invariants:
-- This is the only place that maps paths to selection effects; the planner never globs paths.
+- This is the only place that maps paths to selection effects; the planner never globs paths
+  except through :func:`glob_matches` (the same dialect, for ``watches``).
+- ``tests/**`` is decided before the documentation rules: a Markdown file under ``tests/`` is
+  test data (a Harbor task's ``instruction.md``), never "documentation".
 - The last rule matches every path and selects everything: a path no rule knows fails open.
 - Globs: ``*`` and ``?`` stay inside one path segment, ``**`` spans segments (``**/`` also
   matches no segment at all); matching is on repository-relative POSIX paths.
@@ -41,7 +51,7 @@ class Rule:
     why: str
 
     def matches(self, path: str) -> bool:
-        return _compile(self.glob).fullmatch(path) is not None
+        return glob_matches(self.glob, path)
 
 
 RULES: tuple[Rule, ...] = (
@@ -52,6 +62,7 @@ RULES: tuple[Rule, ...] = (
     Rule("**/pyproject.toml", EVERYTHING, "dependencies and shared tool configuration"),
     Rule("**/uv.lock", EVERYTHING, "locked dependencies"),
     Rule(".python-version", EVERYTHING, "the interpreter version"),
+    Rule("tests/**", TESTS, "test files, their helpers, conftest.py and data"),
     Rule("**/*.md", NOTHING, "documentation"),
     Rule("**/*.rst", NOTHING, "documentation"),
     Rule("docs/**", NOTHING, "documentation"),
@@ -59,7 +70,6 @@ RULES: tuple[Rule, ...] = (
     Rule(".gitignore", NOTHING, "git metadata"),
     Rule(".gitattributes", NOTHING, "git metadata"),
     Rule("benchmarks/**", NOTHING, "benchmark scripts are never run as tests"),
-    Rule("tests/**", TESTS, "test files, their helpers, conftest.py and data"),
     Rule("packages/*/src/**/*.py", PYTHON, "package source: impact through the import graph"),
     Rule("packages/*/**", PACKAGE_DATA, "a data file inside a package: that package's tests"),
     Rule("**", EVERYTHING, "no rule knows this path: fail open"),
@@ -86,6 +96,11 @@ def _compile(glob: str) -> re.Pattern[str]:
             out.append(re.escape(glob[i]))
             i += 1
     return re.compile("".join(out), re.DOTALL)
+
+
+def glob_matches(glob: str, path: str) -> bool:
+    """Whether ``path`` matches ``glob`` in the dialect of the rules table."""
+    return _compile(glob).fullmatch(path) is not None
 
 
 def rule_for(path: str, rules: tuple[Rule, ...] = RULES) -> Rule:

@@ -139,8 +139,7 @@ def _check_options(options: PlanOptions) -> None:
 def _impact(index: PlanIndex, change: Change, request: Request) -> Impact:
     if request.cpu_all and request.gpu_all:
         return Impact(everything=True, everything_because=[f"{request.cadence} run: everything"])
-    analyser = Analyser(index.tree, index.modules, index.source_dirs, index.reach, index.excludes)
-    return analyser.analyse(change)
+    return Analyser.of_index(index).analyse(change)
 
 
 def _estimator(options: PlanOptions, plan: Plan) -> history.Estimator:

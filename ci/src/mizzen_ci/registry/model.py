@@ -54,6 +54,7 @@ class Registration:
     hardware: tuple[str, ...] = ()
     num_gpus: int = 0
     needs: tuple[str, ...] = ()
+    watches: tuple[str, ...] = ()  # globs of paths whose change selects this file
 
     def __post_init__(self) -> None:
         if type(self.backend) is not Backend:  # a plain string from a cached row

@@ -199,6 +199,45 @@ def _check_needs(value, fleet: Fleet):
     return _known(value, "needs", fleet.capabilities, "needs-unknown", "capability(ies)", fix)
 
 
+MAX_WATCHES = 32
+MAX_WATCH_LENGTH = 200
+
+
+def _check_watches(value, fleet: Fleet):
+    """Globs of repository paths (the planner's glob dialect: ``*``, ``?``, ``**``)."""
+    globs = _strings(value, "watches")
+    if len(globs) > MAX_WATCHES:
+        raise RuleBroken(
+            "watches-count",
+            f"`watches` lists {len(globs)} globs (at most {MAX_WATCHES})",
+            "watch whole trees with `**` (e.g. `packages/*/src/**/*.py`) instead of files",
+        )
+    for glob in globs:
+        shown = glob if len(glob) <= 60 else glob[:57] + "..."
+        problem = None
+        if not glob.strip():
+            problem = "an empty glob"
+        elif len(glob) > MAX_WATCH_LENGTH:
+            problem = f"longer than {MAX_WATCH_LENGTH} characters"
+        elif glob != glob.strip() or any(c < " " or c == "\x7f" for c in glob):
+            problem = "spaces at its ends or control characters"
+        elif "\\" in glob:
+            problem = "a backslash (paths are POSIX: `/`)"
+        elif glob.startswith("/") or (len(glob) > 1 and glob[1] == ":"):
+            problem = "an absolute path"
+        elif any(part in ("", ".", "..") for part in glob.split("/")):
+            problem = "an empty, `.` or `..` segment"
+        elif any(c in glob for c in "[]{}"):
+            problem = "`[`, `]`, `{` or `}` (the glob dialect has `*`, `?` and `**` only)"
+        if problem is not None:
+            raise RuleBroken(
+                "watches-glob",
+                f"`watches` glob {shown!r} has {problem}",
+                "write a repository-relative POSIX glob such as `packages/*/src/**/*.py`",
+            )
+    return globs
+
+
 VALIDATORS: dict[str, Callable] = {
     "est_time": _check_est_time,
     "labels": _check_labels,
@@ -207,6 +246,7 @@ VALIDATORS: dict[str, Callable] = {
     "hardware": _check_hardware,
     "num_gpus": _check_num_gpus,
     "needs": _check_needs,
+    "watches": _check_watches,
 }
 
 
@@ -289,6 +329,7 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
             tuple(values.get("hardware", ())),
             values.get("num_gpus", 0),
             tuple(values.get("needs", ())),
+            tuple(values["watches"]),
         ),
         [],
     )

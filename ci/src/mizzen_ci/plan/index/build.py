@@ -8,10 +8,12 @@
 2. One pass over those files through :class:`~.facts_cache.FactsCache`: each file is
    parsed at most once (in worker processes on a cold run), and from its facts the planner derives
    per file what it needs: a test file's validated registration (kept in the cache by path,
-   content hash and :func:`cache_context`) and the names a file's imports name directly, with
-   their parent packages (for this run's index only).  A graph file that is not a test file is
-   not parsed when its bytes allow (:mod:`.spelled_names`): its words are kept instead,
-   and it is parsed only when a query of the impact search may need its names.  A warm run with nothing changed costs the
+   content hash and :func:`cache_context`) and a graph node's entry in the reach index (the
+   names its imports name directly with their parent packages, its path literals and its
+   fail-open packages: :func:`mizzen_ci.imports.reach.node_entry`, for this run's index only).
+   A graph file that is not a test file is not parsed when its bytes allow
+   (:mod:`.spelled_names`): its words and path literals are kept instead, and it is parsed only
+   when a query of the impact search may need its names.  A warm run with nothing changed costs the
    walks, one ``stat`` per file and one cache load: no file is read, parsed or resolved.  Each
    answer is used as soon as it is ready (a cold run overlaps the parse workers).
 3. The registry, assembled in discovery order from the registrations.
@@ -23,7 +25,8 @@
    planner after its impact search) keeps what they parsed.
 
 ``with_reach=False`` (a run that selects everything) reads only the registry's test files and
-keeps the cached facts of the others for the next run.
+keeps the cached facts of the others for the next run.  ``index.entry_points`` are read from the
+workspace members' ``pyproject.toml`` on every run (a handful of small files; not cached).
 
 Invariants:
 - ``index.registry`` equals :func:`mizzen_ci.registry.read_registry` of the same tree (same
@@ -32,8 +35,9 @@ Invariants:
   and its
   ``importers`` answers as that relation does (tested through edits, additions, deletions,
   renames and fleet changes in ``test_plan_cache.py``).
-- The cache context is the fleet table's bytes and the code of this module, of the reach index
-  and of the word rule: a change to any re-derives (re-validates, re-resolves) without
+- The cache context is the fleet table's bytes and the code of this module, of the reach index,
+  of name resolution, of the word rule and of what a scan reads from the bytes (dynamic-import
+  spellings, path literals): a change to any re-derives (re-validates, re-resolves) without
   re-parsing.
 - Without a cache path nothing is kept; a cache that cannot be written leaves the answer as is.
 """
@@ -45,21 +49,24 @@ import functools
 import gc
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...fleet import Fleet
 from ...imports import (
     ReachIndex,
-    direct_names,
+    entry_point_modules,
     package_of,
-    parents_of,
     relative_dirs,
     source_modules,
     workspace_source_dirs,
 )
+from ...imports import facts as _facts_module
+from ...imports import path_literals as _path_literals_module
 from ...imports import reach as _reach_module
 from ...imports import resolve as _resolve_module
+from ...imports.path_literals import path_literals
+from ...imports.reach import Entry, node_entry
 from ...registry import (
     TESTS_DIR,
     Backend,
@@ -97,6 +104,8 @@ class PlanIndex:
     cache: FactsCache
     with_reach: bool = True
     reach_modified: bool = False  # the reach section differs from the one loaded
+    # module -> how it is an entry point (see mizzen_ci.imports.workspace.entry_point_modules)
+    entry_points: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -134,6 +143,8 @@ def cache_context(fleet: Fleet) -> str:
         Path(_resolve_module.__file__),
         Path(_lazy_reach_module.__file__),
         Path(_spelled_names_module.__file__),
+        Path(_facts_module.__file__),
+        Path(_path_literals_module.__file__),
     ):
         try:
             h.update(Path(path).read_bytes())
@@ -145,20 +156,21 @@ def cache_context(fleet: Fleet) -> str:
 def _derive(fleet: Fleet, key: str, arg: tuple, facts: FileFacts) -> tuple:
     """``(kept, extra)`` of one file (``arg``: (package or None, is_test)): ``kept`` is a test
     file's encoded registration (None otherwise), kept in the cache; ``extra`` is a graph node's
-    ``(names, parents)``, for this run's reach index only (None otherwise)."""
+    :data:`~mizzen_ci.imports.reach.Entry`, for this run's reach index only (None otherwise)."""
     package, is_test = arg
     kept = extra = None
     if is_test:
         row, violations = validate_row(facts.registration, key, fleet)
         kept = (row, tuple([(v.line, v.rule, v.message, v.fix) for v in violations]))
     if package is not None:
-        names = direct_names(facts.imports, package)
-        extra = (names, parents_of(names))
+        extra = _entry(key, facts, package)
     return kept, extra
 
 
 # The field types of a registration row (``Registration(*row)``), in order.
-_ROW_TYPES = (str, int, str, (int, float), tuple, bool, (str, type(None)), tuple, int, tuple)
+_ROW_TYPES = (
+    str, int, str, (int, float), tuple, bool, (str, type(None)), tuple, int, tuple, tuple
+)  # fmt: skip
 
 
 def _is(value: object, kind: type | tuple[type, ...]) -> bool:
@@ -173,19 +185,23 @@ def _is_registration_row(row: object) -> bool:
         and len(row) == len(_ROW_TYPES)
         and all(_is(v, t) for v, t in zip(row, _ROW_TYPES, strict=True))
         and row[2] in {b.value for b in Backend}
-        and all(type(x) is str for field in (row[4], row[7], row[9]) for x in field)
+        and all(type(x) is str for field in (row[4], row[7], row[9], row[10]) for x in field)
     )
 
 
 def valid_kept(arg: object, kept: object) -> bool:
     """Whether a kept value read back from the cache has the shape :func:`_derive` (or
     :func:`_scan`) gives for ``arg``: a test file's (registration row or None, violations), a
-    scanned module's words, or None."""
+    scanned module's (words, path literals), or None."""
     if not (isinstance(arg, tuple) and len(arg) == 2):
         return False
     _package, is_test = arg
     if not is_test:
-        return kept is None or (type(kept) is tuple and all(type(w) is str for w in kept))
+        return kept is None or (
+            type(kept) is tuple
+            and len(kept) == 2
+            and all(type(part) is tuple and all(type(w) is str for w in part) for part in kept)
+        )
     if not (type(kept) is tuple and len(kept) == 2 and type(kept[1]) is tuple):
         return False
     row, violations = kept
@@ -200,17 +216,25 @@ def valid_kept(arg: object, kept: object) -> bool:
     )
 
 
-def _scan(key: str, arg: tuple, source: bytes) -> tuple[str, ...] | None:
-    """A graph file that is not a test file: its words when its bytes allow (not parsed)."""
+def _scan(key: str, arg: tuple, source: bytes) -> tuple | None:
+    """A graph file that is not a test file: ``(its words, its path literals)`` when its bytes
+    allow (not parsed)."""
     package, is_test = arg
     if is_test or package is None:
         return None
-    return spelled_words(source)
+    words = spelled_words(source)
+    if words is None:
+        return None
+    literals = path_literals(source)
+    if literals is None:
+        return None
+    return words, literals
 
 
-def _names(facts: FileFacts | None, package: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    names = direct_names(facts.imports, package) if facts is not None else ()
-    return names, parents_of(names)
+def _entry(key: str, facts: FileFacts | None, package: str) -> Entry:
+    if facts is None:
+        return (), (), (), ()
+    return node_entry(key, facts.imports, package, facts.paths, facts.dynamic)
 
 
 def build_index(
@@ -290,7 +314,7 @@ def _build_index(
                 if extra is not None:
                     fresh.index.add(key, *extra)
                 elif kept is not None:
-                    fresh.pending.add(key, kept)
+                    fresh.pending.add(key, *kept)
 
     registry = Registry(root, violations=list(found.violations))  # the walk's, first
     for rel in found.test_files:
@@ -319,6 +343,7 @@ def _build_index(
         cache,
         with_reach,
         modified,
+        entry_point_modules(root) if with_reach else {},
     )
 
 
@@ -329,14 +354,14 @@ def _resolve(
     workers: int | None,
     nodes: list[str],
 ) -> dict[str, tuple]:
-    """``{node: (names, parents)}`` of pending graph nodes, parsed through the cache (in workers
-    when there are many)."""
+    """``{node: entry}`` of pending graph nodes, parsed through the cache (in workers when there
+    are many)."""
     found = cache.facts_for_many([(paths[n], n) for n in nodes], workers)
     out = {}
     for node, facts in zip(nodes, found, strict=True):
         rel = modules.get(node)
         package = package_of(node, rel.endswith("__init__.py")) if rel is not None else ""
-        out[node] = _names(facts, package)
+        out[node] = _entry(node, facts, package)
     return out
 
 
@@ -358,14 +383,14 @@ def _update_reach(
                 facts = cache.facts_of(old[0])
                 if facts is None:  # the old names are unknown: build afresh
                     break
-                index.remove(key, *_names(facts, old[1][0]))
+                index.remove(key, *_entry(key, facts, old[1][0]))
             if key in nodes:
                 package, extra, spelled = nodes[key]
                 if spelled is not None:
-                    pending.add(key, spelled)
+                    pending.add(key, *spelled)
                 else:
                     sha = cache.sha_of(key)
-                    index.add(key, *(extra or _names(cache.facts_of(sha), package)))
+                    index.add(key, *(extra or _entry(key, cache.facts_of(sha), package)))
         else:
             return loaded, bool(changed)
         fresh = LazyReach(ReachIndex(), PendingNodes())
@@ -373,9 +398,9 @@ def _update_reach(
             if extra is not None:
                 fresh.index.add(key, *extra)
             elif spelled is not None:
-                fresh.pending.add(key, spelled)
+                fresh.pending.add(key, *spelled)
     for key, (package, extra, spelled) in nodes.items():
         if extra is None and spelled is None:
             sha = cache.sha_of(key)
-            fresh.index.add(key, *_names(cache.facts_of(sha) if sha else None, package))
+            fresh.index.add(key, *_entry(key, cache.facts_of(sha) if sha else None, package))
     return fresh, True

@@ -67,6 +67,7 @@ from pathlib import Path
 from ... import __file__ as _register_functions
 from ... import sources
 from ...imports import facts as _import_facts
+from ...imports import path_literals as _path_literals
 from ...registry import model as _registry_model
 from ...registry import rules as _registry_rules
 from ...registry import syntax as _registry_syntax
@@ -85,6 +86,7 @@ CODE_MODULES = (
     __file__,
     source_facts.__file__,
     _import_facts.__file__,
+    _path_literals.__file__,
     _registry_syntax.__file__,
     _registry_rules.__file__,
     _registry_model.__file__,
@@ -130,7 +132,9 @@ def _is_stat_entry(entry: object) -> bool:
 
 def _is_file_facts(facts: FileFacts) -> bool:
     """The shape :func:`.source_facts.extract` gives (read back from a cache)."""
-    imports, error, error_line, bound, registration = facts
+    if not isinstance(facts, tuple) or len(facts) != len(FileFacts._fields):
+        return False
+    imports, error, error_line, bound, registration, dynamic, paths = facts
     return (
         type(imports) is tuple
         and all(type(i) is tuple and len(i) == 7 for i in imports)
@@ -139,6 +143,9 @@ def _is_file_facts(facts: FileFacts) -> bool:
         and (bound is None or type(bound) is frozenset)
         and type(registration) is tuple
         and len(registration) == 2
+        and type(dynamic) is int
+        and type(paths) is tuple
+        and all(type(p) is str for p in paths)
     )
 
 

@@ -3,7 +3,9 @@
 ``extract(source, filename) -> FileFacts`` parses the source once and reads from that one tree
 
 - its imports (:func:`mizzen_ci.imports.facts.imports_of_tree`, what the import graph, the
-  lazy-import check and the planner's impact analysis build on), and
+  lazy-import check and the planner's impact analysis build on), with the line of its first
+  computed dynamic import, and its path literals (:mod:`mizzen_ci.imports.path_literals`: the
+  files it may name), and
 - its registration as written (:func:`mizzen_ci.registry.syntax.registration_syntax`, which
   the registry then validates against the fleet),
 
@@ -23,6 +25,7 @@ import ast
 from typing import NamedTuple
 
 from ...imports.facts import ModuleFacts, RawImport, facts_of_parse_error, imports_of_tree
+from ...imports.path_literals import path_literals
 from ...registry import syntax as registry_syntax
 from ...sources import PARSE_ERRORS
 
@@ -35,11 +38,18 @@ class FileFacts(NamedTuple):
     error_line: int
     bound: frozenset[str] | None  # see ModuleFacts.bound
     registration: tuple  # registry_syntax.RegistrationSyntax.plain()
+    dynamic: int  # see ModuleFacts.dynamic
+    paths: tuple[str, ...]  # see ModuleFacts.paths
 
     def module_facts(self) -> ModuleFacts:
         """The import facts as :class:`~mizzen_ci.imports.facts.ModuleFacts`."""
         return ModuleFacts(
-            tuple(RawImport._make(i) for i in self.imports), self.error, self.error_line, self.bound
+            tuple(RawImport._make(i) for i in self.imports),
+            self.error,
+            self.error_line,
+            self.bound,
+            self.dynamic,
+            self.paths,
         )
 
 
@@ -48,17 +58,29 @@ def extract(source: bytes, filename: str = "<unknown>") -> FileFacts:
     try:
         tree = ast.parse(source, filename)
     except PARSE_ERRORS as e:
-        m = facts_of_parse_error(e)
+        m = facts_of_parse_error(e, source)
         reg = registry_syntax.registration_syntax(source, parse_error=e)
-        return FileFacts((), m.error, m.error_line, None, reg.plain())
-    imports, bound = imports_of_tree(tree, source)
+        return FileFacts((), m.error, m.error_line, None, reg.plain(), 0, m.paths)
+    imports, bound, dynamic = imports_of_tree(tree, source)
     return FileFacts(
-        imports, None, 0, bound, registry_syntax.registration_syntax(source, tree).plain()
+        imports,
+        None,
+        0,
+        bound,
+        registry_syntax.registration_syntax(source, tree).plain(),
+        dynamic,
+        path_literals(source, tree) or (),
     )
 
 
 def unreadable(e: OSError) -> FileFacts:
     """The facts of a file that cannot be read (never cached: there are no bytes to key them)."""
     return FileFacts(
-        (), f"line 1: cannot read: {e.strerror}", 1, None, registry_syntax.unreadable(e).plain()
+        (),
+        f"line 1: cannot read: {e.strerror}",
+        1,
+        None,
+        registry_syntax.unreadable(e).plain(),
+        0,
+        (),
     )
