@@ -14,6 +14,10 @@
   runs ``python [-S] ARGV`` the same way (a probe script instead of the CLI), and
   ``mizzen_ci.command`` / ``mizzen_ci.environ`` give the argv and the environment for a
   ``Popen`` the test manages itself.
+- ``lane``: ``lane(root, *ARGS, env=None, fake_gpus=2, cwd=None)`` runs ``mizzen-ci gpu-lane
+  hopper --fake-gpus N`` through ``mizzen_ci`` in this environment (site-packages: pytest, torch),
+  with ``--lease-dir ROOT/leases``, ``LANE_TRACE=ROOT/trace``, ``CI`` empty and its compile cache
+  under ``ROOT/compile-cache`` (never the user's ``~/.cache``); ``env`` overrides any of them.
 - ``deadline``: ``with deadline(seconds):`` fails the test with ``TimeoutError`` when the body
   blocks longer (SIGALRM, main thread), so a hang on a hostile input is a failure, not a stuck
   run.
@@ -132,6 +136,36 @@ def workflow_file(request) -> Path:
 @pytest.fixture(scope="session")
 def mizzen_ci() -> MizzenCi:
     return MizzenCi(REPO, CI_SRC)
+
+
+@pytest.fixture(scope="session")
+def lane(mizzen_ci: MizzenCi):
+    """``lane(root, *args, env=None, fake_gpus=2, cwd=None)``: ``mizzen-ci gpu-lane hopper`` on
+    pretend GPUs over ``root``, in this environment (site-packages, pytest and its plugins)."""
+
+    def run(
+        root: Path,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        fake_gpus: int = 2,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess:
+        defaults = {
+            "LANE_TRACE": str(root / "trace"),
+            "CI": "",
+            "MIZZEN_COMPILE_CACHE_DIR": str(root / "compile-cache"),
+        }
+        return mizzen_ci(
+            "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
+            "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args,
+            cwd=cwd or root,
+            env={**defaults, **(env or {})},
+            inherit_env=True,
+            site=True,
+            timeout=240,
+        )  # fmt: skip
+
+    return run
 
 
 @contextlib.contextmanager

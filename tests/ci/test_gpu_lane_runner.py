@@ -102,31 +102,6 @@ def make_repo(repo_root: Path):
     return make
 
 
-@pytest.fixture(scope="module")
-def lane(mizzen_ci):
-    """``lane(root, *args, env=None, fake_gpus=2, cwd=None)``: ``mizzen-ci gpu-lane hopper`` on
-    pretend GPUs over ``root``, in this environment (site-packages, pytest and its plugins)."""
-
-    def run(
-        root: Path,
-        *args: str,
-        env: dict[str, str] | None = None,
-        fake_gpus: int = 2,
-        cwd: Path | None = None,
-    ):
-        return mizzen_ci(
-            "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
-            "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args,
-            cwd=cwd or root,
-            env={"LANE_TRACE": str(root / "trace"), "CI": "", **(env or {})},
-            inherit_env=True,
-            site=True,
-            timeout=240,
-        )  # fmt: skip
-
-    return run
-
-
 def traces(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in (root / "trace").glob("test_*.*")]
 

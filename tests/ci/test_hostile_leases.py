@@ -164,7 +164,8 @@ def test_the_lane_command_refuses_a_planted_lock_link_with_exit_2_and_runs_nothi
     proc = subprocess.run(
         [sys.executable, "-m", "mizzen_ci", "gpu-lane", "hopper", "--fake-gpus", "1",
          "--lease-dir", str(d), "--root", str(root), "tests/gpu/test_a.py"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(REPO / "ci" / "src"), "CI": ""},
+        cwd=root, env={**os.environ, "PYTHONPATH": str(REPO / "ci" / "src"), "CI": "",
+                       "MIZZEN_COMPILE_CACHE_DIR": str(tmp_path / "compile-cache")},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert "Traceback" not in proc.stderr

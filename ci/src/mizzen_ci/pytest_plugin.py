@@ -30,6 +30,8 @@ Truth rules (what is declared is what runs):
   skip and is left to pytest.
 - CPU lane: the first test during which ``torch.cuda.is_initialized()`` becomes true (checked after
   each setup, call and teardown when torch is imported; this plugin never imports it) fails.
+- In a GPU lane's child, the session's compile-cache counts go to ``$MIZZEN_COMPILE_STATS`` at
+  its end (:func:`mizzen_ci.lane.compile_cache.write_child_stats`: only when torch is imported).
 - Like every module of ``mizzen_ci`` it imports only the stdlib at module scope: ``pytest`` is
   imported inside the hooks (which only pytest calls), so the package installs and imports alone.
 """
@@ -404,3 +406,13 @@ def _truth_rules_class():
                 report.longrepr = message
 
     return TruthRules
+
+
+# --------------------------------------------------------------------------------------------
+# Compile-cache counts for the GPU lane
+
+
+def pytest_sessionfinish(session) -> None:
+    from .lane.compile_cache import write_child_stats  # the lane's counts; never imports torch
+
+    write_child_stats()

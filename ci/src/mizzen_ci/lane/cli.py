@@ -13,6 +13,8 @@ Invariants:
   that fails the lane (the planner never sends one there), locally it is reported only.
 - Disabled registrations are listed with their reason and not run; a broken registration fails
   the lane.  A lane with nothing to run fails: running nothing is not a pass.
+- The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
+  anything runs: an unsafe cache directory refuses the lane.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from ..fleet import FLEET_RELATIVE_PATH, add_root_and_fleet_arguments, lane_name, root_and_fleet
 from ..imports import workspace_source_dirs
 from ..output import plain, plain_lines
+from . import compile_cache
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
 from .progress import Progress
@@ -165,6 +168,7 @@ def _run(args: argparse.Namespace) -> int:
             "has it (`python3 -m nox -s gpu-…` uses the Python that runs nox)"
         )
     in_ci = os.environ.get("CI", "").lower() == "true"
+    cache = compile_cache.configure(os.environ, [g.compute_capability for g in gpus])
 
     report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -177,6 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         + (f" (job {args.job})" if args.job else "")
         + f"; reports in {report_dir}"
     )
+    print(plain(f"mizzen {name}: {cache.describe()}"))
     for message in sel.broken:
         print(plain(f"REGISTRY ERROR {message}"), file=sys.stderr)
 
@@ -193,6 +198,7 @@ def _run(args: argparse.Namespace) -> int:
         kill_grace_s=args.kill_grace,
         pythonpath=tuple(str(d) for d in workspace_source_dirs(root) if d.is_dir()),
         pytest_args=tuple(args.pytest_arg),
+        compile_cache=cache,
     )
     progress = Progress(total=len(sel.runnable), gpus=len(gpus))
     runner = GpuLaneRunner(config, progress)
@@ -208,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         progress.close()
 
     outcome = LaneOutcome(
-        arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci
+        arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci, cache
     )
     history_path = None
     if not args.no_history:

@@ -14,7 +14,7 @@ Invariants:
 
 Safety (a lane may run as root in a directory other users can write to):
 - The lease directory is opened with ``O_NOFOLLOW | O_DIRECTORY`` and checked on the open
-  descriptor: it is refused (:class:`LeaseDirError`, naming the path and the fix) when it is a
+  descriptor (:func:`.host_dirs.open_dir` with :data:`LEASE_DIR_RULE`): it is refused (:class:`LeaseDirError`, naming the path and the fix) when it is a
   symbolic link or no directory, when it is owned by neither the current user nor root, or when
   it is group- or world-writable without the sticky bit.  A directory this process creates gets
   mode ``1777`` (sticky: every user's lanes share it; no one removes or renames another's files);
@@ -41,13 +41,13 @@ from pathlib import Path
 
 from ..output import plain
 from ..sources import kind_of, read_bytes
+from .host_dirs import DirRule, open_dir
 from .refusal import LaneRefusal
 
 LEASE_DIR_ENV = "MIZZEN_GPU_LEASE_DIR"
 DEFAULT_LEASE_DIR = Path("/tmp/mizzen-gpu-leases")
 NOTE_BYTES = 4096
 _FILE_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LeaseTimeout(TimeoutError):
@@ -62,6 +62,15 @@ class LeaseDirError(LaneRefusal):
 _FIX_DIR = (
     f"use a directory of your own (`{LEASE_DIR_ENV}=/path` or `--lease-dir`), or have root "
     "create a shared one with mode 1777"
+)
+LEASE_DIR_RULE = DirRule(
+    what="GPU lease directory",
+    error=LeaseDirError,
+    fix=_FIX_DIR,
+    stake="replace the lock files",
+    create_mode=0o1777,  # shared, sticky: every user's lanes lock in it, no one removes another's
+    root_may_own=True,
+    sticky_shares=True,
 )
 
 
@@ -95,13 +104,6 @@ class Lease:
         return f"Lease({', '.join(self.keys)})"
 
 
-def _kind(path: Path) -> str:
-    try:
-        return kind_of(os.lstat(path).st_mode)
-    except OSError:
-        return "missing"
-
-
 class LeaseDir:
     """The shared directory of per-GPU lock files."""
 
@@ -111,50 +113,13 @@ class LeaseDir:
     def lock_path(self, key: str) -> Path:
         return self.path / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', key)}.lock"
 
-    def _refuse(self, path: Path | str, problem: str, fix: str = _FIX_DIR) -> LeaseDirError:
-        return LeaseDirError(plain(f"GPU lease directory: {path} {problem}. Fix: {fix}"))
+    def _refuse(self, path: Path | str, problem: str, fix: str) -> LaneRefusal:
+        return LEASE_DIR_RULE.refuse(path, problem, fix)
 
     def _dir_fd(self) -> int:
         """A descriptor of the checked lease directory (created when missing; see the module
         docstring); :class:`LeaseDirError` when it is unsafe."""
-        path = self.path
-        created = False
-        try:
-            os.lstat(path)
-        except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):  # another lane made it first: check it
-                os.mkdir(path, 0o700)
-                created = True
-        except OSError as e:
-            raise self._refuse(path, f"cannot be examined ({e.strerror})") from None
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise self._refuse(path, f"is {_kind(path)}, not a directory") from None
-            raise self._refuse(path, f"cannot be opened ({e.strerror})") from None
-        try:
-            if created:  # ours, just made: shared, sticky (nobody removes another's files)
-                os.fchmod(fd, 0o1777)
-            st = os.fstat(fd)
-            if st.st_uid not in (os.geteuid(), 0):
-                raise self._refuse(
-                    path,
-                    f"is owned by uid {st.st_uid}, neither this user ({os.geteuid()}) nor root: "
-                    "its owner could swap the lock files",
-                )
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                raise self._refuse(
-                    path,
-                    f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}) without the "
-                    "sticky bit: anyone could replace the lock files",
-                    f"`chmod +t {path}` (or {_FIX_DIR})",
-                )
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return open_dir(self.path, LEASE_DIR_RULE)
 
     def check(self) -> None:
         """Create the lease directory if needed and check that it is safe to use (see the module

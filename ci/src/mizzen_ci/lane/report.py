@@ -4,6 +4,12 @@ and the flake record (live progress is :mod:`.progress`).
 Invariants:
 - The summary lists every file the lane considered, once: run (passed / failed / timeout, with
   GPUs and seconds), not runnable here, disabled, or broken in the registry.
+- Its one table is :data:`COLUMNS` (the text and Markdown renderings and the totals line are
+  derived from the same rows).  A file's GPU-seconds are the wall time × GPUs held of every one of
+  its attempts (retries cost GPU time too); its share is of the lane's total, and the files run
+  are listed by share, largest first.  Its compile-cache hits/misses are its final attempt's, as
+  its child counted them (``-``: it never imported torch); the summary names the compile cache
+  (or why there is none) and every counts file that was not believed (a warning, not a failure).
 - Every retried attempt goes to the flake record (:mod:`mizzen_ci.history`, keyed by (test file,
   arch)); the summary shows this run's retries with how often each key appears in the record.
 - Outputs, under the report directory: the merged ``junit.xml``, ``summary.txt``/``summary.md``/
@@ -17,9 +23,10 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +36,7 @@ from ..output import markdown as markdown_text
 from ..output import markdown_table, plain, text_table
 from ..sources import read_tail
 from . import junit
+from .compile_cache import CACHES, OUTCOMES, CompileCache, CompileStats
 from .runner import FileResult, LaneFile
 
 
@@ -39,6 +47,56 @@ class SummaryRow:
     seconds: float | None
     outcome: str
     ok: bool
+    gpu_seconds: float | None = None  # None: not run
+    share: float | None = None  # of the lane's GPU-seconds, 0..1
+    compile_stats: CompileStats | None = None  # None: no counts (torch never imported)
+
+
+def _number(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+COLUMNS: tuple[tuple[str, Callable[[SummaryRow], object]], ...] = (
+    ("file", lambda r: r.file),
+    ("GPUs", lambda r: r.gpus),
+    ("seconds", lambda r: _number(r.seconds)),
+    ("GPU-s", lambda r: _number(r.gpu_seconds)),
+    ("share", lambda r: "-" if r.share is None else f"{100 * r.share:.1f}%"),
+    *(
+        (
+            f"{c.label} hit/miss",
+            lambda r, c=c: r.compile_stats.hit_miss(c) if r.compile_stats else "-",
+        )
+        for c in CACHES
+    ),
+    ("outcome", lambda r: r.outcome),
+)
+
+
+def gpu_seconds(result: FileResult) -> float:
+    """Wall time × GPUs held, summed over every attempt of the file."""
+    return sum(a.seconds * len(a.gpus) for a in result.attempts)
+
+
+def totals_line(rows: Sequence[SummaryRow]) -> str | None:
+    """The table's totals (``None`` when no file ran): GPU-seconds, and the compile-cache counts
+    of the files that reported them."""
+    run = [r for r in rows if r.gpu_seconds is not None]
+    if not run:
+        return None
+    total = sum(r.gpu_seconds for r in run)
+    text = f"total: {total:.1f} GPU-seconds over {len(run)} file(s) run (wall time × GPUs held)"
+    counted = [r.compile_stats for r in run if r.compile_stats is not None]
+    if counted:
+        stats = sum(counted[1:], counted[0])
+        text += "; compile cache " + ", ".join(
+            f"{c.label} {stats.get(c, 'hit')} hit(s) / {stats.get(c, 'miss')} miss(es)"
+            for c in CACHES
+        )
+        text += f" in the {len(counted)} file(s) that imported torch"
+    else:
+        text += "; no file imported torch (no compile-cache counts)"
+    return text
 
 
 def summary_tables(
@@ -47,17 +105,17 @@ def summary_tables(
     record_counts: dict[tuple[str, str], int],
     *,
     markdown: bool = False,
+    cache: CompileCache | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
     render = markdown_table if markdown else text_table
-    out = [
-        render(
-            ("file", "GPUs", "seconds", "outcome"),
-            [
-                (r.file, r.gpus, "-" if r.seconds is None else f"{r.seconds:.1f}", r.outcome)
-                for r in rows
-            ],
-        )
-    ]
+    line = markdown_text if markdown else plain
+    out = [line(cache.describe()), ""] if cache is not None else []
+    out.append(render([h for h, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows]))
+    totals = totals_line(rows)
+    if totals:
+        out += ["", line(totals)]
+    out += [line(f"warning: {w}") for w in warnings]
     if flakes:
         out.append("")
         out.append("Retried infrastructure failures (flake record, keyed by file and arch):")
@@ -88,6 +146,31 @@ class LaneOutcome:
     disabled: list  # registrations: path, num_gpus, disabled reason
     broken: list[str]  # registry violations that fail the lane
     in_ci: bool
+    compile_cache: CompileCache | None = None
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(gpu_seconds(r) for r in self.results)
+
+    def share(self, result: FileResult) -> float | None:
+        total = self.gpu_seconds
+        return gpu_seconds(result) / total if total > 0 else None
+
+    def compile_warnings(self) -> list[str]:
+        """Every counts file of this run that was not believed, named by file and attempt."""
+        return [
+            f"{r.lane_file.target}"
+            + (f" (attempt {a.number})" if len(r.attempts) > 1 else "")
+            + f": {a.compile_warning}"
+            for r in outcome_order(self.results)
+            for a in r.attempts
+            if a.compile_warning
+        ]
+
+
+def outcome_order(results: Sequence[FileResult]) -> list[FileResult]:
+    """The files run, largest share of the GPU-seconds first (then by path)."""
+    return sorted(results, key=lambda r: (-gpu_seconds(r), r.lane_file.target))
 
 
 def outcome_text(result: FileResult) -> str:
@@ -124,7 +207,7 @@ def flake_records(outcome: LaneOutcome) -> list[history.FlakeRecord]:
 def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
     """Every file the lane considered, once (see the module docstring)."""
     rows: list[SummaryRow] = []
-    for r in sorted(outcome.results, key=lambda r: r.lane_file.target):
+    for r in outcome_order(outcome.results):
         gpus = r.final.gpus
         rows.append(
             SummaryRow(
@@ -133,6 +216,9 @@ def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
                 r.final.seconds,
                 outcome_text(r),
                 r.passed,
+                gpu_seconds=gpu_seconds(r),
+                share=outcome.share(r),
+                compile_stats=r.final.compile_stats,
             )
         )
     for lf, why in outcome.not_runnable:
@@ -165,6 +251,7 @@ def junit_reports(outcome: LaneOutcome) -> list[junit.FileReport]:
                     if len(r.attempts) > 1 and r.attempts[0].classification
                     else {}
                 ),
+                **_cost_properties(outcome, r),
             },
             error=None if r.final.outcome == "passed" else outcome_text(r),
             output_tail=_tail(r.final.log),
@@ -183,6 +270,24 @@ def junit_reports(outcome: LaneOutcome) -> list[junit.FileReport]:
             for lf, why in outcome.not_runnable
         ]
     return reports
+
+
+def _cost_properties(outcome: LaneOutcome, r: FileResult) -> dict[str, str]:
+    """A file's junit properties for what it cost: GPU-seconds, share, compile-cache counts (by
+    torch's own counter names) and the cache it was given."""
+    share = outcome.share(r)
+    props = {
+        "gpu_seconds": f"{gpu_seconds(r):.3f}",
+        **({"gpu_seconds_share": f"{share:.4f}"} if share is not None else {}),
+    }
+    stats = r.final.compile_stats
+    if stats is not None:
+        props.update(
+            {f"{c.group}.{c.prefix}{o}": str(stats.get(c, o)) for c in CACHES for o in OUTCOMES}
+        )
+    if outcome.compile_cache is not None:
+        props["compile_cache"] = outcome.compile_cache.describe().removeprefix("compile cache: ")
+    return props
 
 
 def history_records(outcome: LaneOutcome) -> list[history.Record]:
@@ -247,6 +352,11 @@ def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dic
                 "num_gpus": r.lane_file.num_gpus,
                 "outcome": r.final.outcome,
                 "summary": outcome_text(r),
+                "gpu_seconds": round(gpu_seconds(r), 3),
+                "share": None if outcome.share(r) is None else round(outcome.share(r), 6),
+                "compile_stats": r.final.compile_stats.as_json()
+                if r.final.compile_stats is not None
+                else None,
                 "attempts": [
                     {
                         "gpus": [g.visible_id for g in a.gpus],
@@ -254,12 +364,15 @@ def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dic
                         "outcome": a.outcome,
                         "class": a.classification.name if a.classification else None,
                         "log": str(a.log) if a.log else None,
+                        "compile_warning": a.compile_warning,
                     }
                     for a in r.attempts
                 ],
             }
-            for r in outcome.results
+            for r in outcome_order(outcome.results)
         ],
+        "gpu_seconds": round(outcome.gpu_seconds, 3),
+        "compile_cache": outcome.compile_cache.as_json() if outcome.compile_cache else None,
         "not_runnable": [{"file": lf.target, "why": why} for lf, why in outcome.not_runnable],
         "disabled": [{"file": reg.path, "why": reg.disabled} for reg in outcome.disabled],
         "registry_errors": outcome.broken,
@@ -289,14 +402,15 @@ def write_reports(
     if history_path is not None and outcome.results:
         history.append(history_path, history_records(outcome))
 
-    table = summary_tables(rows, flakes, record_counts)
+    warnings = outcome.compile_warnings()
+    tables = functools.partial(
+        summary_tables, rows, flakes, record_counts, cache=outcome.compile_cache, warnings=warnings
+    )
+    table = tables()
     last, failed = verdict(outcome, rows)
     print(f"\n{table}\n\n{plain(last)}\nmerged junit: {plain(report_dir / 'junit.xml')}")
     (report_dir / "summary.txt").write_text(f"{table}\n\n{plain(last)}\n")
-    markdown = (
-        f"### {markdown_text(name)}\n\n{summary_tables(rows, flakes, record_counts, markdown=True)}"
-        f"\n\n{markdown_text(last)}\n"
-    )
+    markdown = f"### {markdown_text(name)}\n\n{tables(markdown=True)}\n\n{markdown_text(last)}\n"
     (report_dir / "summary.md").write_text(markdown)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:

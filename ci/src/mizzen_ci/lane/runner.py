@@ -19,6 +19,10 @@ Invariants:
 - A file's log is written by the code under test: the retry classifier reads only its last
   :data:`CLASSIFY_BYTES` (never through a link: :func:`mizzen_ci.sources.read_tail`), and the
   lease directory is checked before anything runs (:meth:`.leases.LeaseDir.check`).
+- Each attempt gets the compile-cache variables of :mod:`.compile_cache` (the lane's checked cache,
+  never overriding one its environment sets) and its own ``$MIZZEN_COMPILE_STATS`` path, removed
+  before it starts; what the child leaves there is read back as hostile
+  (:func:`.compile_cache.read_stats`): a bad file is the attempt's warning, never a crash.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from .. import __file__ as _package_init
 from ..fleet import lane_name
 from ..sources import read_tail
+from .compile_cache import STATS_ENV, CompileCache, CompileStats, read_stats
 from .hardware import Gpu
 from .junit import Counts, JunitError, first_problem, read_counts
 from .leases import Lease, LeaseDir
@@ -73,6 +78,7 @@ class RunnerConfig:
     kill_grace_s: float = 5.0
     pythonpath: tuple[str, ...] = ()
     pytest_args: tuple[str, ...] = ()
+    compile_cache: CompileCache | None = None
 
     def timeout_for(self, est_seconds: float) -> float:
         return max(self.min_timeout_s, est_seconds * self.timeout_factor)
@@ -90,6 +96,8 @@ class Attempt:
     exit_code: int | None = None
     counts: Counts | None = None
     classification: Classification | None = None
+    compile_stats: CompileStats | None = None  # None: the child never imported torch
+    compile_warning: str | None = None  # why its counts file was not believed
 
 
 @dataclass
@@ -119,6 +127,7 @@ class _Running:
     timeout: float
     term_sent: float | None = None
     kill_sent: bool = False
+    stats: Path | None = None
 
 
 def plugin_args() -> list[str]:
@@ -183,8 +192,12 @@ class GpuLaneRunner:
 
     # -- starting ---------------------------------------------------------------------------
 
-    def _child_env(self, gpus: tuple[Gpu, ...]) -> dict[str, str]:
+    def _child_env(self, gpus: tuple[Gpu, ...], stats: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
+        if self.config.compile_cache is not None:  # never one the lane's environment sets
+            env.update(self.config.compile_cache.env)
+        if stats is not None:
+            env[STATS_ENV] = str(stats)
         # The child loads this package's pytest plugin (`-p mizzen_ci.pytest_plugin`) and runs in
         # the lane's root: put the running mizzen_ci on its path, and make inherited entries
         # absolute so a relative PYTHONPATH keeps meaning what it meant here.
@@ -208,7 +221,10 @@ class GpuLaneRunner:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         base = self.files_dir / f"{slug(lane_file.target)}.attempt{attempt}"
         log, junit = base.with_name(base.name + ".log"), base.with_name(base.name + ".xml")
+        stats = base.with_name(base.name + ".compile.json")
         junit.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a leftover that cannot go is read as hostile anyway
+            stats.unlink(missing_ok=True)
         cmd = [
             sys.executable, "-m", "pytest", lane_file.target,
             "--mizzen-lane", self.config.arch, f"--junitxml={junit}",
@@ -221,7 +237,7 @@ class GpuLaneRunner:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.config.root,
-                env=self._child_env(gpus),
+                env=self._child_env(gpus, stats),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -233,7 +249,9 @@ class GpuLaneRunner:
             f"START {lane_file.target} on GPU {_gpu_list(gpus)}"
             f"{f' (attempt {attempt})' if attempt > 1 else ''}, timeout {timeout:.0f} s"
         )
-        return _Running(item, lane_file, gpus, lease, proc, log, junit, time.monotonic(), timeout)
+        return _Running(
+            item, lane_file, gpus, lease, proc, log, junit, time.monotonic(), timeout, stats=stats
+        )
 
     # -- finishing --------------------------------------------------------------------------
 
@@ -275,9 +293,11 @@ class GpuLaneRunner:
             except OSError:
                 text = ""
             classification = classify(text, timed_out=timed_out)
+        compile_stats, compile_warning = read_stats(r.stats) if r.stats else (None, None)
         return Attempt(
-            number, r.gpus, seconds, outcome, detail, r.log, r.junit, code, counts, classification
-        )
+            number, r.gpus, seconds, outcome, detail, r.log, r.junit, code, counts, classification,
+            compile_stats, compile_warning,
+        )  # fmt: skip
 
     def _finish(self, r: _Running, timed_out: bool) -> None:
         _kill_group_and_wait(r.proc.pid)

@@ -1,0 +1,371 @@
+"""The persistent compile caches a GPU lane gives its children (TorchInductor's FX graph and
+AOTAutograd caches, Triton's kernels, the CUDA driver's JIT cache), and the cache hits and misses
+its children report back.
+
+Where and keyed how:
+- The root is ``$MIZZEN_COMPILE_CACHE_DIR`` if set (``off`` disables the cache: the children then
+  get no cache variable from the lane), else ``$XDG_CACHE_HOME/mizzen-ci/compile`` (an absolute
+  ``XDG_CACHE_HOME``), else ``~/.cache/mizzen-ci/compile``.
+- Under it, one directory per set of things that make compiled artifacts incompatible
+  (:func:`cache_key`): ``torch-<version>[+cu<NNN>|+rocm<X.Y>]-sm<NN>[_<NN>…]-py<MAJOR><MINOR>``,
+  e.g. ``torch-2.11.0+cu130-sm90-py312``: torch's version, the CUDA/HIP version it was built for,
+  the compute capabilities of the lane's GPUs (:mod:`.hardware`) and the Python version.  It holds
+  ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``), ``triton/`` (``TRITON_CACHE_DIR``) and ``cuda/``
+  (``CUDA_CACHE_PATH``); ``TORCHINDUCTOR_FX_GRAPH_CACHE=1`` and ``TORCHINDUCTOR_AUTOGRAD_CACHE=1``
+  turn the persistent graph caches on (:data:`CACHE_VARIABLES`, the one table of them).
+
+Invariants:
+- Nothing here imports torch in the lane.  The children run this interpreter
+  (``sys.executable -m pytest``, :mod:`.runner`), so torch's version is
+  ``importlib.metadata.version("torch")`` in this process, and its CUDA/HIP version is read from
+  the text of the installed ``torch/version.py`` (parsed, never executed; bounded by
+  :func:`mizzen_ci.sources.read_bytes`).  Without torch there is no cache, and the summary says so.
+- A compile cache holds Python sources and shared objects the children execute: it is a
+  code-execution channel.  The root and the key directory are opened and checked by
+  :func:`.host_dirs.open_dir` (:data:`COMPILE_CACHE_RULE`): a symbolic link, a directory owned by
+  another user (root's included) or a group- or world-writable one is refused, as a
+  :class:`.refusal.LaneRefusal` (exit 2, one line: the path, the rule, the fix) before anything
+  runs; directories the lane creates get mode ``0700``.
+- A cache variable the lane's own environment already sets (even to ``""``) is the user's: it is
+  passed on as it is, never overridden, and listed in the summary (:attr:`CompileCache.kept`).
+- Counts: at the end of a child's pytest session, if and only if ``torch`` is in its
+  ``sys.modules``, :func:`write_child_stats` writes the counters of :data:`CACHES` (from
+  ``torch._dynamo.utils.counters`` when that module is loaded, else zeros: nothing compiled) as
+  JSON to ``$MIZZEN_COMPILE_STATS``.  That file is written by the code under test, so
+  :func:`read_stats` reads it as hostile: a regular file of at most :data:`MAX_STATS_BYTES`
+  (:func:`mizzen_ci.sources.read_bytes`), a JSON object of the known groups and counters only,
+  each a whole number in ``[0, MAX_COUNT]``; anything else is a warning, never an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..output import plain
+from ..sources import read_bytes
+from .host_dirs import DirRule, open_dir
+from .refusal import LaneRefusal
+
+CACHE_DIR_ENV = "MIZZEN_COMPILE_CACHE_DIR"
+STATS_ENV = "MIZZEN_COMPILE_STATS"
+OFF = "off"
+MAX_STATS_BYTES = 64 * 1024
+MAX_COUNT = 10**9
+VERSION_PY_BYTES = 64 * 1024  # torch/version.py is a few hundred bytes
+
+# The one table of the variables the children get:
+# (variable, its subdirectory of the key directory, or None and its fixed value)
+CACHE_VARIABLES: tuple[tuple[str, str | None, str | None], ...] = (
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor", None),
+    ("TRITON_CACHE_DIR", "triton", None),
+    ("CUDA_CACHE_PATH", "cuda", None),
+    ("TORCHINDUCTOR_FX_GRAPH_CACHE", None, "1"),
+    ("TORCHINDUCTOR_AUTOGRAD_CACHE", None, "1"),
+)
+
+
+class CompileCacheError(LaneRefusal):
+    """The compile-cache directory is unsafe to give to the children; the message names the path,
+    the rule and the fix."""
+
+
+COMPILE_CACHE_RULE = DirRule(
+    what="compile cache",
+    error=CompileCacheError,
+    fix=f"use a directory only you can write (`{CACHE_DIR_ENV}=/path`), or `{CACHE_DIR_ENV}={OFF}`",
+    stake="plant code that the tests execute",
+    create_mode=0o700,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Where, keyed how
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """The torch the children import: its version and what it was built for (``None``: unknown
+    or not built for it)."""
+
+    version: str
+    cuda: str | None = None
+    hip: str | None = None
+
+
+def _version_py_literals(text: str) -> dict[str, str]:
+    """``name = "literal"`` assignments at the top of ``torch/version.py`` (never executed)."""
+    out: dict[str, str] = {}
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return out
+    for node in tree.body:
+        target = value = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        literal = value.value if isinstance(value, ast.Constant) else None
+        if isinstance(target, ast.Name) and isinstance(literal, str):
+            out[target.id] = literal
+    return out
+
+
+def find_torch() -> TorchBuild | None:
+    """The torch of this interpreter (the children's), found without importing it; ``None`` when
+    it is not installed."""
+    try:
+        dist = importlib.metadata.distribution("torch")
+        version = dist.version
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if not version:
+        return None
+    literals: dict[str, str] = {}
+    try:
+        data, _ = read_bytes(Path(dist.locate_file("torch/version.py")), VERSION_PY_BYTES)
+        literals = _version_py_literals(data.decode("utf-8", errors="replace"))
+    except (OSError, TypeError, ValueError):  # not there, not a regular file: build unknown
+        pass
+    number = re.compile(r"\d+(\.\d+)*")
+    cuda, hip = literals.get("cuda"), literals.get("hip")
+    return TorchBuild(
+        version,
+        cuda if cuda and number.match(cuda) else None,
+        hip if hip and number.match(hip) else None,
+    )
+
+
+def _component(text: str) -> str:
+    """``text`` as part of one path component: no separator, no dot-dot, bounded."""
+    return re.sub(r"[^A-Za-z0-9.+_-]", "_", text).replace("..", "_")[:80]
+
+
+def cache_key(torch: TorchBuild, capabilities: Sequence[str], python: Sequence[int]) -> str:
+    """The key directory's name (see the module docstring): what makes artifacts incompatible."""
+    version = torch.version
+    if "+" not in version:  # PyPI's default CUDA wheels have no local tag: add what it is for
+        if torch.cuda:
+            version += "+cu" + "".join(torch.cuda.split(".")[:2])
+        elif torch.hip:
+            version += "+rocm" + ".".join(torch.hip.split(".")[:2])
+    sm = "_".join(sorted({c.replace(".", "") for c in capabilities}, key=lambda c: (len(c), c)))
+    return _component(f"torch-{version}-sm{sm or 'none'}-py{python[0]}{python[1]}")
+
+
+def cache_root(environ: Mapping[str, str]) -> Path | None:
+    """The root of the lane's compile caches; ``None`` when it is :data:`OFF`."""
+    chosen = environ.get(CACHE_DIR_ENV, "")
+    if chosen == OFF:
+        return None
+    if chosen:
+        return Path(os.path.abspath(chosen))  # absolute, links not resolved: they are checked
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    try:
+        base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    except (RuntimeError, KeyError):  # no $HOME and no passwd entry
+        raise CompileCacheError(
+            f"compile cache: cannot find your home directory for ~/.cache. Fix: set "
+            f"`{CACHE_DIR_ENV}=/path` (a directory only you can write) or `{CACHE_DIR_ENV}={OFF}`"
+        ) from None
+    return Path(os.path.abspath(base)) / "mizzen-ci" / "compile"
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """What the lane gives its children for compile caching, and how to say it."""
+
+    directory: Path | None  # the key directory; None: no cache (see note)
+    env: Mapping[str, str] = field(default_factory=dict)  # what the children get from the lane
+    kept: Mapping[str, str] = field(default_factory=dict)  # set by the user, passed on as is
+    note: str = ""  # "off (why)" or "none (why)" when there is no cache
+
+    def describe(self) -> str:
+        text = f"compile cache: {self.directory or self.note}"
+        if self.kept:
+            text += "; kept from the lane's environment: " + ", ".join(
+                f"{k}={v}" for k, v in self.kept.items()
+            )
+        return text  # raw: each medium escapes it
+
+    def as_json(self) -> dict:
+        return {
+            "directory": str(self.directory) if self.directory else None,
+            "variables": dict(self.env),
+            "kept": dict(self.kept),
+            "note": self.note or None,
+        }
+
+
+def configure(
+    environ: Mapping[str, str],
+    capabilities: Sequence[str],
+    *,
+    torch: Callable[[], TorchBuild | None] = find_torch,
+) -> CompileCache:
+    """The compile cache of a lane whose GPUs have ``capabilities``: its checked (and, when new,
+    created) key directory and the variables for the children; :class:`CompileCacheError` when a
+    directory is unsafe (see the module docstring)."""
+    kept = {name: environ[name] for name, _, _ in CACHE_VARIABLES if name in environ}
+    root = cache_root(environ)
+    if root is None:
+        return CompileCache(
+            None, kept=kept, note=f"off (${CACHE_DIR_ENV}={OFF}: the lane sets no cache variable)"
+        )
+    build = torch()
+    if build is None:
+        return CompileCache(
+            None,
+            kept=kept,
+            note=f"none (torch is not installed for {sys.executable}: nothing to compile)",
+        )
+    key = root / cache_key(build, capabilities, sys.version_info[:2])
+    root_fd = open_dir(root, COMPILE_CACHE_RULE)
+    try:
+        key_fd = open_dir(key, COMPILE_CACHE_RULE, parent_fd=root_fd)
+    finally:
+        os.close(root_fd)
+    env: dict[str, str] = {}
+    try:
+        for name, subdir, value in CACHE_VARIABLES:
+            if subdir is not None:
+                try:  # inside a 0700 directory of ours: nobody else could have planted it
+                    os.mkdir(subdir, 0o700, dir_fd=key_fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise COMPILE_CACHE_RULE.refuse(
+                        key / subdir, f"cannot be created ({e.strerror})"
+                    ) from None
+                value = str(key / subdir)
+            if name not in kept:
+                env[name] = value
+    finally:
+        os.close(key_fd)
+    return CompileCache(key, env=env, kept=kept)
+
+
+# --------------------------------------------------------------------------------------------
+# Hits and misses, as the children count them
+
+
+@dataclass(frozen=True)
+class TorchCache:
+    """One persistent cache of torch.compile, as ``torch._dynamo.utils.counters`` counts it:
+    ``counters[group][prefix + outcome]``."""
+
+    label: str  # the summary's column: "fx" → "fx hit/miss"
+    group: str
+    prefix: str
+
+
+CACHES = (
+    TorchCache("fx", "inductor", "fxgraph_cache_"),  # torch/_inductor/codecache.py
+    TorchCache("aot", "aot_autograd", "autograd_cache_"),  # torch/_functorch/.../autograd_cache.py
+)
+OUTCOMES = ("hit", "miss", "bypass")
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    """Counts of :data:`CACHES` × :data:`OUTCOMES` from one child (or summed over several)."""
+
+    counts: Mapping[tuple[str, str], int]  # (label, outcome) -> count
+
+    def get(self, cache: TorchCache, outcome: str) -> int:
+        return self.counts.get((cache.label, outcome), 0)
+
+    def hit_miss(self, cache: TorchCache) -> str:
+        return f"{self.get(cache, 'hit')}/{self.get(cache, 'miss')}"
+
+    def __add__(self, other: CompileStats) -> CompileStats:
+        keys = set(self.counts) | set(other.counts)
+        return CompileStats({k: self.counts.get(k, 0) + other.counts.get(k, 0) for k in keys})
+
+    def as_json(self) -> dict:
+        return {c.group: {c.prefix + o: self.get(c, o) for o in OUTCOMES} for c in CACHES}
+
+
+def child_stats(modules: Mapping[str, object]) -> dict | None:
+    """The counts of a child whose imported modules are ``modules``; ``None`` without torch."""
+    if "torch" not in modules:
+        return None
+    counters = getattr(modules.get("torch._dynamo.utils"), "counters", None) or {}
+    out = {}
+    for c in CACHES:
+        group = counters.get(c.group) or {}  # .get: never create a group in torch's defaultdict
+        out[c.group] = {c.prefix + o: int(group.get(c.prefix + o, 0)) for o in OUTCOMES}
+    return out
+
+
+def write_child_stats() -> None:
+    """In a lane's child at the end of its session: write its compile-cache counts to
+    ``$MIZZEN_COMPILE_STATS`` (see the module docstring).  A failure is a warning on stderr,
+    never a failure of the session."""
+    path = os.environ.get(STATS_ENV)
+    if not path:
+        return
+    try:
+        stats = child_stats(sys.modules)
+        if stats is None:
+            return
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(stats, f)
+        os.replace(tmp, path)
+    except Exception as e:  # the counts are diagnostics: losing them must not fail the tests
+        print(
+            plain(f"mizzen: could not write compile-cache counts to {path}: {e}"), file=sys.stderr
+        )
+
+
+def _no_constant(name: str):
+    raise ValueError(f"holds {name}, not a count")
+
+
+def read_stats(path: Path) -> tuple[CompileStats | None, str | None]:
+    """(the counts a child wrote to ``path``, a warning: raw text, for the medium to escape);
+    ``(None, None)`` when it wrote none (it never imported torch).  Read as hostile input (see
+    the module docstring)."""
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        data, _ = read_bytes(path, MAX_STATS_BYTES)
+        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except OSError as e:
+        return None, f"compile-cache counts {e}; not shown"
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, NaN, over-long numbers
+        return None, f"compile-cache counts {path}: not valid JSON counts ({e}); not shown"
+    groups = {c.group: c for c in CACHES}
+    counts: dict[tuple[str, str], int] = {}
+    problem = None
+    if not isinstance(raw, dict):
+        problem = f"is a JSON {type(raw).__name__}, not an object of {', '.join(groups)}"
+    else:
+        for group, values in raw.items():
+            cache = groups.get(group)
+            if cache is None or not isinstance(values, dict):
+                problem = f"has {str(group)[:40]!r}, not one of {', '.join(groups)} with counters"
+                break
+            for name, value in values.items():
+                outcome = name.removeprefix(cache.prefix)  # JSON object keys are strings
+                if not name.startswith(cache.prefix) or outcome not in OUTCOMES:
+                    problem = f"has counter {group}.{str(name)[:40]!r}, which torch does not count"
+                    break
+                if type(value) is not int or not 0 <= value <= MAX_COUNT:
+                    problem = f"has {group}.{name} = {str(value)[:40]}, not a whole number in [0, {MAX_COUNT}]"
+                    break
+                counts[(cache.label, outcome)] = value
+            if problem:
+                break
+    if problem:
+        return None, f"compile-cache counts {path}: {problem}; not shown"
+    return CompileStats(counts), None
