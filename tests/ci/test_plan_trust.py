@@ -1,7 +1,8 @@
 """Trust cannot be steered by the change: `mizzen-ci plan` (a real subprocess under ``python3 -S``
 over a real git repository) takes pools and runner labels from the base revision's fleet table,
 treats an unknown fork status as untrusted, approves an untrusted head only by an approving event,
-reads comment commands as whole lines, and fails on registry errors after writing the plan."""
+reads comment commands as whole lines (rerun commands too: only the named or last-failed registered
+files, pinned to the head), and fails on registry errors after writing the plan."""
 
 from __future__ import annotations
 
@@ -196,6 +197,102 @@ def test_comment_commands_are_whole_lines_from_trusted_associations(
     _, p, _, _ = plan(repo, *untrusted, "--comment-file", "NONE", str(body))
     assert not [j for j in p["jobs"] if j["arch"]]
     assert any("association NONE" in w for w in p["warnings"])
+
+
+def planned(p: dict) -> set[tuple[str, str | None]]:
+    return {(t["file"], j["arch"]) for j in p["jobs"] for t in j["tests"]}
+
+
+def test_rerun_test_plans_the_named_files_only_at_the_pinned_head(repo: Path, tmp_path: Path, plan):
+    write(
+        repo,
+        {
+            "tests/t/test_gpu.py": GPU_TEST + "# x\n",
+            "tests/t/test_cpu.py": CPU_TEST + "# x\n",
+            "tests/u/test_other.py": CPU_TEST,
+            "tests/u/test_gpu_too.py": GPU_TEST,
+        },
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "change")
+    head = git(repo, "rev-parse", "HEAD")
+    body = tmp_path / "comment.md"
+    body.write_text("/rerun-test tests/t/test_gpu.py tests/u/test_other.py")
+    untrusted = ("--fork", "--author-association", "NONE")
+    code, p, err, gh = plan(repo, *untrusted, "--comment-file", "MEMBER", str(body))
+    assert code == 0, err
+    # the changed test_cpu.py and the new test_gpu_too.py are impacted; a rerun consults no impact
+    assert planned(p) == {("tests/t/test_gpu.py", "hopper"), ("tests/u/test_other.py", None)}
+    assert p["approval"] and p["head"] == head and gh["sha"] == head
+    reasons = {n["file"]: n["reason"] for n in p["not_scheduled"]}
+    assert reasons["tests/t/test_cpu.py"] == "not asked for by the rerun"
+    assert "tests/u/test_gpu_too.py" in reasons
+    # from an untrusted commenter: ignored, the plan is the change's
+    _, p, _, _ = plan(repo, *untrusted, "--comment-file", "NONE", str(body))
+    assert ("tests/t/test_cpu.py", None) in planned(p)
+    assert not [j for j in p["jobs"] if j["arch"]]
+
+
+@pytest.mark.parametrize(
+    "path, refusal",
+    [
+        ("tests/t/test_missing.py", "not a registered test file"),
+        ("tests/t/test_link.py", "registry error"),  # a symbolic link to a registered file
+        ("tests/../ci/fleet.toml", "not a test file path"),
+        ("/etc/passwd", "not a test file path"),
+        ("packages/x/test_a.py", "not a test file path"),
+        ("tests/t/test_gpu.py;rm", "not a test file path"),
+        ("tests/t/test_gp\u0443.py", "not a test file path"),  # a Cyrillic look-alike
+    ],
+)
+def test_rerun_test_refuses_what_is_not_a_registered_test_file(
+    repo: Path, tmp_path: Path, plan, path: str, refusal: str
+):
+    (repo / "tests/t/test_link.py").symlink_to("test_gpu.py")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "link")
+    body = tmp_path / "comment.md"
+    body.write_text(f"/rerun-test {path}")
+    _, p, _, _ = plan(repo, "--same-repo", "--comment-file", "OWNER", str(body))
+    assert planned(p) == set(), p["jobs"]
+    assert any(refusal in w for w in p["warnings"]), p["warnings"]
+
+
+def test_rerun_failed_plans_what_failed_in_the_last_run(repo: Path, tmp_path: Path, plan):
+    write(repo, {"tests/u/test_other.py": CPU_TEST})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "change")
+    body = tmp_path / "comment.md"
+    body.write_text("thanks\n/rerun-failed")
+    last = tmp_path / "last.jsonl"
+    record = {"arch": None, "lane": "cpu", "when": "2026-12-01T00:00:00Z", "job": None}
+    lines = [
+        {**record, "file": "tests/t/test_cpu.py", "seconds": 3.0, "outcome": "passed"},
+        {**record, "file": "tests/u/test_other.py", "seconds": 3.0, "outcome": "failed"},
+        {**record, "file": "tests/t/test_gpu.py", "seconds": 5.0, "outcome": "error",
+         "arch": "hopper", "lane": "gpu-hopper"},
+    ]  # fmt: skip
+    last.write_text(
+        "\n".join(json.dumps(line) for line in lines)
+        + '\n{"file": "tests/t/test_cpu.py", "seconds": 1e999}\nnot json\n'
+    )
+    trusted = ("--same-repo", "--comment-file", "MEMBER", str(body))
+    code, p, err, _ = plan(repo, *trusted, "--failed-from", str(last))
+    assert code == 0, err
+    assert planned(p) == {("tests/u/test_other.py", None), ("tests/t/test_gpu.py", "hopper")}
+    assert any("last-run record" in w and "last.jsonl:4" in w for w in p["warnings"])
+    # without the record of the last run it says so and reruns nothing
+    _, p, _, _ = plan(repo, *trusted)
+    assert planned(p) == set()
+    assert any("no record of this pull request's last run" in w for w in p["warnings"])
+
+
+def test_rerun_commands_apply_to_pull_requests_only(repo: Path, tmp_path: Path, plan):
+    body = tmp_path / "comment.md"
+    body.write_text("/rerun-test tests/t/test_gpu.py")
+    _, p, _, _ = plan(repo, "--event", "push", "--comment-file", "OWNER", str(body))
+    assert ("tests/t/test_cpu.py", None) in planned(p)  # a push runs every CPU test
+    assert any("rerun commands apply to pull requests" in w for w in p["warnings"])
 
 
 def test_registry_errors_fail_the_plan_after_it_is_written(repo: Path, plan):

@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-from .. import output
+from .. import history, output
 from ..fleet import (
     FLEET_RELATIVE_PATH,
     Fleet,
@@ -112,6 +112,14 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--action", help="the pull_request activity (opened, synchronize, labeled, …)")
     g.add_argument("--label-added", help="on a `labeled` event: the label it added")
+    g.add_argument(
+        "--failed-from",
+        action="append",
+        type=Path,
+        default=[],
+        help="history records (`mizzen-ci history record` of its junit) of this pull request's "
+        "last run: the files /rerun-failed reruns (repeat)",
+    )
     p = parser.add_argument_group("planning")
     p.add_argument("--budget-minutes", type=float, default=DEFAULT_BUDGET_MINUTES)
     p.add_argument("--min-job-minutes", type=float, default=DEFAULT_MIN_JOB_MINUTES)
@@ -211,6 +219,16 @@ def _read_comment(path: Path) -> str:
         raise PlanInputError(f"{path}: the comment is not UTF-8 text") from None
 
 
+def _last_failed(stores: list[Path]) -> tuple[tuple[str, ...] | None, list[str]]:
+    """The files that failed or errored in the records of ``stores`` (None when none is given),
+    and the problems of the lines that were dropped (untrusted files: every line validated)."""
+    if not stores:
+        return None, []
+    records, problems = history.read_stores(stores, missing_ok=True)
+    failed = sorted({r.file for r in records if r.outcome in ("failed", "error")})
+    return tuple(failed), problems
+
+
 def base_fleet(root: Path, change: Change) -> Fleet:
     """The fleet table as the change's base revision has it: the trusted source of a pull
     request's arches, pools and runner labels."""
@@ -239,6 +257,7 @@ def _plan(args: argparse.Namespace) -> int:
     comments = [Comment(a, b) for a, b in args.comment]
     for association, path in args.comment_file:
         comments.append(Comment(association, _read_comment(Path(path))))
+    last_failed, dropped = _last_failed(args.failed_from)
     inputs = Inputs(
         event=args.event,
         cadence=args.cadence,
@@ -248,6 +267,7 @@ def _plan(args: argparse.Namespace) -> int:
         fork=args.fork,
         action=args.action,
         label_added=args.label_added,
+        last_failed=last_failed,
     )
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir(root))
     if cache_dir is not None and args.cache_dir is not None:
@@ -264,6 +284,8 @@ def _plan(args: argparse.Namespace) -> int:
     change = git_change(root, args.base, args.head)
     pools = base_fleet(root, change) if args.event == "pull_request" else fleet
     plan = build_plan(root, fleet, change, inputs, options, pools=pools)
+    if dropped:
+        plan.warnings.append(history.dropped_warning(dropped, "last-run record"))
 
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

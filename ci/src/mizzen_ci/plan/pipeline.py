@@ -73,7 +73,7 @@ def build_plan(
     registry = index.registry
     impact = _impact(index, change, request)
     index.save()  # with the files the impact search parsed
-    selected, not_scheduled = select(
+    selected, not_scheduled, selection_warnings = select(
         registry.registrations, registry.violations, pools, request, impact
     )
     plan = Plan(
@@ -90,7 +90,7 @@ def build_plan(
             impact.everything, tuple(impact.everything_because), len(change.paths)
         ),
         not_scheduled=sorted(not_scheduled, key=lambda n: (n.file, n.arch or "")),
-        warnings=list(request.warnings),
+        warnings=[*request.warnings, *selection_warnings],
         errors=[str(v) for v in registry.violations],
     )
     if not change.usable:

@@ -5,9 +5,14 @@ Vocabulary (names of labels and commands live here and nowhere else):
 - PR labels: ``run-ci-<label>`` runs the GPU tests carrying that domain label, ``run-ci-all``
   every GPU test, ``run-on-<arch>`` adds that GPU generation for tests that declare it,
   ``ok-to-test`` approves the GPU jobs of an untrusted author's head (see below).
-- Comment commands: a line of the comment that *starts* with ``/run-ci <label> [<label> …]``,
-  ``/run-ci all`` or ``/run-on <arch> [<arch> …]`` (no indentation, outside fenced code
-  blocks); everything else in the body is ignored.  They count only from trusted associations.
+- Comment commands: a whole line of the comment ``/run-ci <label> [<label> …]``,
+  ``/run-ci all``, ``/run-on <arch> [<arch> …]``, ``/rerun-failed`` (the test files that
+  failed in the pull request's last run, as ``--failed-from`` history records of that run say)
+  or ``/rerun-test <tests/…/test_x.py> […]`` (no indentation, outside fenced code blocks);
+  everything else in the body is ignored.  They count only from trusted associations.  A rerun
+  command makes the plan those files only (CPU and GPU, each on its derived pool, impact is not
+  consulted; labels and ``/run-ci`` still add their GPU tests); a path that is not a registered
+  test file (unregistered, a link, outside ``tests/``) is refused with a warning.
 
 Per event:
 
@@ -52,8 +57,10 @@ RUN_CI_PREFIX = "run-ci-"
 RUN_CI_ALL = "run-ci-all"
 RUN_ON_PREFIX = "run-on-"
 OK_TO_TEST = "ok-to-test"
-COMMANDS = ("run-ci", "run-on")
-_COMMAND = re.compile(r"/(run-ci|run-on)(?:[ \t]+(.*))?")
+COMMANDS = ("run-ci", "run-on", "rerun-failed", "rerun-test")
+_COMMAND = re.compile(r"/(run-ci|run-on|rerun-failed|rerun-test)(?:[ \t]+(.*))?")
+_TEST_PATH = re.compile(r"tests/(?:[A-Za-z0-9_.-]+/)*test_[A-Za-z0-9_]*\.py")
+MAX_RERUN_FILES = 200  # a rerun of more files than this is a full run; ask for one
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 MAX_COMMANDS = 20  # per comment; more is a mistake (or an attack on the plan's size)
 
@@ -80,6 +87,9 @@ class Inputs:
     fork: bool | None = None  # None: unknown, which is untrusted
     action: str | None = None  # the pull_request activity type (opened, synchronize, labeled, …)
     label_added: str | None = None  # on a ``labeled`` event: the label it added
+    #: the test files that failed (or errored) in the pull request's last run, from its history
+    #: records (``--failed-from``); None: not given
+    last_failed: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,8 @@ class Request:
     gpu_blocked: str | None  # why no GPU job may run (untrusted author), else None
     approval: str | None = None  # what approved an untrusted author's head, else None
     warnings: tuple[str, ...] = field(default=())
+    #: rerun commands: {test file: why}; the plan is these files only.  None: no rerun command
+    rerun: dict[str, str] | None = None
 
 
 def is_trusted(inputs: Inputs) -> bool:
@@ -110,8 +122,8 @@ def is_trusted(inputs: Inputs) -> bool:
 
 
 def parse_commands(body: str) -> list[tuple[str, list[str]]]:
-    """``[(command, args)]`` for each line of a comment that starts with ``/run-ci`` or
-    ``/run-on`` (see the module docstring); lines inside fenced code blocks do not count."""
+    """``[(command, args)]`` for each line of a comment that is one of :data:`COMMANDS` with its
+    arguments (see the module docstring); lines inside fenced code blocks do not count."""
     out = []
     fenced = False
     for line in body.splitlines():
@@ -136,7 +148,7 @@ def shown_name(name: str) -> str:
 def build_request(inputs: Inputs, fleet: Fleet) -> Request:
     """The :class:`Request` for ``inputs``; :class:`RequestError` for contradictory inputs."""
     cadence = _cadence(inputs)
-    asks = _Asks(fleet)
+    asks = _Asks(fleet, inputs.last_failed)
     asks.read_labels(inputs.labels)
     asks.read_comments(inputs.comments)
     if inputs.event in ("merge_group", "push") and (asks.labels or asks.every_label or asks.arches):
@@ -144,6 +156,9 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
             f"labels and comment commands apply to pull requests, not {inputs.event}"
         )
         asks.labels, asks.every_label, asks.arches = set(), False, []
+    if inputs.event != "pull_request" and asks.rerun is not None:
+        asks.warnings.append(f"rerun commands apply to pull requests, not {inputs.event}")
+        asks.rerun = None
     trusted = is_trusted(inputs)
     approval = None if trusted else _approval(inputs)
     scheduled = inputs.event in ("schedule", "workflow_dispatch")
@@ -166,6 +181,7 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         gpu_blocked=None if trusted or approval else _why_gpu_blocked(inputs),
         approval=approval,
         warnings=tuple(asks.warnings),
+        rerun=asks.rerun,
     )
 
 
@@ -191,12 +207,45 @@ class _Asks:
     """What labels and comment commands ask for, checked against the fleet's vocabulary; every
     name it does not know is a warning, never a silent selection."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, last_failed: tuple[str, ...] | None):
         self.fleet = fleet
+        self.last_failed = last_failed
         self.labels: set[str] = set()
         self.every_label = False
         self.arches: list[str] = []
+        self.rerun: dict[str, str] | None = None
         self.warnings: list[str] = []
+
+    def rerun_file(self, path: str, why: str, where: str) -> None:
+        if not (path.isascii() and _TEST_PATH.fullmatch(path)) or ".." in path.split("/"):
+            self.warnings.append(
+                f"{where}: {shown_name(path)} is not a test file path; give a repository path "
+                "such as tests/train/test_x.py"
+            )
+            return
+        rerun = self.rerun if self.rerun is not None else {}
+        if path not in rerun and len(rerun) >= MAX_RERUN_FILES:
+            self.warnings.append(
+                f"{where}: more than {MAX_RERUN_FILES} files to rerun; the rest are ignored "
+                "(ask for a full run instead)"
+            )
+            return
+        rerun.setdefault(path, why)
+        self.rerun = rerun
+
+    def rerun_failed(self, args: list[str]) -> None:
+        self.rerun = self.rerun if self.rerun is not None else {}
+        if args:
+            self.warnings.append("/rerun-failed takes no arguments; they were ignored")
+        if self.last_failed is None:
+            self.warnings.append(
+                "/rerun-failed: no record of this pull request's last run was given "
+                "(--failed-from), so nothing is rerun"
+            )
+        elif not self.last_failed:
+            self.warnings.append("/rerun-failed: no test failed in this pull request's last run")
+        for path in self.last_failed or ():
+            self.rerun_file(path, "/rerun-failed: failed in the last run", "/rerun-failed")
 
     def label(self, name: str, where: str) -> None:
         if name == "all":
@@ -238,11 +287,17 @@ class _Asks:
                 )
                 continue
             for command, args in commands:
+                if command == "rerun-failed":
+                    self.rerun_failed(args)
+                    continue
                 if not args:
                     self.warnings.append(f"/{command} without arguments does nothing")
                 for arg in args:
                     where = f"/{command} {shown_name(arg)}"
-                    (self.label if command == "run-ci" else self.arch)(arg, where)
+                    if command == "rerun-test":
+                        self.rerun_file(arg, f"/rerun-test {arg}", where)
+                    else:
+                        (self.label if command == "run-ci" else self.arch)(arg, where)
 
 
 def _approval(inputs: Inputs) -> str | None:

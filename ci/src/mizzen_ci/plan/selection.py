@@ -12,6 +12,10 @@ Invariants:
   :func:`mizzen_ci.plan.dispatch.dispatch` (the fleet table); this module never names a pool.
 - A GPU test on a pull request runs when the change impacts it or a label/comment asks for one of
   its labels (or for all); CPU tests run when impacted, or always outside pull requests.
+- With rerun commands (``request.rerun``) the change's impact is not consulted: the files asked
+  for run (a nightly-only one too), labels still add their GPU tests, every other file is not
+  asked for; an asked-for path that is no registered test file is a warning naming why (a
+  registry error such as a link, or not registered at all).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def select(
     fleet: Fleet,
     request: Request,
     impact: Impact,
-) -> tuple[list[Selected], list[NotScheduled]]:
+) -> tuple[list[Selected], list[NotScheduled], list[str]]:
+    """``(selected, not scheduled, warnings)`` (see the module docstring)."""
     selected: list[Selected] = []
     skipped: list[NotScheduled] = []
     policy = DispatchPolicy(mode=request.arch_mode, arches=request.arches)
@@ -68,16 +73,21 @@ def select(
         if not reg.enabled:
             skipped.append(NotScheduled(reg.path, home, DISABLED, f"disabled: {reg.disabled}"))
             continue
-        if reg.nightly and not request.include_nightly:
+        rerun = request.rerun.get(reg.path) if request.rerun is not None else None
+        if reg.nightly and not request.include_nightly and rerun is None:
             skipped.append(
                 NotScheduled(
                     reg.path, home, NIGHTLY_ONLY, "nightly-only: runs on the nightly schedule"
                 )
             )
             continue
-        impacted = impact.why(reg.path)
+        impacted = impact.why(reg.path) if request.rerun is None else rerun
         if runs_in(reg, CPU_LANE):
-            if request.cpu_all:
+            if request.rerun is not None and rerun is None:
+                skipped.append(
+                    NotScheduled(reg.path, None, NOT_IMPACTED, "not asked for by the rerun")
+                )
+            elif request.cpu_all:
                 selected.append(Selected(reg, None, fleet.cpu_pool, f"{request.event}: all CPU"))
             elif impacted:
                 selected.append(Selected(reg, None, fleet.cpu_pool, impacted))
@@ -87,7 +97,7 @@ def select(
                 )
             continue
 
-        why = _gpu_wanted(reg, request, impacted)
+        why = rerun or _gpu_wanted(reg, request, impacted)
         if why is None:
             asks = ", ".join(f"{RUN_CI_PREFIX}{label}" for label in reg.labels)
             skipped.append(
@@ -127,13 +137,23 @@ def select(
     first_error: dict[str, Violation] = {}
     for v in violations:
         first_error.setdefault(v.path, v)
+    warnings = []
+    registered = {reg.path for reg in registrations}
+    for path in request.rerun or {}:
+        if path in first_error:
+            v = first_error[path]
+            warnings.append(f"rerun of {path} refused: registry error [{v.rule}] {v.message}")
+        elif path not in registered:
+            warnings.append(
+                f"rerun of {path} refused: it is not a registered test file of this checkout"
+            )
     for path, first in sorted(first_error.items()):
         skipped.append(
             NotScheduled(
                 path, None, REGISTRY_ERROR, f"registry error: [{first.rule}] {first.message}"
             )
         )
-    return selected, skipped
+    return selected, skipped, warnings
 
 
 def _gpu_wanted(reg: Registration, request: Request, impacted: str | None) -> str | None:
