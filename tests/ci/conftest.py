@@ -8,7 +8,8 @@
   ``python -S -m mizzen_ci ARGS`` (what a bare runner has: no site-packages) with the
   environment ``PATH`` and ``PYTHONPATH=ci/src`` only, in ``repo_root``, with a timeout, and
   returns the ``CompletedProcess`` (text, output captured, never raising on an exit code).
-  Options: ``env`` (variables set on top of that environment, ``PYTHONPATH`` included),
+  Options: ``env`` (variables set on top of that environment, ``PYTHONPATH`` included; a
+  ``None`` value removes the variable),
   ``inherit_env`` (start from this process's environment instead), ``site`` (leave ``-S``
   out), ``github`` (``GITHUB_ACTIONS=true``), ``cwd``, ``timeout``.  ``mizzen_ci.python(*ARGV)``
   runs ``python [-S] ARGV`` the same way (a probe script instead of the CLI), and
@@ -42,6 +43,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from mizzen_ci.lane.compile_cache import CACHE_VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 CI_SRC = REPO / "ci" / "src"
@@ -79,7 +82,7 @@ class MizzenCi:
         out = {**base, "PYTHONPATH": str(self.ci_src)}
         if github:
             out["GITHUB_ACTIONS"] = "true"
-        return {**out, **(env or {})}
+        return {k: v for k, v in {**out, **(env or {})}.items() if v is not None}
 
     def command(self, *argv: str, site: bool = False) -> list[str]:
         return [sys.executable, *(() if site else ("-S",)), *argv]
@@ -150,10 +153,13 @@ def lane(mizzen_ci: MizzenCi):
         fake_gpus: int = 2,
         cwd: Path | None = None,
     ) -> subprocess.CompletedProcess:
-        defaults = {
+        defaults: dict[str, str | None] = {
             "LANE_TRACE": str(root / "trace"),
             "CI": "",
             "MIZZEN_COMPILE_CACHE_DIR": str(root / "compile-cache"),
+            # torch sets some of these in its own process once it compiles (an earlier test in
+            # this worker may have): the lane would take them for the user's
+            **{name: None for name, _, _ in CACHE_VARIABLES},
         }
         return mizzen_ci(
             "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
