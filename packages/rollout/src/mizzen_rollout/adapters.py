@@ -173,7 +173,9 @@ def read_adapter_config(directory: str | Path) -> AdapterConfig:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterFormatError(f"{path}: unreadable ({exc}). Fix: re-export the adapter") from None
+        raise AdapterFormatError(
+            f"{path}: unreadable ({exc}). Fix: re-export the adapter"
+        ) from None
     if not isinstance(raw, dict):
         raise fail("<root>", type(raw).__name__, "must be a JSON object", "re-export the adapter")
     if raw.get("peft_type") != "LORA":
@@ -210,8 +212,10 @@ def read_adapter_config(directory: str | Path) -> AdapterConfig:
             "target_modules", targets, "a regular expression is not supported here",
             "list the module names, e.g. [\"q_proj\", \"v_proj\"]",
         )  # fmt: skip
-    if not isinstance(targets, list) or not targets or not all(
-        isinstance(t, str) and t for t in targets
+    if (
+        not isinstance(targets, list)
+        or not targets
+        or not all(isinstance(t, str) and t for t in targets)
     ):
         raise fail("target_modules", targets, "must be a non-empty list of names", "list them")
     base = raw.get("base_model_name_or_path") or ""

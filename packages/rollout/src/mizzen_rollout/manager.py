@@ -438,9 +438,7 @@ class RolloutManager:
     async def _on_serving_engines(self, method: str, *args: Any) -> None:
         from ray.exceptions import RayActorError, RayTaskError
 
-        serving = [
-            s for s in self._slots if s.start_ref is None and self._router.is_alive(s.index)
-        ]
+        serving = [s for s in self._slots if s.start_ref is None and self._router.is_alive(s.index)]
 
         async def one(slot: _Slot) -> None:
             generation = slot.generation

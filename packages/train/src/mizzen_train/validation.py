@@ -393,7 +393,12 @@ def resolve_losses(
             for name in ("clip_low", "clip_high"):
                 _positive_finite(f"{fields[slot]}.{name}", getattr(loss, name), "e.g. 0.2")
             kl = loss.kl_coef
-            if isinstance(kl, bool) or not isinstance(kl, int | float) or not kl >= 0 or kl == float("inf"):
+            if (
+                isinstance(kl, bool)
+                or not isinstance(kl, int | float)
+                or not kl >= 0
+                or kl == float("inf")
+            ):
                 raise SlotConfigError(
                     f"{fields[slot]}.kl_coef", kl, "must be a finite number >= 0", "e.g. 0.05"
                 )

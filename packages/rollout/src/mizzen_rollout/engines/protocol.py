@@ -753,9 +753,7 @@ def build_unload_lora_payload(name: str) -> dict[str, Any]:
 
 def parse_unload_lora_payload(body: Any) -> str:
     if not isinstance(body, Mapping) or set(body) - UNLOAD_LORA_REQUEST_FIELDS:
-        raise ProtocolRequestError(
-            f"{UNLOAD_LORA_PATH} takes {sorted(UNLOAD_LORA_REQUEST_FIELDS)}"
-        )
+        raise ProtocolRequestError(f"{UNLOAD_LORA_PATH} takes {sorted(UNLOAD_LORA_REQUEST_FIELDS)}")
     name = body.get("lora_name")
     if not isinstance(name, str) or not name:
         raise ProtocolRequestError(f"{UNLOAD_LORA_PATH}: 'lora_name' must be a non-empty string")
@@ -777,7 +775,9 @@ def parse_lora_update_response(body: Any, *, engine: str) -> tuple[bool, str, di
     serialise a loaded adapter as its path or as a ``LoRARef`` object (``lora_path`` inside)."""
     success = _require(body, "success", "", engine)
     if not isinstance(success, bool):
-        raise EngineProtocolError(f"{engine}: LoRA update 'success' is not a boolean", engine=engine)
+        raise EngineProtocolError(
+            f"{engine}: LoRA update 'success' is not a boolean", engine=engine
+        )
     message = body.get("error_message") or ""
     loaded_raw = body.get("loaded_adapters") or {}
     if not isinstance(loaded_raw, Mapping):
