@@ -181,7 +181,7 @@ def test_embedded_server_loads_routes_refuses_and_unloads(adapters):
             with pytest.raises(EngineRequestError, match="already loaded") as twice:
                 await client.load_lora_adapter("a@v1", str(root / "b"))
             assert twice.value.status_code == 400
-            with pytest.raises(EngineRequestError, match="no .*adapter_model.safetensors"):
+            with pytest.raises(EngineRequestError, match=r"no .*adapter_model\.safetensors"):
                 await client.load_lora_adapter("c@v1", str(root / "nowhere"))
             with pytest.raises(EngineRequestError, match="names no loaded LoRA adapter"):
                 await generate("g4", "c@v1")

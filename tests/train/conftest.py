@@ -412,11 +412,21 @@ def _wait_all(processes: Sequence[Any], logs: Sequence[Path], timeout_s: float) 
 
 
 def _adapter_bytes(run_dir: Path, tenant: str, version: int) -> bytes:
-    return (run_dir / "adapters" / tenant / f"v{version:08d}" / "adapter_model.safetensors").read_bytes()
+    return (
+        run_dir / "adapters" / tenant / f"v{version:08d}" / "adapter_model.safetensors"
+    ).read_bytes()
 
 
-def _rl_protocol(tmp_path: Path, sections_of, *, steps: int, nan_step: int, kill_after: int,
-                 checkpoint_interval: int, timeout_s: float = 900.0) -> dict:
+def _rl_protocol(
+    tmp_path: Path,
+    sections_of,
+    *,
+    steps: int,
+    nan_step: int,
+    kill_after: int,
+    checkpoint_interval: int,
+    timeout_s: float = 900.0,
+) -> dict:
     """The RL e2e protocol (CPU and GPU tests run it): a reference run R and, beside it, a run F
     whose tenant "format" gets NaN advantages at ``nan_step`` and which is SIGKILLed once it has
     logged ``kill_after`` steps, then resumed with ``--resume``.  Returns both runs' records

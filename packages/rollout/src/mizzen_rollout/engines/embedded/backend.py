@@ -290,7 +290,9 @@ class TransformersBackend:
                     if matched is not None:
                         state["stop"] = matched
                         done = True
-                return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+                return torch.full(
+                    (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
+                )
 
         return transformers.StoppingCriteriaList([_AbortOrStop()]), state
 
