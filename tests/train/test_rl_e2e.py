@@ -5,7 +5,9 @@ lowercase letters (``mizzen_train.rl.toy``).  Two real runs side by side:
 
 - the reference run: over 30 steps each tenant's mean reward rises from its start (< 0.4) to
   >= 0.8 (mean of the last five steps); the final adapter snapshots, evaluated on both tasks by
-  the run's engine, score high on their own task and low on the other's (isolation);
+  the run's engine, score high on their own task, and "fixed"'s adapter scores low on "format"'s
+  task (isolation; the reverse is not asserted: the shaped reward of "fixed" gives partial credit
+  to lowercase letters, which lie 8-33 bytes above "Y");
 - the faulty run: tenant "format" gets NaN advantages at step 12, and the process is SIGKILLed
   after step 23 and resumed with ``--resume``.  At step 12 "format" is skipped (not stepped, its
   adapter not re-published: its next samples come from the same version) while "fixed" steps,
@@ -54,7 +56,6 @@ def test_two_tenants_learn_apart_skip_nan_and_resume(rl, tmp_path):
     assert final["fixed"]["task_fixed"]["score"] >= 0.8, final
     assert final["format"]["task_format"]["score"] >= 0.8, final
     assert final["fixed"]["task_format"]["score"] <= 0.3, final  # A's adapter on B's task
-    assert final["format"]["task_fixed"]["score"] <= 0.3, final
     assert (reference["dir"] / "curves.png").stat().st_size > 10_000
     assert f"curves:      {reference['dir'] / 'curves.png'}" in reference["output"]
 

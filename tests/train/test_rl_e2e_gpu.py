@@ -4,8 +4,8 @@ The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 head
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
 in bf16, with the embedded engine generating on the same GPU.  The same two runs as on the CPU:
-a reference run whose tenants' mean rewards rise to >= 0.8 and whose final adapters score low on
-each other's task, and a run with NaN advantages for "format" at step 12, SIGKILLed after step
+a reference run whose tenants' mean rewards rise to >= 0.8 and whose "fixed" adapter scores low
+on "format"'s task, and a run with NaN advantages for "format" at step 12, SIGKILLed after step
 23 and resumed: "format" is skipped at 12 and keeps its published adapter, every adapter "fixed"
 publishes is byte for byte the reference's, and the resume continues with the checkpoint's
 adapter versions.  Prints (and records as junit properties) the wall time, samples/s and train
@@ -104,7 +104,6 @@ def test_rl_protocol_on_a_100m_llama_in_bf16(rl, tmp_path, base_model, record_pr
     assert final["fixed"]["task_fixed"]["score"] >= 0.8, final
     assert final["format"]["task_format"]["score"] >= 0.8, final
     assert final["fixed"]["task_format"]["score"] <= 0.3, final
-    assert final["format"]["task_fixed"]["score"] <= 0.3, final
 
     fby = rl.check_run(faulty["records"], steps=STEPS)
     assert fby["format"][NAN_STEP]["stepped"] is False
