@@ -20,7 +20,7 @@ from mizzen_rollout.manager import EngineSpec, RolloutManager
 from mizzen_rollout.rollout import RolloutConfig
 from mizzen_rollout.samples import SampleStatus
 
-register_cpu_ci(est_time=75, labels=["ray", "rollout", "engine"])
+register_cpu_ci(est_time=95, labels=["ray", "rollout", "engine"])
 
 
 def _gone(pid: int, timeout_s: float) -> bool:
@@ -127,3 +127,80 @@ def test_cli_generate_through_ray_on_the_running_cluster(manager, echo_servers, 
     samples = read_samples(out)
     assert len(samples) == 6 and {s.metadata["engine"] for s in samples} == {echo_servers[0].url}
     assert ray.is_initialized()  # the CLI's manager did not own, so did not stop, this cluster
+
+
+def _tiny_peft_adapter(target):
+    """A LoRA adapter for the embedded engine's tiny model, saved by the real peft package."""
+    import peft
+    import torch
+    import transformers
+
+    from mizzen_rollout.engines.embedded.backend import load_tiny_config
+
+    config = load_tiny_config()
+    model_type = config.pop("model_type")
+    torch.manual_seed(4)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(model_type, **config)
+    )
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    )
+    lora.save_pretrained(str(target))
+    return str(target)
+
+
+def test_replacement_engine_loads_every_adapter_before_it_serves(manager, tmp_path):
+    """Adapters loaded through the manager reach every engine; an engine killed mid-batch is
+    replaced by one that loads them -- including one loaded while it was starting -- before it
+    rejoins routing, so no request routed to an adapter fails."""
+    import ray
+
+    from mizzen_rollout.adapters import AdapterRef
+    from mizzen_rollout.engines import GenerateRequest, SGLangClient
+    from mizzen_rollout.rollout import run_rollout
+
+    manager.wait_for_restarts(timeout_s=240)
+    first = AdapterRef("t", 1, _tiny_peft_adapter(tmp_path / "v1"))
+    second = AdapterRef("t", 2, _tiny_peft_adapter(tmp_path / "v2"))
+    prompts = [PromptRecord(i, f"adapter prompt {i}") for i in range(4)]
+    config = RolloutConfig(
+        n_samples=2, sampling=SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1)
+    )
+    deaths = sum(e.kind == "died" for e in manager.events)
+
+    async def scenario():
+        await manager.load_lora_adapter(first.name, first.path)
+        ray.kill(manager.engine_handle(1))
+        batch = await run_rollout(prompts, manager, config, batch_id="lora1", adapter=first)
+        pending = manager.alive  # engine 1 is restarting now
+        await manager.load_lora_adapter(second.name, second.path)
+        return batch, pending
+
+    batch, pending = asyncio.run(scenario())
+    assert pending == (True, False)
+    assert sum(e.kind == "died" for e in manager.events) == deaths + 1
+    assert all(s.status is SampleStatus.TRUNCATED for s in batch.samples), [
+        s.error for s in batch.samples
+    ]
+    assert {s.adapter_version for s in batch.samples} == {1} and batch.samples[0].tenant_id == "t"
+    manager.wait_for_restarts(timeout_s=240)
+    assert manager.alive == (True, True)
+    assert manager.adapters == {first.name: first.path, second.name: second.path}
+
+    async def on_fresh_engine(url):
+        async with SGLangClient(url) as client:
+            ids = await client.tokenize("adapter prompt 0")
+            outputs = []
+            for i, name in enumerate((first.name, second.name)):
+                result = await client.generate(
+                    GenerateRequest(
+                        f"direct-{i}", input_ids=ids, sampling=config.sampling, lora_path=name
+                    )
+                )
+                outputs.append(result.finish.kind)
+            return outputs
+
+    fresh = manager.engine_info(1)
+    assert fresh["name"].endswith(".3") or fresh["name"].endswith(".2")
+    assert asyncio.run(on_fresh_engine(fresh["url"])) == ["length", "length"]

@@ -130,16 +130,16 @@ def _sft_env() -> dict[str, str]:
     return env
 
 
-def _launch_sft(config: Path, log: Path, *extra: str):
+def _launch_sft(config: Path, log: Path, *extra: str, command: str = "sft", env=None):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "mizzen_train", "sft", "--config", str(config), *extra]
+    argv = [sys.executable, "-m", "mizzen_train", command, "--config", str(config), *extra]
     handle = open(log, "ab")  # noqa: SIM115 (the child owns it; closed on wait)
     try:
         return subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=_sft_env(),
+            argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**_sft_env(), **(env or {})},
         )  # fmt: skip
     finally:
         handle.close()
@@ -351,4 +351,167 @@ def sft() -> SimpleNamespace:
         run_to_completion=_run_to_completion,
         check_protocol=_check_protocol,
         kill_and_resume=_kill_and_resume,
+    )
+
+
+# -- RL runs as real subprocesses (the RL e2e tests) --------------------------------------------
+
+#: Keys of an RL run's train records (the SFT train keys and the RL metrics).
+RL_TRAIN_KEYS = SFT_RECORD_KEYS["train"] | {
+    "reward_mean", "reward_std", "response_length", "kl", "clip_fraction", "importance_ratio",
+    "adapter_version", "published_version", "samples", "failed_samples", "samples_per_s",
+    "rollout_s", "logprob_mismatch", "old_logprobs",
+}  # fmt: skip
+RL_TENANTS = ("fixed", "format")
+
+
+def _rl_sections(run_dir: Path, *, steps: int = 30, checkpoint_interval: int = 10) -> dict:
+    """The two-tenant toy RL run of the README (``example:rl_tiny``) at e2e size: every adapter
+    version kept (the tests compare their bytes), one eval point at the end on both tasks."""
+    toy = "mizzen_train.rl.toy"
+    tenant = {"prompts_per_step": 4, "n_samples": 8, "lr": 2e-2, "lora_rank": 8,
+              "lora_alpha": 16.0}  # fmt: skip
+    return {
+        "run": {
+            "dir": str(run_dir), "steps": steps, "checkpoint_interval": checkpoint_interval,
+            "device": "cpu", "micro_batch_size": 8, "threads": 1, "seed": 0, "plot": True,
+        },
+        "model": {"path": "tiny", "tokenizer": "model"},
+        "model.tiny": {"seed": 0, "initializer_range": 0.12},
+        "rollout": {"engines": "embedded", "num_engines": 1, "max_new_tokens": 3,
+                    "temperature": 1.0, "keep_adapters": 0},
+        "algo": {"advantage": "grpo"},
+        "tenants": [
+            {"name": "fixed", "data": "example:rl_fixed", "reward": f"{toy}:fixed_token",
+             "max_new_tokens": 1, **tenant},
+            {"name": "format", "data": "example:rl_format", "reward": f"{toy}:lowercase_format",
+             "data_seed": 1, **tenant},
+        ],
+        "eval": {"interval": steps, "snapshot_dir": "snapshots", "max_in_flight": 1,
+                 "overflow": "wait", "keep_snapshots": 1},
+        "eval.evaluators": [
+            {"kind": "generate", "name": "task_fixed", "data": "example:rl_fixed",
+             "reward": f"{toy}:fixed_token", "max_new_tokens": 1, "limit": 8},
+            {"kind": "generate", "name": "task_format", "data": "example:rl_format",
+             "reward": f"{toy}:lowercase_format", "max_new_tokens": 3, "limit": 8},
+        ],
+    }  # fmt: skip
+
+
+def _wait_all(processes: Sequence[Any], logs: Sequence[Path], timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for process, log in zip(processes, logs, strict=True):
+        try:
+            process.wait(max(1.0, deadline - time.monotonic()))
+        except Exception:
+            process.kill()
+            process.wait(60)
+        assert process.returncode == 0, log.read_text()[-6000:]
+
+
+def _adapter_bytes(run_dir: Path, tenant: str, version: int) -> bytes:
+    return (
+        run_dir / "adapters" / tenant / f"v{version:08d}" / "adapter_model.safetensors"
+    ).read_bytes()
+
+
+def _rl_protocol(
+    tmp_path: Path,
+    sections_of,
+    *,
+    steps: int,
+    nan_step: int,
+    kill_after: int,
+    checkpoint_interval: int,
+    timeout_s: float = 900.0,
+) -> dict:
+    """The RL e2e protocol (CPU and GPU tests run it): a reference run R and, beside it, a run F
+    whose tenant "format" gets NaN advantages at ``nan_step`` and which is SIGKILLed once it has
+    logged ``kill_after`` steps, then resumed with ``--resume``.  Returns both runs' records
+    and paths for the checks."""
+    import json
+    import signal
+    import time
+
+    ref_dir, faulty_dir = tmp_path / "reference", tmp_path / "faulty"
+    ref_config = _write_sft_config(tmp_path / "reference.toml", sections_of(ref_dir))
+    faulty_config = _write_sft_config(tmp_path / "faulty.toml", sections_of(faulty_dir))
+    ref_log, faulty_log = tmp_path / "reference.log", tmp_path / "faulty.log"
+    nan_env = {"MIZZEN_RL_INJECT_NAN": f"format@{nan_step}"}
+    started = time.monotonic()
+    reference = _launch_sft(ref_config, ref_log, command="rl")
+    faulty = _launch_sft(faulty_config, faulty_log, command="rl", env=nan_env)
+    engines: list[int] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert faulty.poll() is None, f"exited early:\n{faulty_log.read_text()[-6000:]}"
+            assert time.monotonic() < deadline, "timed out waiting for the kill point"
+            records = _read_sft_metrics(faulty_dir / "metrics.jsonl")
+            if _max_train_step(records) >= kill_after:
+                break
+            time.sleep(0.02)
+        engines = _engine_descendants(faulty.pid)
+        os.kill(faulty.pid, signal.SIGKILL)
+        faulty.wait(60)
+    finally:
+        if faulty.poll() is None:
+            faulty.kill()
+            faulty.wait(60)
+    assert faulty.returncode == -signal.SIGKILL
+    killed_records = _read_sft_metrics(faulty_dir / "metrics.jsonl")
+    checkpoints = sorted(p.name for p in (faulty_dir / "checkpoints").iterdir())
+    deadline = time.monotonic() + 15  # the killed run's engine exits on its own
+    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [pid for pid in engines if _process_alive(pid)]
+    resumed_at = time.time()
+    resumed = _launch_sft(faulty_config, faulty_log, "--resume", command="rl", env=nan_env)
+    _wait_all([reference, resumed], [ref_log, faulty_log], timeout_s)
+    return {
+        "wall": time.monotonic() - started,
+        "reference": {"dir": ref_dir, "records": _read_sft_metrics(ref_dir / "metrics.jsonl"),
+                      "output": ref_log.read_text()},
+        "faulty": {"dir": faulty_dir, "records": _read_sft_metrics(faulty_dir / "metrics.jsonl"),
+                   "output": faulty_log.read_text(), "killed_records": killed_records,
+                   "checkpoints_at_kill": checkpoints, "orphans": orphans,
+                   "resumed_at": resumed_at,
+                   "run_id": json.loads((faulty_dir / "run.json").read_text())["run_id"]},
+    }  # fmt: skip
+
+
+def _check_rl_run(records: list[dict[str, Any]], *, steps: int) -> dict[str, dict[int, dict]]:
+    """Per-run rules: every train record has the RL schema, each (step, tenant) is logged once,
+    every sample of a step comes from the version published by the step before (synchronous
+    rollouts), the engines were needed for training.  Returns train records by tenant, step."""
+    first = next(r for r in records if r.get("event") in ("run_started", "resumed"))
+    assert first["engines_needed"] == "train+eval"
+    train = [r for r in records if r["kind"] == "train"]
+    for record in train:
+        assert set(record) == RL_TRAIN_KEYS, sorted(set(record) ^ RL_TRAIN_KEYS)
+    by: dict[str, dict[int, dict]] = {t: {} for t in RL_TENANTS}
+    for record in train:
+        assert record["step"] not in by[record["tenant"]], ("logged twice", record)
+        by[record["tenant"]][record["step"]] = record
+    for tenant in RL_TENANTS:
+        assert sorted(by[tenant]) == list(range(1, steps + 1)), tenant
+        assert by[tenant][1]["adapter_version"] == 0
+        for step in range(2, steps + 1):
+            assert by[tenant][step]["adapter_version"] == by[tenant][step - 1]["published_version"]
+    return by
+
+
+@pytest.fixture
+def rl() -> SimpleNamespace:
+    """The RL e2e protocol: the toy two-tenant configuration, the reference-and-faulty run pair
+    (NaN injection, SIGKILL, --resume) and the per-run checks."""
+    return SimpleNamespace(
+        TENANTS=RL_TENANTS,
+        TRAIN_KEYS=RL_TRAIN_KEYS,
+        sections=_rl_sections,
+        protocol=_rl_protocol,
+        check_run=_check_rl_run,
+        adapter_bytes=_adapter_bytes,
     )

@@ -7,6 +7,8 @@ training reads.
 
 Modules (one concern each):
 - :mod:`.samples`: the sample contract (plain dataclasses, JSON lines).
+- :mod:`.adapters`: LoRA adapters as the unit of weight sync (the PEFT directory format, the
+  versioned engine-side name).
 - :mod:`.engines`: one async engine interface; the SGLang HTTP client, the launcher, the embedded
   server (``mizzen-rollout serve``) and the protocol shapes (:mod:`.engines.protocol`).
 - :mod:`.rewards`: math exact match, token F1, custom rewards by import path.

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--backend", default="transformers", choices=("transformers", "echo"))
     srv.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
     srv.add_argument("--num-threads", type=int, default=1, help="torch CPU threads")
+    srv.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="where the model generates"
+    )
     srv.add_argument("--port-file", default=None, help="write the URL here once listening")
     srv.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
     srv.add_argument("--verbose", action="store_true", help="log every request")
@@ -158,7 +161,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         watch_parent(args.parent_pid)  # before the (slow) model load: no orphan if killed then
     try:
         backend = make_backend(
-            args.backend, model_path=args.model, seed=args.seed, num_threads=args.num_threads
+            args.backend,
+            model_path=args.model,
+            seed=args.seed,
+            num_threads=args.num_threads,
+            device=args.device,
         )
     except (ValueError, BackendUnavailableError) as exc:
         raise UsageError(str(exc)) from None

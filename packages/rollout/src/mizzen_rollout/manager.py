@@ -18,6 +18,10 @@ Invariants:
   ids), and the engine is restarted as a fresh actor; it rejoins routing once healthy.
 - Application errors from an engine (4xx, timeouts, protocol errors) propagate unchanged; only
   unavailability triggers a re-issue.
+- LoRA adapters loaded through the manager (:meth:`RolloutManager.load_lora_adapter`) are on every
+  engine that serves: a replacement engine loads every adapter the manager holds *before* it
+  rejoins routing (and catches up with loads and unloads that happened while it started), so a
+  request routed to an adapter never lands on an engine without it.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class EngineSpec:
     timeout_s: float = 600.0
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    #: ``kind="embedded"``: where the embedded engine generates ("cpu" or "cuda").
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.kind == "url" and not self.url:
@@ -99,8 +105,9 @@ class EngineWorker:
         self.server: Any = None
         self.client: Any = None
 
-    async def start(self) -> str:
-        """Launch or connect to the engine and wait until it is healthy; return its URL."""
+    async def start(self, adapters: dict[str, str] | None = None) -> str:
+        """Launch or connect to the engine, wait until it is healthy and load ``adapters``
+        (``{name: PEFT directory}``); return its URL."""
         from .engines.client import SGLangClient
         from .engines.launcher import launch_embedded, launch_sglang
 
@@ -112,6 +119,7 @@ class EngineWorker:
                 seed=spec.seed,
                 backend=spec.backend,
                 deadline_s=spec.launch_deadline_s,
+                device=spec.device,
             )
             url = self.server.url
         elif spec.kind == "sglang":
@@ -127,7 +135,26 @@ class EngineWorker:
         self.client = SGLangClient(url, timeout_s=spec.timeout_s)
         if not await self.client.health():
             raise EngineUnavailableError(f"{self.name}: {url} does not answer /health", engine=url)
+        self.adapters: dict[str, str] = {}
+        await self.sync_adapters(adapters or {})
         return url
+
+    async def sync_adapters(self, wanted: dict[str, str]) -> str:
+        """Load and unload adapters until exactly ``wanted`` is loaded; return the URL."""
+        for name in [n for n in self.adapters if n not in wanted]:
+            await self.unload_lora_adapter(name)
+        for name, path in wanted.items():
+            if name not in self.adapters:
+                await self.load_lora_adapter(name, path)
+        return self.client.base_url
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        await self.client.load_lora_adapter(name, path)
+        self.adapters[name] = path
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self.client.unload_lora_adapter(name)
+        self.adapters.pop(name, None)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.client.generate(request)
@@ -169,6 +196,8 @@ class _Slot:
     start_ref: Any = None  # pending start() of the current actor
     url: str | None = None
     inflight: dict[str, None] = field(default_factory=dict)
+    #: The adapters the pending start()/sync_adapters() call was asked to load.
+    start_adapters: dict[str, str] = field(default_factory=dict)
 
 
 class RolloutManager:
@@ -201,6 +230,8 @@ class RolloutManager:
         self._worker_class: Any = None
         self.events: list[EngineEvent] = []
         self.reissued: list[str] = []
+        #: Adapters every serving engine holds: ``{name: PEFT directory}``, in load order.
+        self.adapters: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def _actor_class(self):
@@ -223,7 +254,8 @@ class RolloutManager:
             )
             .remote(spec, f"engine-{slot.index}.{slot.generation}")
         )
-        slot.start_ref = slot.handle.start.remote()
+        slot.start_adapters = dict(self.adapters)
+        slot.start_ref = slot.handle.start.remote(dict(slot.start_adapters))
 
     def start(self) -> RolloutManager:
         """Initialise Ray (if needed), start every engine worker and wait until all are healthy."""
@@ -329,6 +361,11 @@ class RolloutManager:
             except Exception as exc:
                 self.events.append(EngineEvent(time.time(), slot.index, "restart_failed", f"{exc}"))
                 continue
+            if slot.start_adapters != self.adapters:
+                # adapters changed while it started: catch up before it serves
+                slot.start_adapters = dict(self.adapters)
+                slot.start_ref = slot.handle.sync_adapters.remote(dict(slot.start_adapters))
+                continue
             self._router.mark_alive(slot.index)
             self.events.append(
                 EngineEvent(time.time(), slot.index, "restarted", f"serving at {slot.url}")
@@ -387,6 +424,37 @@ class RolloutManager:
             if request_id is not None:
                 slot.inflight.pop(request_id, None)
                 self.reissued.append(request_id)
+
+    # ------------------------------------------------------------------ LoRA adapters
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter into every serving engine (and every future replacement)."""
+        self.adapters[name] = path
+        await self._on_serving_engines("load_lora_adapter", name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        self.adapters.pop(name, None)
+        await self._on_serving_engines("unload_lora_adapter", name)
+
+    async def _on_serving_engines(self, method: str, *args: Any) -> None:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        serving = [s for s in self._slots if s.start_ref is None and self._router.is_alive(s.index)]
+
+        async def one(slot: _Slot) -> None:
+            generation = slot.generation
+            try:
+                await getattr(slot.handle, method).remote(*args)
+            except RayActorError as exc:  # its replacement loads every adapter before serving
+                self._engine_died(slot, generation, f"actor died: {type(exc).__name__}")
+            except RayTaskError as exc:
+                if isinstance(exc.cause, EngineUnavailableError):
+                    self._engine_died(slot, generation, f"engine unavailable: {exc.cause}")
+                elif isinstance(exc.cause, EngineError):
+                    raise exc.cause from None
+                else:
+                    raise
+
+        await asyncio.gather(*(one(slot) for slot in serving))
 
     # ------------------------------------------------------------------ Dispatcher API
     async def generate(self, request: GenerateRequest) -> GenerateResult:

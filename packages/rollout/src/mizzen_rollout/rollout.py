@@ -13,6 +13,9 @@ Invariants:
   ``input_ids``, so ``prompt_tokens`` are exactly what the engine saw; with
   ``server_tokenize=False`` the text is sent and ``prompt_tokens`` stays empty.
 - Chat prompts go to ``/v1/chat/completions`` (token ids are filled when the server returns them).
+- With ``adapter`` (an :class:`~mizzen_rollout.adapters.AdapterRef` loaded on the engines) every
+  request is routed to that adapter (``lora_path`` / the chat ``model`` field) and every sample
+  carries its tenant and ``adapter_version``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .adapters import AdapterRef
 from .data import PromptRecord
 from .engines.base import (
     ChatRequest,
@@ -156,8 +160,10 @@ async def run_rollout(
     reward: RewardFn | None = None,
     batch_id: str | None = None,
     on_sample: Callable[[Sample], None] | None = None,
+    adapter: AdapterRef | None = None,
 ) -> RolloutBatch:
     """Generate ``config.n_samples`` samples per prompt, score them, group and filter them."""
+    lora_name = adapter.name if adapter is not None else None
     batch_id = batch_id or uuid.uuid4().hex[:12]
     semaphore = asyncio.Semaphore(config.max_concurrency)
     started = time.perf_counter()
@@ -177,6 +183,7 @@ async def run_rollout(
                             input_ids=tuple(sample.prompt_tokens),
                             sampling=sampling,
                             return_logprob=config.return_logprob,
+                            lora_path=lora_name,
                         )
                     else:
                         request = GenerateRequest(
@@ -184,6 +191,7 @@ async def run_rollout(
                             text=record.input,
                             sampling=sampling,
                             return_logprob=config.return_logprob,
+                            lora_path=lora_name,
                         )
                     result: GenerateResult | ChatResult = await dispatcher.generate(request)
                 else:
@@ -193,6 +201,7 @@ async def run_rollout(
                             messages=tuple(record.input),
                             sampling=sampling,
                             return_logprob=config.return_logprob,
+                            lora_name=lora_name,
                         )
                     )
             _apply_result(sample, result)
@@ -223,7 +232,8 @@ async def run_rollout(
                 label=record.label,
                 group_index=group_index,
                 index_in_group=i,
-                tenant_id=record.tenant_id,
+                tenant_id=adapter.tenant if adapter is not None else record.tenant_id,
+                adapter_version=adapter.version if adapter is not None else None,
                 request_id=request_id_for(batch_id, group_index, i),
                 metadata={**record.metadata, "prompt_index": record.index},
             )

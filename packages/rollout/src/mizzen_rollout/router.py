@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -151,6 +152,13 @@ class EngineRouter:
 
     async def health(self) -> bool:
         return any([await e.health() for e in self.engines])
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter into every engine (all of them serve every request)."""
+        await asyncio.gather(*(e.load_lora_adapter(name, path) for e in self.engines))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await asyncio.gather(*(e.unload_lora_adapter(name) for e in self.engines))
 
     async def aclose(self) -> None:
         for engine in self.engines:

@@ -89,6 +89,8 @@ class Sample:
         group_index: index of the prompt's group within its batch.
         index_in_group: index of this sample within its group (0..n-1).
         tenant_id: the tenant / LoRA slot this sample belongs to (``None`` = the base model).
+        adapter_version: the version of the tenant's LoRA adapter that generated it (``None``:
+            the base model, or no adapter versioning), so off-policy samples are visible.
         label: the reference answer the reward compares against (any JSON value).
         request_id: the engine request id that produced it (unique within a batch).
         error: the error message of a ``FAILED`` sample.
@@ -106,6 +108,7 @@ class Sample:
     group_index: int = 0
     index_in_group: int = 0
     tenant_id: str | None = None
+    adapter_version: int | None = None
     label: Any = None
     request_id: str = ""
     error: str | None = None
@@ -151,6 +154,14 @@ class Sample:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise self._fail(name, f"is {value!r}", "use a non-negative integer")
+        if self.adapter_version is not None and (
+            isinstance(self.adapter_version, bool)
+            or not isinstance(self.adapter_version, int)
+            or self.adapter_version < 0
+        ):
+            raise self._fail(
+                "adapter_version", f"is {self.adapter_version!r}", "use an integer >= 0 or None"
+            )
         if self.tenant_id is not None and not isinstance(self.tenant_id, str):
             raise self._fail(
                 "tenant_id", f"is {type(self.tenant_id).__name__}", "use a string or None"

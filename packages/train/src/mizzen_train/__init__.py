@@ -8,8 +8,11 @@ Modules (each states its invariants in its docstring):
 
 - :mod:`~mizzen_train.sft` -- ``mizzen-train sft``: the SFT trainer, its configuration, run
   directory (checkpoints, resume) and metrics; :mod:`~mizzen_train.cli` the command line.
-- :mod:`~mizzen_train.hf` -- Hugging Face Llama import into megatron-core and merged-snapshot
-  export (the one megatron <-> HF name table), small Llamas created by code.
+- :mod:`~mizzen_train.rl` -- ``mizzen-train rl``: GRPO on K LoRA tenants (rollout through the
+  engines with each tenant's published adapter, reward, policy step, adapter sync), its
+  configuration, advantages and the toy tasks of the README demo.
+- :mod:`~mizzen_train.hf` -- Hugging Face Llama import into megatron-core, merged-snapshot and
+  PEFT adapter export (the one megatron <-> HF name table), small Llamas created by code.
 - :mod:`~mizzen_train.data` -- SFT records, tokenisation with response-only loss, packing.
 - :mod:`~mizzen_train.eval_dispatch` -- the eval dispatcher (snapshots evaluated on the side);
   :mod:`~mizzen_train.evaluators` its built-in generation and held-out loss evaluators.

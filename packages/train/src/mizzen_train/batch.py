@@ -8,6 +8,7 @@ tensors are ``[rows, seq]``:
 - ``loss_mask``: 1 where the position's loss counts (bool or 0/1 floats);
 - ``slot_ids``: the slot whose adapter applies to each token, ``-1`` for base-only tokens;
 - ``old_logprobs`` / ``advantages``: per-token fields the policy-gradient loss needs;
+  ``ref_logprobs``: the reference (adapter-free base) model's log-probabilities, for its KL term;
 - ``position_ids``: optional, ``arange(seq)`` per row when omitted (restarting at every segment
   when ``segment_ids`` is given);
 - ``segment_ids``: optional, for packed rows: a token attends only to earlier tokens of its own
@@ -30,7 +31,15 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 #: Optional per-token tensor fields, in declaration order.
-OPTIONAL_TOKEN_FIELDS = ("old_logprobs", "advantages", "position_ids", "segment_ids")
+OPTIONAL_TOKEN_FIELDS = (
+    "old_logprobs",
+    "advantages",
+    "position_ids",
+    "segment_ids",
+    "ref_logprobs",
+)
+#: The optional fields a loss may read (float per-token values), moved to the device with it.
+LOSS_FIELDS = ("old_logprobs", "advantages", "ref_logprobs")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class SlotBatch:
     advantages: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
     segment_ids: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

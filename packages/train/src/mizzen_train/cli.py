@@ -1,5 +1,7 @@
-"""``mizzen-train``: run SFT jobs and plot their curves.
+"""``mizzen-train``: run SFT and RL jobs and plot their curves.
 
+    mizzen-train rl --config example:rl_tiny           # two LoRA tenants learn two toy tasks by RL
+    mizzen-train rl --config rl.toml --resume          # continue from the newest checkpoint
     mizzen-train sft --config run.toml                 # train; evaluate snapshots on the side
     mizzen-train sft --config run.toml --resume        # continue from the newest checkpoint
     mizzen-train sft --config run.toml --run.steps 120 --set tenants.0.lr=5e-4
@@ -8,8 +10,9 @@
 
 Invariants:
 - Every configuration field is settable from the command line: ``--<section>.<field> VALUE`` for
-  the [run], [model], [data] and [eval] fields (generated from the one field table of
-  :mod:`mizzen_train.sft.config`), ``--set KEY=VALUE`` for anything (``tenants.0.lr=1e-4``).
+  the single-table sections (sft: [run], [model], [data], [eval]; rl: [run], [model],
+  [rollout], [algo], [eval]), generated from the one field table of each command's config
+  module, and ``--set KEY=VALUE`` for anything (``tenants.0.lr=1e-4``).
 - Exit codes: 0 done; 2 a configuration, data or model-directory error (one message naming the
   field or file, the rule and the fix -- no traceback); 1 the run failed while training.
 - Importing this module imports nothing heavy; the trainer loads torch and megatron when it runs.
@@ -26,39 +29,29 @@ from mizzen_train import __version__
 
 __all__ = ["build_parser", "main"]
 
-_FLAG_SECTIONS = ("run", "model", "data", "eval")
+_FLAG_SECTIONS = {
+    "sft": ("run", "model", "data", "eval"),
+    "rl": ("run", "model", "rollout", "algo", "eval"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from mizzen_train.sft.config import SECTIONS
-
-    parser = argparse.ArgumentParser(
-        prog="mizzen-train", description="Fine-tune language models on megatron-core."
-    )
-    parser.add_argument("--version", action="version", version=f"mizzen-train {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    sft = sub.add_parser(
-        "sft",
-        help="supervised fine-tuning with checkpoint-snapshot evaluation",
-        description="Train K LoRA tenants on one base model; evaluate exported snapshots on "
-        "the side. See --help-config for every field of the TOML configuration.",
-    )
-    sft.add_argument("--config", default=None, help="the run's TOML configuration")
-    sft.add_argument(
+def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
+    command = sub.add_parser(name, **parser_kwargs)
+    command.add_argument("--config", default=None, help="the run's TOML configuration")
+    command.add_argument(
         "--resume", action="store_true", help="continue the run in run.dir from its checkpoint"
     )
-    sft.add_argument(
+    command.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="override any field (dotted; list items by index): --set tenants.0.lr=1e-4",
     )
-    sft.add_argument("--help-config", action="store_true", help="list every field and exit")
-    flags = sft.add_argument_group("configuration fields")
-    for section in _FLAG_SECTIONS:
-        for spec in dataclasses.fields(SECTIONS[section]):
+    command.add_argument("--help-config", action="store_true", help="list every field and exit")
+    flags = command.add_argument_group("configuration fields")
+    for section in _FLAG_SECTIONS[name]:
+        for spec in dataclasses.fields(sections[section]):
             kind = spec.metadata["kind"]
             if kind in ("evaluators", "table"):
                 continue
@@ -69,6 +62,34 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar=kind.upper().replace("[", "_").replace("]", ""),
                 help=spec.metadata["help"],
             )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mizzen_train.rl.config import SECTIONS as RL_SECTIONS
+    from mizzen_train.sft.config import SECTIONS
+
+    parser = argparse.ArgumentParser(
+        prog="mizzen-train", description="Fine-tune language models on megatron-core."
+    )
+    parser.add_argument("--version", action="version", version=f"mizzen-train {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(
+        sub,
+        "sft",
+        SECTIONS,
+        help="supervised fine-tuning with checkpoint-snapshot evaluation",
+        description="Train K LoRA tenants on one base model; evaluate exported snapshots on "
+        "the side. See --help-config for every field of the TOML configuration.",
+    )
+    _add_run_command(
+        sub,
+        "rl",
+        RL_SECTIONS,
+        help="RL (GRPO) on K LoRA tenants: rollout, reward, policy step, adapter sync",
+        description="Train K LoRA tenants by RL on one base model: each step samples through "
+        "the engines with the tenant's adapter, scores, steps and re-publishes the adapter. "
+        "See --help-config for every field of the TOML configuration.",
+    )
 
     plot = sub.add_parser("plot", help="draw loss and eval curves of a metrics.jsonl")
     plot.add_argument("metrics", help="a run's metrics.jsonl")
@@ -94,10 +115,10 @@ def _config_errors() -> tuple[type[BaseException], ...]:
     from mizzen_rollout.rewards import RewardSpecError
     from mizzen_train.errors import HFModelError
     from mizzen_train.eval_dispatch import EvalSpecError
-    from mizzen_train.sft.config import SftConfigError
+    from mizzen_train.sft.config import ConfigError
     from mizzen_train.sft.state import RunStateError
 
-    return (SftConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
+    return (ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -115,6 +136,22 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from mizzen_train.sft.trainer import run_sft
 
     run_sft(config, resume=args.resume)
+    return 0
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    from mizzen_train.rl.config import load_rl_config, rl_config_help
+
+    if args.help_config:
+        print(rl_config_help())
+        return 0
+    if args.config is None and not args.set and not _field_overrides(args):
+        print("mizzen-train rl: error: give --config rl.toml (see --help-config)", file=sys.stderr)
+        return 2
+    config = load_rl_config(args.config, [*_field_overrides(args), *args.set])
+    from mizzen_train.rl.trainer import run_rl
+
+    run_rl(config, resume=args.resume)
     return 0
 
 
@@ -144,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "sft":
             return cmd_sft(args)
+        if args.command == "rl":
+            return cmd_rl(args)
         return cmd_plot(args)
     except errors as exc:
         print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)

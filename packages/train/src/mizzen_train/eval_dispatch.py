@@ -170,6 +170,7 @@ class EvalDispatcher:
         settled: Collection[tuple[int, str, str]] = (),
         retained: Iterable[tuple[int, Path]] = (),
         ray_options: Mapping[str, Any] | None = None,
+        snapshot_marker: str = "config.json",
     ) -> None:
         names = [e.name for e in evaluators]
         if len(set(names)) != len(names):
@@ -183,7 +184,12 @@ class EvalDispatcher:
         if runner not in RUNNERS:
             raise ValueError(f"runner={runner!r}: use one of {RUNNERS}")
         self.evaluators = list(evaluators)
+        #: The tenants the next point exports and evaluates (a trainer whose tenants join and
+        #: leave sets it before each submit).
         self.tenants = list(tenants)
+        #: The file a complete snapshot directory holds (merged model: config.json; a PEFT
+        #: adapter: adapter_config.json).
+        self.snapshot_marker = snapshot_marker
         self._export = export
         self.snapshot_root = Path(snapshot_root)
         self.max_in_flight = max_in_flight
@@ -315,7 +321,7 @@ class EvalDispatcher:
         directory = self.snapshot_root / point_dir_name(step)
         if not pending:
             return "already"
-        missing = [t for t in self.tenants if not (directory / t / "config.json").is_file()]
+        missing = [t for t in self.tenants if not (directory / t / self.snapshot_marker).is_file()]
         if missing:
             reason = (
                 f"the run stopped before this point settled and its snapshots of {missing} are "

@@ -7,6 +7,10 @@
   fleet is sized here, from the eval configuration, never from a training rollout fleet), or
   running SGLang (or embedded) servers given by URL, which it points at the snapshot with
   ``/update_weights_from_disk`` (the servers must be able to read the snapshot directory).
+  An *adapter snapshot* (a PEFT directory, an RL run's) is served as an adapter instead: loaded
+  into the servers under a name of its own (``/load_lora_adapter``), generated with it, unloaded
+  afterwards -- the servers keep their base weights and whatever else they serve; without URLs
+  an embedded engine is started on the adapter's base model for it.
 - :class:`LossEvaluator` (``kind = "loss"``, no engine): the held-out loss and perplexity of the
   snapshot on the eval set's response tokens, computed with ``transformers`` on the snapshot
   directory (so it also checks that the snapshot loads).
@@ -80,19 +84,26 @@ class GenerationEvaluator:
         self.__post_init__()
 
     def evaluate(self, snapshot: Snapshot) -> dict[str, float]:
+        adapter = _adapter_of(snapshot)
         if self.engine_urls:
+            if adapter is not None:  # served beside what the engines serve: no lock needed
+                return asyncio.run(self._on_urls(snapshot, list(self.engine_urls), adapter))
             with _url_lock(self.engine_urls):
                 return asyncio.run(self._on_urls(snapshot, list(self.engine_urls)))
-        return self._on_embedded(snapshot)
+        return self._on_embedded(snapshot, adapter)
 
-    def _on_embedded(self, snapshot: Snapshot) -> dict[str, float]:
+    def _on_embedded(self, snapshot: Snapshot, adapter=None) -> dict[str, float]:
+        from mizzen_rollout.adapters import read_adapter_config
         from mizzen_rollout.engines.launcher import LaunchError, launch_embedded
 
+        model_path = str(snapshot.path)
+        if adapter is not None:
+            model_path = read_adapter_config(snapshot.path).base_model_name_or_path
         servers = []
         try:
             for _ in range(self.num_engines):
                 server = launch_embedded(
-                    model_path=str(snapshot.path),
+                    model_path=model_path,
                     num_threads=self.engine_threads,
                     deadline_s=self.startup_timeout_s,
                     wait=False,
@@ -101,7 +112,10 @@ class GenerationEvaluator:
                 snapshot.note("engine_started", purpose="eval", pid=server.pid, engine="embedded")
             for server in servers:
                 server.wait_healthy(self.startup_timeout_s)
-            return asyncio.run(self._generate(snapshot, [s.url for s in servers]))
+            urls = [s.url for s in servers]
+            if adapter is not None:
+                return asyncio.run(self._on_urls(snapshot, urls, adapter))
+            return asyncio.run(self._generate(snapshot, urls))
         except LaunchError as exc:
             raise EvalSkip(f"the eval engine did not start: {str(exc)[:600]}") from None
         finally:
@@ -110,9 +124,30 @@ class GenerationEvaluator:
                 server.cleanup_logs()
                 snapshot.note("engine_stopped", purpose="eval", pid=server.pid)
 
-    async def _on_urls(self, snapshot: Snapshot, urls: list[str]) -> dict[str, float]:
+    async def _on_urls(self, snapshot: Snapshot, urls: list[str], adapter=None) -> dict[str, float]:
         from mizzen_rollout.engines import EngineError, SGLangClient
 
+        if adapter is not None:
+            loaded = []
+            try:
+                for url in urls:
+                    async with SGLangClient(url, timeout_s=self.startup_timeout_s) as client:
+                        try:
+                            await client.load_lora_adapter(adapter.name, adapter.path)
+                        except EngineError as exc:
+                            raise EvalSkip(f"{url} did not load the adapter: {exc}") from None
+                    loaded.append(url)
+                snapshot.note("engine_adapter_loaded", purpose="eval", adapter=adapter.name)
+                return await self._generate(snapshot, urls, adapter)
+            finally:
+                for url in loaded:
+                    async with SGLangClient(url, timeout_s=self.startup_timeout_s) as client:
+                        try:
+                            await client.unload_lora_adapter(adapter.name)
+                        except EngineError as exc:
+                            snapshot.note(
+                                "engine_adapter_unload_failed", engine=url, error=str(exc)
+                            )
         for url in urls:
             async with SGLangClient(url, timeout_s=self.startup_timeout_s) as client:
                 try:
@@ -122,7 +157,9 @@ class GenerationEvaluator:
             snapshot.note("engine_weights_updated", purpose="eval", engine=url)
         return await self._generate(snapshot, urls)
 
-    async def _generate(self, snapshot: Snapshot, urls: list[str]) -> dict[str, float]:
+    async def _generate(
+        self, snapshot: Snapshot, urls: list[str], adapter=None
+    ) -> dict[str, float]:
         from mizzen_rollout.engines import SamplingParams, SGLangClient
         from mizzen_rollout.rollout import RolloutConfig, run_rollout
         from mizzen_rollout.router import EngineRouter
@@ -143,7 +180,8 @@ class GenerationEvaluator:
                 router,
                 config,
                 reward=self._reward_fn,
-                batch_id=f"eval-{snapshot.step}-{snapshot.tenant}",
+                batch_id=f"eval-{self.name}-{snapshot.step}-{snapshot.tenant}",
+                adapter=adapter,
             )
         finally:
             await router.aclose()
@@ -207,6 +245,16 @@ class LossEvaluator:
         del model
         loss = total / count
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": float(count)}
+
+
+def _adapter_of(snapshot: Snapshot):
+    """The snapshot as an adapter to load (a PEFT directory), or None (a merged model)."""
+    from mizzen_rollout.adapters import ADAPTER_CONFIG_FILE, AdapterRef
+
+    if not (snapshot.path / ADAPTER_CONFIG_FILE).is_file():
+        return None
+    # a name of its own per point and evaluator: never one the trainer publishes
+    return AdapterRef(f"eval-{snapshot.tenant}-step{snapshot.step}", 0, str(snapshot.path))
 
 
 def generation_prompts(tokenizer: SftTokenizer, examples: Sequence[SftExample]):

@@ -55,7 +55,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
 from mizzen_train import checkpoint
-from mizzen_train.batch import SlotBatch
+from mizzen_train.batch import LOSS_FIELDS, SlotBatch
 from mizzen_train.errors import ExecutorFailedError, SlotCheckpointError, SlotConfigError
 from mizzen_train.lora import SlotAdapter, adapter_layout, apply_slotted_lora
 from mizzen_train.losses import TokenLoss, target_logprobs
@@ -502,7 +502,7 @@ class SlotExecutor:
             by_loss[loss] = by_loss[loss] | selector if loss in by_loss else selector
         fields = {
             name: getattr(rows, name).to(device=device, dtype=torch.float32)
-            for name in ("old_logprobs", "advantages")
+            for name in LOSS_FIELDS
             if getattr(rows, name) is not None
         }
         return _MicroBatch(

@@ -7,7 +7,11 @@ tensor parallelism never gathers the vocabulary):
 - :class:`CrossEntropyLoss` (SFT): ``-logprob``.
 - :class:`ClippedPolicyGradientLoss` (RL, PPO-style): with importance ratio
   ``r = exp(logprob - old_logprob)`` and advantage ``A``, ``-min(r*A, clip(r, 1-clip_low,
-  1+clip_high)*A)``; reports the fraction of tokens where the clipped branch was taken.
+  1+clip_high)*A)``; reports the fraction of tokens where the clipped branch was taken.  With
+  ``kl_coef > 0`` it adds ``kl_coef * k3`` per token, ``k3 = exp(d) - d - 1`` with
+  ``d = ref_logprob - logprob`` (the non-negative, unbiased estimator of ``KL(pi || ref)`` on
+  samples of ``pi``); the reference is the adapter-free base model, so no copy of it is kept.
+  The ``kl`` metric is reported whenever ``ref_logprobs`` is given, whatever the coefficient.
 
 Invariants:
 - A loss returns *per-token* values and per-token metrics; the executor weights them by the loss
@@ -73,11 +77,16 @@ class ClippedPolicyGradientLoss:
     """PPO-style clipped surrogate with importance ratio against ``old_logprobs``."""
 
     name: ClassVar[str] = "clipped_policy_gradient"
-    requires: ClassVar[tuple[str, ...]] = ("old_logprobs", "advantages")
-    metrics: ClassVar[tuple[str, ...]] = ("clip_fraction", "importance_ratio")
+    metrics: ClassVar[tuple[str, ...]] = ("clip_fraction", "importance_ratio", "kl")
 
     clip_low: float = 0.2
     clip_high: float = 0.2
+    kl_coef: float = 0.0
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        base = ("old_logprobs", "advantages")
+        return (*base, "ref_logprobs") if self.kl_coef > 0 else base
 
     def per_token(
         self, logprobs: torch.Tensor, fields: dict[str, torch.Tensor]
@@ -87,8 +96,18 @@ class ClippedPolicyGradientLoss:
         unclipped = ratio * advantages
         clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high) * advantages
         loss = -torch.minimum(unclipped, clipped)
+        reference = fields.get("ref_logprobs")
+        if reference is not None:
+            delta = reference - logprobs
+            kl = torch.exp(delta) - delta - 1.0
+            if self.kl_coef > 0:
+                loss = loss + self.kl_coef * kl
+            kl_metric = kl.detach()
+        else:
+            kl_metric = torch.zeros_like(logprobs)
         metrics = {
             "clip_fraction": (clipped < unclipped).to(torch.float32),
             "importance_ratio": ratio.detach(),
+            "kl": kl_metric,
         }
         return loss, metrics

@@ -392,6 +392,16 @@ def resolve_losses(
         if isinstance(loss, ClippedPolicyGradientLoss):
             for name in ("clip_low", "clip_high"):
                 _positive_finite(f"{fields[slot]}.{name}", getattr(loss, name), "e.g. 0.2")
+            kl = loss.kl_coef
+            if (
+                isinstance(kl, bool)
+                or not isinstance(kl, int | float)
+                or not kl >= 0
+                or kl == float("inf")
+            ):
+                raise SlotConfigError(
+                    f"{fields[slot]}.kl_coef", kl, "must be a finite number >= 0", "e.g. 0.05"
+                )
             if loss.clip_low >= 1.0:
                 raise SlotConfigError(
                     f"{fields[slot]}.clip_low",

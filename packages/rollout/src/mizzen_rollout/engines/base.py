@@ -117,7 +117,10 @@ class FinishReason:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One native ``/generate`` request: exactly one of ``text`` / ``input_ids``."""
+    """One native ``/generate`` request: exactly one of ``text`` / ``input_ids``.
+
+    ``lora_path`` is SGLang's field of that name: the *name* of a loaded LoRA adapter (see
+    ``load_lora_adapter``); None generates with the base model."""
 
     request_id: str
     text: str | None = None
@@ -158,7 +161,10 @@ class GenerateResult:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """One OpenAI-compatible ``/v1/chat/completions`` request."""
+    """One OpenAI-compatible ``/v1/chat/completions`` request.
+
+    ``lora_name`` routes it to a loaded LoRA adapter (sent as SGLang's
+    ``model = "<model>:<lora_name>"``); ``model`` is the served model's name."""
 
     request_id: str
     messages: tuple[Mapping[str, Any], ...]
@@ -166,6 +172,7 @@ class ChatRequest:
     return_logprob: bool = False
     return_token_ids: bool = True
     model: str = "default"
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:

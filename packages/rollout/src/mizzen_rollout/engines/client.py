@@ -258,6 +258,52 @@ class SGLangClient:
             )
         return message
 
+    async def load_lora_adapter(self, name: str, path: str, *, pinned: bool = False) -> dict:
+        """Make the server load the PEFT adapter directory ``path`` (one it can read) under
+        ``name`` (SGLang's ``/load_lora_adapter``); returns the loaded adapters ``{name: path}``.
+        A refusal (the name is taken, the adapter does not fit the server) raises
+        :class:`EngineRequestError` with the server's reason."""
+        return await self._lora_update(
+            protocol.LOAD_LORA_PATH,
+            protocol.build_load_lora_payload(name, path, pinned=pinned),
+            f"load adapter {name!r} from {path}",
+        )
+
+    async def unload_lora_adapter(self, name: str) -> dict:
+        """Unload the adapter ``name`` (SGLang's ``/unload_lora_adapter``; the server finishes
+        the requests using it first); returns the adapters still loaded."""
+        return await self._lora_update(
+            protocol.UNLOAD_LORA_PATH,
+            protocol.build_unload_lora_payload(name),
+            f"unload adapter {name!r}",
+        )
+
+    async def _lora_update(self, path: str, payload: dict[str, Any], what: str) -> dict:
+        try:
+            body = await self._post(path, payload, None)
+        except EngineRequestError as exc:
+            # SGLang answers a refused update with 400 and its LoRAUpdateOutput as the body
+            reason = exc.body[:500]
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(exc.body).get("error_message") or reason
+            if exc.status_code == 404:
+                reason = f"no {path} endpoint (start SGLang with --enable-lora)"
+            raise EngineRequestError(
+                f"{self._base_url} refused to {what}: {reason}",
+                status_code=exc.status_code,
+                body=exc.body,
+                engine=self._base_url,
+            ) from None
+        success, message, loaded = protocol.parse_lora_update_response(body, engine=self._base_url)
+        if not success:
+            raise EngineRequestError(
+                f"{self._base_url} refused to {what}: {message}",
+                status_code=200,
+                body=message,
+                engine=self._base_url,
+            )
+        return loaded
+
     async def abort(self, request_id: str) -> None:
         self._aborted[request_id] = None
         while len(self._aborted) > _ABORTED_MEMORY:

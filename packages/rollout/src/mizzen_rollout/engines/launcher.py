@@ -186,6 +186,7 @@ def launch_embedded(
     python: str | None = None,
     env: dict[str, str] | None = None,
     wait: bool = True,
+    device: str = "cpu",
 ) -> ServerProcess:
     """Start the embedded engine (``mizzen-rollout serve``) and wait for it to be healthy."""
     log_dir = Path(tempfile.mkdtemp(prefix="mizzen-rollout-serve-"))
@@ -208,6 +209,8 @@ def launch_embedded(
         "--num-threads",
         str(num_threads),
     ]
+    if device != "cpu":
+        command += ["--device", device]
     if model_path is not None:
         command += ["--model", model_path]
     if watch_parent:

@@ -37,6 +37,16 @@ Facts taken from SGLang's documentation and source (read, not copied):
   "weight_version", ...}`` (``io_struct.py::UpdateWeightFromDiskReqInput``) and answers
   ``{"success": bool, "message": str, "num_paused_requests": int}``; the server reloads the
   weights of a model directory of the same architecture in place.
+- LoRA serving (``docs/advanced_features/lora.md``, ``io_struct.py::LoadLoRAAdapterReqInput`` /
+  ``UnloadLoRAAdapterReqInput`` / ``LoRAUpdateOutput``, ``http_server.py``):
+  ``POST /load_lora_adapter`` takes ``{"lora_name", "lora_path", "pinned"}`` and
+  ``POST /unload_lora_adapter`` takes ``{"lora_name"}``; both answer ``{"success": bool,
+  "error_message": str | null, "loaded_adapters": {name: path or LoRARef}}`` (plus ``rid`` and
+  ``http_worker_ipc`` in some versions), HTTP 200 on success and 400 on failure (a name that is
+  already loaded, an unknown name, an incompatible adapter).  A request reaches a loaded adapter
+  through ``lora_path`` on ``/generate`` (the adapter's *name*) or, on the OpenAI endpoints, the
+  ``model`` field written ``base-model:adapter-name`` (split on the first colon; the adapter in
+  ``model`` wins over an explicit ``lora_path``, which chat requests also accept).
 
 Invariants:
 - Standard library only.  Parsing errors raise :class:`EngineProtocolError` (client side) or
@@ -69,6 +79,8 @@ HEALTH_PATH = "/health"
 TOKENIZE_PATH = "/tokenize"
 MODEL_INFO_PATH = "/get_model_info"
 UPDATE_WEIGHTS_PATH = "/update_weights_from_disk"
+LOAD_LORA_PATH = "/load_lora_adapter"
+UNLOAD_LORA_PATH = "/unload_lora_adapter"
 
 # ----------------------------------------------------------------------------- documented fields
 #: Top-level fields of SGLang's ``/generate`` request that mizzen may send or the embedded server
@@ -137,9 +149,13 @@ TOKENIZE_REQUEST_FIELDS = frozenset({"prompt", "add_special_tokens"})
 UPDATE_WEIGHTS_REQUEST_FIELDS = frozenset(
     {"model_path", "load_format", "abort_all_requests", "weight_version"}
 )
+LOAD_LORA_REQUEST_FIELDS = frozenset({"lora_name", "lora_path", "pinned"})
+UNLOAD_LORA_REQUEST_FIELDS = frozenset({"lora_name"})
+LORA_UPDATE_RESPONSE_FIELDS = frozenset({"success", "error_message", "loaded_adapters"})
 CHAT_REQUEST_FIELDS = frozenset(
     {
         "model",
+        "lora_path",
         "messages",
         "max_tokens",
         "max_completion_tokens",
@@ -421,8 +437,11 @@ def build_generate_response(
 # ============================================================================= /v1/chat/completions
 def build_chat_payload(request: ChatRequest) -> dict[str, Any]:
     s = request.sampling
+    model = request.model
+    if request.lora_name is not None:
+        model = f"{request.model}:{request.lora_name}"  # SGLang's base-model:adapter-name
     payload: dict[str, Any] = {
-        "model": request.model,
+        "model": model,
         "messages": [dict(m) for m in request.messages],
         "max_tokens": s.max_new_tokens,
         "temperature": s.temperature,
@@ -554,14 +573,29 @@ def parse_chat_payload(body: Any) -> ChatRequest:
     if body.get("seed") is not None:
         wire["sampling_seed"] = body["seed"]
     rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
+    model, adapter = split_model_field(body.get("model", "default"))
+    explicit = body.get("lora_path")
+    if explicit is not None and not isinstance(explicit, str):
+        raise ProtocolRequestError("'lora_path' must be one adapter name (a string) here")
     return ChatRequest(
         request_id=str(rid),
         messages=tuple(messages),
         sampling=sampling_from_wire(wire),
         return_logprob=bool(body.get("logprobs", False)),
         return_token_ids=bool(body.get("return_token_ids", False)),
-        model=str(body.get("model", "default")),
+        model=model,
+        lora_name=adapter if adapter is not None else explicit,
     )
+
+
+def split_model_field(model: Any) -> tuple[str, str | None]:
+    """SGLang's ``base-model:adapter-name``: split on the first colon (no colon: no adapter)."""
+    if not isinstance(model, str):
+        raise ProtocolRequestError("'model' must be a string")
+    if ":" not in model:
+        return model, None
+    base, _, adapter = model.partition(":")
+    return base.strip(), adapter.strip() or None
 
 
 def build_chat_response(
@@ -686,3 +720,73 @@ def parse_update_weights_response(body: Any, *, engine: str) -> tuple[bool, str]
         )
     message = body.get("message", "")
     return success, message if isinstance(message, str) else str(message)
+
+
+# ============================================================================= LoRA adapters
+def build_load_lora_payload(name: str, path: str, *, pinned: bool = False) -> dict[str, Any]:
+    return {"lora_name": name, "lora_path": path, "pinned": bool(pinned)}
+
+
+def parse_load_lora_payload(body: Any) -> tuple[str, str, bool]:
+    """Server side: ``(lora_name, lora_path, pinned)`` of a load request."""
+    if not isinstance(body, Mapping):
+        raise ProtocolRequestError(f"{LOAD_LORA_PATH} takes {sorted(LOAD_LORA_REQUEST_FIELDS)}")
+    unknown = set(body) - LOAD_LORA_REQUEST_FIELDS
+    if unknown:
+        raise ProtocolRequestError(
+            f"{LOAD_LORA_PATH}: unknown field(s) {sorted(unknown)}; SGLang takes "
+            f"{sorted(LOAD_LORA_REQUEST_FIELDS)}"
+        )
+    name, path = body.get("lora_name"), body.get("lora_path")
+    for key, value in (("lora_name", name), ("lora_path", path)):
+        if not isinstance(value, str) or not value:
+            raise ProtocolRequestError(f"{LOAD_LORA_PATH}: '{key}' must be a non-empty string")
+    pinned = body.get("pinned", False)
+    if not isinstance(pinned, bool):
+        raise ProtocolRequestError(f"{LOAD_LORA_PATH}: 'pinned' must be true or false")
+    return name, path, pinned
+
+
+def build_unload_lora_payload(name: str) -> dict[str, Any]:
+    return {"lora_name": name}
+
+
+def parse_unload_lora_payload(body: Any) -> str:
+    if not isinstance(body, Mapping) or set(body) - UNLOAD_LORA_REQUEST_FIELDS:
+        raise ProtocolRequestError(f"{UNLOAD_LORA_PATH} takes {sorted(UNLOAD_LORA_REQUEST_FIELDS)}")
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolRequestError(f"{UNLOAD_LORA_PATH}: 'lora_name' must be a non-empty string")
+    return name
+
+
+def build_lora_update_response(
+    success: bool, error_message: str | None, loaded_adapters: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "success": bool(success),
+        "error_message": error_message,
+        "loaded_adapters": dict(loaded_adapters),
+    }
+
+
+def parse_lora_update_response(body: Any, *, engine: str) -> tuple[bool, str, dict[str, str]]:
+    """``(success, error_message, {name: path})`` of a load/unload answer.  SGLang versions
+    serialise a loaded adapter as its path or as a ``LoRARef`` object (``lora_path`` inside)."""
+    success = _require(body, "success", "", engine)
+    if not isinstance(success, bool):
+        raise EngineProtocolError(
+            f"{engine}: LoRA update 'success' is not a boolean", engine=engine
+        )
+    message = body.get("error_message") or ""
+    loaded_raw = body.get("loaded_adapters") or {}
+    if not isinstance(loaded_raw, Mapping):
+        raise EngineProtocolError(
+            f"{engine}: LoRA update 'loaded_adapters' is not an object", engine=engine
+        )
+    loaded: dict[str, str] = {}
+    for name, ref in loaded_raw.items():
+        if isinstance(ref, Mapping):
+            ref = ref.get("lora_path", "")
+        loaded[str(name)] = str(ref)
+    return success, str(message), loaded

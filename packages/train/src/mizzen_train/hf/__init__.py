@@ -4,6 +4,7 @@
 - :mod:`.config` -- ``config.json`` validated into a :class:`~mizzen_train.gpt.GPTSpec`.
 - :mod:`.convert` -- :func:`import_hf_llama` (directory -> megatron model) and
   :func:`export_hf_snapshot` (base or base + one slot's merged LoRA -> directory).
+- :mod:`.peft` -- :func:`export_peft_adapter` (one slot's adapter -> a PEFT adapter directory).
 - :mod:`.tiny` -- :func:`write_tiny_llama`, small random Llamas created by code.
 
 Invariant: importing this package loads torch at most; transformers and safetensors are imported
@@ -19,6 +20,7 @@ from mizzen_train.hf.convert import (
     read_hf_weights,
 )
 from mizzen_train.hf.mapping import LINEARS, LlamaLayout, hf_linear_names, hf_param_names
+from mizzen_train.hf.peft import export_peft_adapter
 from mizzen_train.hf.tiny import tiny_llama_config, write_tiny_llama
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "ImportedModel",
     "LlamaLayout",
     "export_hf_snapshot",
+    "export_peft_adapter",
     "hf_linear_names",
     "hf_param_names",
     "import_hf_llama",

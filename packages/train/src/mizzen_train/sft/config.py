@@ -40,6 +40,8 @@ from typing import Any
 from mizzen_train.runplan import EnginesNeeded, engines_needed
 
 __all__ = [
+    "AdapterTrainingConfig",
+    "ConfigError",
     "DataConfig",
     "EvalConfig",
     "EvaluatorConfig",
@@ -57,14 +59,20 @@ __all__ = [
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class SftConfigError(ValueError):
-    """A configuration value breaks a rule; names the source, the field, the rule and the fix."""
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; names the source, the field, the rule and the fix.
+
+    The one error of every configuration table of mizzen-train (``sft`` and ``rl``)."""
 
     def __init__(self, field: str, value: Any, rule: str, fix: str, *, source: str = "") -> None:
         self.field, self.value, self.rule, self.fix, self.source = field, value, rule, fix, source
         where = f"{source}: " if source else ""
         shown = "<missing>" if value is MISSING else repr(value)
         super().__init__(f"{where}{field}={shown}: {rule}. Fix: {fix}")
+
+
+#: The name the SFT code and its tests have always used for :class:`ConfigError` (same type).
+SftConfigError = ConfigError
 
 
 def opt(default: Any = MISSING, *, kind: str, help: str, choices=None, low=None, high=None):
@@ -117,11 +125,10 @@ class DataConfig:
     )
 
 
-@dataclass(frozen=True)
-class TenantConfig:
-    name: str = opt(kind="str", help="tenant name (its slot, snapshots and metrics)")
-    data: str = opt(kind="str", help="training data: a JSON-lines file or example:NAME")
-    rows: int = opt(kind="int", low=1, help="packed rows of this tenant per step")
+@dataclass(frozen=True, kw_only=True)
+class AdapterTrainingConfig:
+    """A tenant's LoRA shape, AdamW settings and schedule: the fields SFT and RL tenants share."""
+
     lr: float = opt(kind="float", low=0.0, help="peak learning rate (AdamW), > 0")
     lora_rank: int = opt(16, kind="int", low=1, help="LoRA rank")
     lora_alpha: float = opt(32.0, kind="float", low=0.0, help="LoRA alpha (scale alpha/rank)")
@@ -139,6 +146,13 @@ class TenantConfig:
     eps: float = opt(1e-8, kind="float", low=0.0, help="AdamW eps")
     max_grad_norm: float = opt(1.0, kind="float", low=0.0, help="clip norm (0: no clipping)")
     data_seed: int = opt(0, kind="int", low=0, help="seed of the data order")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantConfig(AdapterTrainingConfig):
+    name: str = opt(kind="str", help="tenant name (its slot, snapshots and metrics)")
+    data: str = opt(kind="str", help="training data: a JSON-lines file or example:NAME")
+    rows: int = opt(kind="int", low=1, help="packed rows of this tenant per step")
 
 
 EVALUATOR_KINDS = ("generate", "loss", "python")
@@ -245,7 +259,7 @@ SECTIONS: dict[str, type] = {
 # -- reading ------------------------------------------------------------------------------------
 
 
-def _check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> Any:
+def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> Any:
     kind = meta["kind"]
 
     def fail(rule: str, fix: str) -> SftConfigError:
@@ -293,7 +307,7 @@ def _check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) ->
     return value
 
 
-def _build(cls: type, table: Any, path: str, source: str) -> Any:
+def build_section(cls: type, table: Any, path: str, source: str) -> Any:
     if not isinstance(table, dict):
         raise SftConfigError(path, table, "must be a table", f"write it as [{path}]", source=source)
     known = {f.name: f for f in dataclasses.fields(cls)}
@@ -330,11 +344,11 @@ def _build(cls: type, table: Any, path: str, source: str) -> Any:
                     source=source,
                 )
             values[name] = tuple(
-                _build(EvaluatorConfig, item, f"{where}[{i}]", source)
+                build_section(EvaluatorConfig, item, f"{where}[{i}]", source)
                 for i, item in enumerate(value)
             )
             continue
-        values[name] = _check_value(where, value, spec.metadata, source)
+        values[name] = check_value(where, value, spec.metadata, source)
     return cls(**values)
 
 
@@ -352,9 +366,9 @@ def parse_config(raw: Mapping[str, Any], *, source: str = "<config>") -> SftConf
             raise SftConfigError(
                 section, MISSING, "the section is required", f"add [{section}]", source=source
             )
-    run = _build(RunConfig, raw["run"], "run", source)
-    model = _build(ModelConfig, raw["model"], "model", source)
-    data = _build(DataConfig, raw["data"], "data", source)
+    run = build_section(RunConfig, raw["run"], "run", source)
+    model = build_section(ModelConfig, raw["model"], "model", source)
+    data = build_section(DataConfig, raw["data"], "data", source)
     tenants_raw = raw.get("tenants")
     if not isinstance(tenants_raw, list) or not tenants_raw:
         raise SftConfigError(
@@ -365,9 +379,9 @@ def parse_config(raw: Mapping[str, Any], *, source: str = "<config>") -> SftConf
             source=source,
         )
     tenants = tuple(
-        _build(TenantConfig, t, f"tenants[{i}]", source) for i, t in enumerate(tenants_raw)
+        build_section(TenantConfig, t, f"tenants[{i}]", source) for i, t in enumerate(tenants_raw)
     )
-    evaluation = _build(EvalConfig, raw["eval"], "eval", source) if "eval" in raw else None
+    evaluation = build_section(EvalConfig, raw["eval"], "eval", source) if "eval" in raw else None
     config = SftConfig(run, model, data, tenants, evaluation, source)
     _check_combinations(config)
     return config
@@ -383,17 +397,8 @@ def _check_combinations(config: SftConfig) -> None:
     if not run.dir:
         raise fail("run.dir", run.dir, "must not be empty", "name a directory for the run")
     names = [t.name for t in config.tenants]
+    check_tenant_names(names, source)
     for i, tenant in enumerate(config.tenants):
-        if not _NAME.match(tenant.name):
-            raise fail(
-                f"tenants[{i}].name", tenant.name,
-                "must be 1-64 letters, digits, '_', '-' or '.' (it names directories)",
-                'rename it, e.g. "colours"',
-            )  # fmt: skip
-        if tenant.name in names[:i]:
-            raise fail(
-                f"tenants[{i}].name", tenant.name, "is not unique", "give each tenant its own name"
-            )
         if tenant.rows % run.micro_batch_size:
             raise fail(
                 f"tenants[{i}].rows", tenant.rows,
@@ -402,38 +407,78 @@ def _check_combinations(config: SftConfig) -> None:
                 f"use rows = {max(1, tenant.rows // run.micro_batch_size) * run.micro_batch_size}"
                 " or change run.micro_batch_size",
             )  # fmt: skip
-        if tenant.lr <= 0:
-            raise fail(f"tenants[{i}].lr", tenant.lr, "must be > 0", "e.g. lr = 1e-4")
-        if tenant.lora_alpha <= 0:
-            raise fail(f"tenants[{i}].lora_alpha", tenant.lora_alpha, "must be > 0", "e.g. 32")
-        if tenant.eps <= 0:
-            raise fail(f"tenants[{i}].eps", tenant.eps, "must be > 0", "e.g. 1e-8")
-        if len(tenant.betas) != 2 or not all(0 <= b < 1 for b in tenant.betas):
-            raise fail(
-                f"tenants[{i}].betas", tenant.betas, "must be two numbers in [0, 1)",
-                "e.g. [0.9, 0.999]",
+        check_adapter_training(tenant, f"tenants[{i}]", run, source)
+    check_model(config.model, source)
+    check_eval(config.eval, run, names, source, kinds=EVALUATOR_KINDS)
+
+
+def check_tenant_names(names: Sequence[str], source: str) -> None:
+    for i, name in enumerate(names):
+        if not _NAME.match(name):
+            raise ConfigError(
+                f"tenants[{i}].name", name,
+                "must be 1-64 letters, digits, '_', '-' or '.' (it names directories)",
+                'rename it, e.g. "colours"', source=source,
             )  # fmt: skip
-        if tenant.warmup_steps >= run.steps and tenant.warmup_steps:
-            raise fail(
-                f"tenants[{i}].warmup_steps", tenant.warmup_steps,
-                f"is not shorter than the run (run.steps={run.steps})",
-                "shorten the warmup",
+        if name in names[:i]:
+            raise ConfigError(
+                f"tenants[{i}].name", name, "is not unique", "give each tenant its own name",
+                source=source,
             )  # fmt: skip
-    model = config.model
+
+
+def check_adapter_training(
+    tenant: AdapterTrainingConfig, where: str, run: RunConfig, source: str
+) -> None:
+    """The rules of the LoRA / AdamW / schedule fields of one tenant."""
+
+    def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
+        return ConfigError(f"{where}.{field}", value, rule, fix, source=source)
+
+    if tenant.lr <= 0:
+        raise fail("lr", tenant.lr, "must be > 0", "e.g. lr = 1e-4")
+    if tenant.lora_alpha <= 0:
+        raise fail("lora_alpha", tenant.lora_alpha, "must be > 0", "e.g. 32")
+    if tenant.eps <= 0:
+        raise fail("eps", tenant.eps, "must be > 0", "e.g. 1e-8")
+    if len(tenant.betas) != 2 or not all(0 <= b < 1 for b in tenant.betas):
+        raise fail("betas", tenant.betas, "must be two numbers in [0, 1)", "e.g. [0.9, 0.999]")
+    if tenant.warmup_steps >= run.steps and tenant.warmup_steps:
+        raise fail(
+            "warmup_steps", tenant.warmup_steps,
+            f"is not shorter than the run (run.steps={run.steps})", "shorten the warmup",
+        )  # fmt: skip
+
+
+def check_model(model: ModelConfig, source: str) -> None:
     if model.path == "tiny":
         unknown = sorted(set(model.tiny) - _tiny_fields())
         if unknown:
-            raise fail(
+            raise ConfigError(
                 f"model.tiny.{unknown[0]}", model.tiny[unknown[0]],
                 "is not a field of the tiny Llama config",
-                f"use some of {sorted(_tiny_fields())}",
+                f"use some of {sorted(_tiny_fields())}", source=source,
             )  # fmt: skip
     elif model.tiny:
-        raise fail(
+        raise ConfigError(
             "model.tiny", model.tiny, 'applies to model.path = "tiny" only',
-            "remove [model.tiny], or set model.path = \"tiny\"",
+            "remove [model.tiny], or set model.path = \"tiny\"", source=source,
         )  # fmt: skip
-    evaluation = config.eval
+
+
+def check_eval(
+    evaluation: EvalConfig | None,
+    run: RunConfig,
+    names: Sequence[str],
+    source: str,
+    *,
+    kinds: Sequence[str],
+) -> None:
+    """The rules of [eval] and its evaluators (``kinds``: the evaluator kinds the run offers)."""
+
+    def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
+        return ConfigError(field, value, rule, fix, source=source)
+
     if evaluation is None:
         return
     if not evaluation.evaluators:
@@ -465,6 +510,9 @@ def _check_combinations(config: SftConfig) -> None:
             if tenant not in names:
                 raise fail(f"{where}.tenants", ev.tenants, f"names no tenant {tenant!r}",
                            f"use tenants of [[tenants]]: {names}")  # fmt: skip
+        if ev.kind not in kinds:
+            raise fail(f"{where}.kind", ev.kind, "is no evaluator kind of this command",
+                       f"use one of {list(kinds)}")  # fmt: skip
         if ev.kind in ("generate", "loss") and not ev.data:
             raise fail(f"{where}.data", ev.data, f"a {ev.kind} evaluator needs an eval set",
                        'set data = "eval.jsonl" (or example:NAME)')  # fmt: skip
@@ -555,8 +603,11 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
-def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> SftConfig:
-    """Read ``path`` (TOML; None: overrides only), apply overrides, validate."""
+def read_config_source(
+    path: str | os.PathLike | None, overrides: Sequence[str] = ()
+) -> tuple[dict[str, Any], str]:
+    """The raw table of ``path`` (TOML, or ``example:NAME`` for a shipped one; None: overrides
+    only) with the overrides applied, and its source name for messages."""
     raw: dict[str, Any] = {}
     source = "--set"
     if path is not None:
@@ -567,7 +618,7 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
             name = source[len("example:") :]
             shipped = example_paths(".toml")
             if name not in shipped:
-                raise SftConfigError(
+                raise ConfigError(
                     "--config", source, "is no shipped configuration",
                     f"use one of {sorted('example:' + n for n in shipped)} or a file",
                 )  # fmt: skip
@@ -576,25 +627,30 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
             with open(path, "rb") as handle:
                 raw = tomllib.load(handle)
         except FileNotFoundError:
-            raise SftConfigError("--config", source, "no such file", "give a TOML file") from None
+            raise ConfigError("--config", source, "no such file", "give a TOML file") from None
         except tomllib.TOMLDecodeError as exc:
-            raise SftConfigError(
+            raise ConfigError(
                 "--config", source, f"is not valid TOML ({exc})", "fix the syntax"
             ) from None
         except OSError as exc:
-            raise SftConfigError(
-                "--config", source, f"cannot be read ({exc})", "check it"
-            ) from None
+            raise ConfigError("--config", source, f"cannot be read ({exc})", "check it") from None
     if overrides:
         raw = apply_overrides(raw, overrides)
         source = f"{source} + --set"
+    return raw, source
+
+
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> SftConfig:
+    """Read ``path`` (TOML; None: overrides only), apply overrides, validate."""
+    raw, source = read_config_source(path, overrides)
     return parse_config(raw, source=source)
 
 
-def config_help() -> str:
-    """Every field: section, name, type, default or required, and what it is for."""
+def config_help(sections: Mapping[str, type] | None = None) -> str:
+    """Every field of ``sections`` (default: SFT's): section, name, type, default or required,
+    and what it is for."""
     lines = []
-    for section, cls in SECTIONS.items():
+    for section, cls in (sections or SECTIONS).items():
         header = f"[[{section}]]" if section in ("tenants", "eval.evaluators") else f"[{section}]"
         lines.append(header)
         for spec in dataclasses.fields(cls):

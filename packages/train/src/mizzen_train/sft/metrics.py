@@ -128,20 +128,31 @@ def format_duration(seconds: float) -> str:
 class Progress:
     """One line per logged step on stderr: step, loss per tenant, tokens/s, ETA."""
 
-    def __init__(self, total_steps: int, *, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, total_steps: int, *, stream: TextIO | None = None, command: str = "sft"
+    ) -> None:
         self.total = total_steps
         self.stream = stream or sys.stderr
+        self.command = command
         self._times: list[float] = []
 
-    def step(self, step: int, losses: Mapping[str, float], tokens_per_s: float, step_s: float):
+    def step(
+        self,
+        step: int,
+        losses: Mapping[str, float],
+        tokens_per_s: float,
+        step_s: float,
+        *,
+        label: str = "loss",
+    ):
         self._times = [*self._times[-19:], step_s]
         eta = (self.total - step) * (sum(self._times) / len(self._times))
         loss_text = " ".join(f"{name}={value:.4f}" for name, value in losses.items())
         rate = f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 1000 else f"{tokens_per_s:.0f}"
         self.print(
-            f"step {step}/{self.total} | loss {loss_text} | {rate} tok/s | "
+            f"step {step}/{self.total} | {label} {loss_text} | {rate} tok/s | "
             f"eta {format_duration(eta)}"
         )
 
     def print(self, text: str) -> None:
-        print(f"[mizzen-train sft] {text}", file=self.stream, flush=True)
+        print(f"[mizzen-train {self.command}] {text}", file=self.stream, flush=True)

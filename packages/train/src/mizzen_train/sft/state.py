@@ -4,7 +4,8 @@ Layout::
 
     <run.dir>/run.json                      run id, creation time, the config it started with
     <run.dir>/checkpoints/step-00000030/    one complete checkpoint:
-        trainer_state.json                  step, run id, each tenant's data stream state
+        trainer_state.json                  step, run id, each tenant's data stream state, and
+                                            the trainer's extra state (RL: adapter versions)
         rng.pt                              python, torch CPU (and CUDA) generator states
         slots/<tenant>/                     the tenant's slot checkpoint (executor.save_slot)
     <run.dir>/metrics.jsonl                 see :mod:`mizzen_train.sft.metrics`
@@ -27,7 +28,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,7 @@ def save_checkpoint(
     streams: Mapping[str, Mapping[str, Any]],
     save_slots: Callable[[Path], None],
     keep: int,
+    extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path."""
     root = checkpoints_dir(run_dir)
@@ -215,6 +217,7 @@ def save_checkpoint(
             "step": step,
             "run_id": run_id,
             "streams": dict(streams),
+            "extra": dict(extra or {}),
             "saved": time.time(),
         }
         with open(tmp / STATE_FILE, "w", encoding="utf-8") as handle:
@@ -244,6 +247,8 @@ class LoadedCheckpoint:
     step: int
     streams: dict[str, Any]
     rng: dict[str, Any]
+    #: What a trainer saved beside the streams (RL: adapter versions, active tenants).
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
@@ -270,4 +275,7 @@ def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
         raise RunStateError(
             f"{path / RNG_FILE}: unreadable ({type(exc).__name__}: {exc})"
         ) from None
-    return LoadedCheckpoint(path, step, dict(streams), rng)
+    extra = state.get("extra", {})
+    if not isinstance(extra, dict):
+        raise RunStateError(f"{path / STATE_FILE}: extra={extra!r} is not a table")
+    return LoadedCheckpoint(path, step, dict(streams), rng, extra)

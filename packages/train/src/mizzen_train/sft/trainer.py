@@ -363,27 +363,39 @@ class _Trainer:
         self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
         return checkpoint.step
 
+    #: The file that marks an exported snapshot directory as complete (read on recovery).
+    SNAPSHOT_MARKER = "config.json"
+
+    def _export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
+        """One tenant's eval snapshot: the merged model as a Hugging Face directory."""
+        from mizzen_train.hf import export_hf_snapshot
+
+        evaluation = self.config.eval
+        assert evaluation is not None
+        export_dtype = evaluation.export_dtype if evaluation.export_dtype != "auto" else self.dtype
+        export_hf_snapshot(
+            directory,
+            model=self.model,
+            source=self.source,
+            executor=self.executor,
+            slot=self.slot_of[tenant],
+            dtype=export_dtype,
+            tokenizer=self.tokenizer,
+        )
+
+    def _tenants_at(self, step: int) -> list[str]:
+        """The tenants an eval point of ``step`` evaluates (SFT: all of them)."""
+        del step
+        return [t.name for t in self.config.tenants]
+
     def _dispatcher(self, records: list[dict[str, Any]]):
         from mizzen_train.eval_dispatch import EvalDispatcher, point_dir_name
-        from mizzen_train.hf import export_hf_snapshot
 
         config = self.config
         evaluation = config.eval
         assert evaluation is not None
         root = config.snapshot_root
         assert root is not None
-        export_dtype = evaluation.export_dtype if evaluation.export_dtype != "auto" else self.dtype
-
-        def export(step: int, tenant: str, directory: Path) -> None:
-            export_hf_snapshot(
-                directory,
-                model=self.model,
-                source=self.source,
-                executor=self.executor,
-                slot=self.slot_of[tenant],
-                dtype=export_dtype,
-                tokenizer=self.tokenizer,
-            )
 
         settled_points = {
             int(r["step"])
@@ -398,8 +410,9 @@ class _Trainer:
         return EvalDispatcher(
             evaluators=self.evaluators,
             tenants=[t.name for t in config.tenants],
-            export=export,
+            export=self._export_snapshot,
             snapshot_root=root,
+            snapshot_marker=self.SNAPSHOT_MARKER,
             max_in_flight=evaluation.max_in_flight,
             overflow=evaluation.overflow,
             keep_snapshots=evaluation.keep_snapshots,
@@ -470,12 +483,13 @@ class _Trainer:
         root = self.config.snapshot_root
         assert root is not None
         for step in self.config.eval_points():
+            self.dispatcher.tenants = self._tenants_at(step)
             if step > self.start_step or not self.dispatcher.pending_keys(step):
                 continue
             final = step == self.config.run.steps
             survived = all(
-                (root / point_dir_name(step) / t.name / "config.json").is_file()
-                for t in self.config.tenants
+                (root / point_dir_name(step) / name / self.SNAPSHOT_MARKER).is_file()
+                for name in self.dispatcher.tenants
             )
             if step == self.start_step and not survived:
                 # the checkpoint holds exactly this step's state: export it now

@@ -19,6 +19,12 @@ Invariants:
 - Unsupported sampling parameters with non-default values are rejected, never ignored.
 - :meth:`TransformersBackend.reload` swaps in another model directory between two generations
   (a generation never mixes weights); the echo backend has no weights to update.
+- LoRA adapters (PEFT directories, :mod:`mizzen_rollout.adapters`) are loaded by name and applied
+  per request: a forward hook on each target ``nn.Linear`` adds ``scale * B (A x)`` while that
+  request's adapter is active, exactly PEFT's LoRA forward (dropout off); the base weights are
+  never modified, so requests without an adapter are the base model bit for bit.  Loading,
+  unloading and generating hold the one generation lock: a request sees one adapter version
+  from its first token to its last, and an unload waits for the request using it.
 """
 
 from __future__ import annotations
@@ -115,6 +121,7 @@ class Backend(Protocol):
         request_id: str,
         return_logprob: bool,
         should_abort: Callable[[], bool],
+        lora_name: str | None = None,
     ) -> Generation: ...
 
 
@@ -146,8 +153,13 @@ class EchoBackend:
         request_id: str,
         return_logprob: bool,
         should_abort: Callable[[], bool],
+        lora_name: str | None = None,
     ) -> Generation:
         check_supported(sampling)
+        if lora_name is not None:
+            raise UnsupportedParameterError(
+                f"lora_path={lora_name!r}: the echo backend serves no LoRA adapters"
+            )
         if should_abort():
             return Generation((), "", FinishReason("abort", message="Aborted by request"), None)
         body = [t for t in prompt_ids if t >= ByteTokenizer.OFFSET]
@@ -167,7 +179,14 @@ class EchoBackend:
 class TransformersBackend:
     """Hugging Face ``generate`` on CPU (or whatever torch's default device is)."""
 
-    def __init__(self, *, model_path: str | None = None, seed: int = 0, num_threads: int = 1):
+    def __init__(
+        self,
+        *,
+        model_path: str | None = None,
+        seed: int = 0,
+        num_threads: int = 1,
+        device: str = "cpu",
+    ):
         try:
             import torch
             import transformers
@@ -179,6 +198,11 @@ class TransformersBackend:
             ) from None
 
         torch.set_num_threads(max(1, num_threads))
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r}: use 'cpu' or 'cuda'")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise BackendUnavailableError("device='cuda' but no CUDA device is visible")
+        self.device = torch.device(device)
         self._torch = torch
         self._transformers = transformers
         self._seed = seed
@@ -198,8 +222,25 @@ class TransformersBackend:
         else:
             self.model, self.tokenizer = self._load_local(model_path)
             self.description = f"local model {model_path}"
+        self.model.to(self.device)
         self.model.eval()
         self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.adapters = LoraAdapters(self.model, device=self.device)
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def load_lora(self, name: str, path: str) -> dict[str, str]:
+        """Load the PEFT adapter at ``path`` as ``name`` (between two generations)."""
+        with self._lock:
+            self.adapters.load(name, path)
+            return self.adapters.loaded()
+
+    def unload_lora(self, name: str) -> dict[str, str]:
+        with self._lock:
+            self.adapters.unload(name)
+            return self.adapters.loaded()
+
+    def loaded_loras(self) -> dict[str, str]:
+        return self.adapters.loaded()
 
     def _load_local(self, model_path: str) -> tuple[Any, HFTokenizerAdapter]:
         transformers = self._transformers
@@ -222,8 +263,10 @@ class TransformersBackend:
                 f"{model_path} holds a {type(model.config).__name__} model but this server "
                 f"serves {type(self.model.config).__name__}; start a server for it instead"
             )
+        model.to(self.device)
         model.eval()
         with self._lock:
+            self.adapters = self.adapters.moved_to(model)  # the loaded adapters follow the model
             self.model, self.tokenizer = model, tokenizer
             self.description = f"local model {model_path}"
             self.max_model_len = int(getattr(model.config, "max_position_embeddings", 4096))
@@ -247,7 +290,9 @@ class TransformersBackend:
                     if matched is not None:
                         state["stop"] = matched
                         done = True
-                return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+                return torch.full(
+                    (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
+                )
 
         return transformers.StoppingCriteriaList([_AbortOrStop()]), state
 
@@ -259,6 +304,7 @@ class TransformersBackend:
         request_id: str,
         return_logprob: bool,
         should_abort: Callable[[], bool],
+        lora_name: str | None = None,
     ) -> Generation:
         check_supported(sampling)
         torch, transformers = self._torch, self._transformers
@@ -291,18 +337,18 @@ class TransformersBackend:
                 return_dict_in_generate=True,
             )
             criteria, state = self._stopping_criteria(len(prompt_ids), sampling.stop, should_abort)
-            ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-            with torch.no_grad():
+            ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+            with torch.no_grad(), self.adapters.active(lora_name):
                 out = self.model.generate(
                     ids,
                     attention_mask=torch.ones_like(ids),
                     generation_config=config,
                     stopping_criteria=criteria,
                 )
-        new_ids = tuple(int(t) for t in out.sequences[0, len(prompt_ids) :].tolist())
+        new_ids = tuple(int(t) for t in out.sequences[0, len(prompt_ids) :].cpu().tolist())
         logprobs = None
         if return_logprob:
-            steps = torch.cat([step[:1] for step in out.logits], dim=0).float()
+            steps = torch.cat([step[:1] for step in out.logits], dim=0).float().cpu()
             if not greedy:
                 steps = steps / sampling.temperature
             chosen = torch.tensor(new_ids, dtype=torch.long).unsqueeze(1)
@@ -321,9 +367,15 @@ class TransformersBackend:
         return Generation(new_ids, text, finish, logprobs)
 
 
-def make_backend(kind: str, *, model_path: str | None, seed: int, num_threads: int = 1) -> Backend:
+def make_backend(
+    kind: str, *, model_path: str | None, seed: int, num_threads: int = 1, device: str = "cpu"
+) -> Backend:
     if kind == "transformers":
-        return TransformersBackend(model_path=model_path, seed=seed, num_threads=num_threads)
+        return TransformersBackend(
+            model_path=model_path, seed=seed, num_threads=num_threads, device=device
+        )
+    if device != "cpu":
+        raise ValueError("--device applies to the transformers backend only")
     if kind == "echo":
         if model_path is not None:
             raise ValueError("--model does not apply to the echo backend; drop one of them")
@@ -336,3 +388,147 @@ def backend_choices() -> Mapping[str, str]:
         "transformers": "Hugging Face generate (tiny random model, or --model PATH)",
         "echo": "instant answers without a model (overhead benchmarks, base installs)",
     }
+
+
+class LoraAdapters:
+    """Named PEFT LoRA adapters on one transformers model, applied by forward hooks (see the
+    module docstring).  Not thread-safe by itself: the backend's lock serialises its use."""
+
+    def __init__(self, model: Any, *, device: Any) -> None:
+        self.model = model
+        self.device = device
+        self._modules = dict(model.named_modules())
+        #: name -> (path, scale, {module path: (A [r, in], B [out, r])})
+        self._adapters: dict[str, tuple[str, float, dict[str, tuple[Any, Any]]]] = {}
+        self._hooked: dict[str, Any] = {}
+        self._active: str | None = None
+
+    def loaded(self) -> dict[str, str]:
+        return {name: entry[0] for name, entry in self._adapters.items()}
+
+    def load(self, name: str, path: str) -> None:
+        from ...adapters import check_adapter_name
+
+        try:
+            check_adapter_name(name)
+        except ValueError as exc:
+            raise UnsupportedParameterError(str(exc)) from None
+        if name in self._adapters:
+            raise UnsupportedParameterError(
+                f"Failed to load LoRA adapter {name} because it is already loaded (unload it "
+                "first, or load the new version under a new name)"
+            )
+        scale, factors = self._read(path)
+        self._adapters[name] = (path, scale, factors)
+        for module_path in factors:
+            self._hook(module_path)
+
+    def unload(self, name: str) -> None:
+        if name not in self._adapters:
+            raise UnsupportedParameterError(
+                f"LoRA adapter {name!r} is not loaded (loaded: {sorted(self._adapters)})"
+            )
+        del self._adapters[name]
+
+    def moved_to(self, model: Any) -> LoraAdapters:
+        """The same adapters on another model of the same architecture (after a reload)."""
+        moved = LoraAdapters(model, device=self.device)
+        for name, (path, _, _) in self._adapters.items():
+            moved.load(name, path)
+        return moved
+
+    def active(self, name: str | None):
+        """Context: ``name``'s adapter applies to every forward inside (None: the base)."""
+        import contextlib
+
+        if name is not None and name not in self._adapters:
+            raise UnsupportedParameterError(
+                f"lora_path={name!r} names no loaded LoRA adapter (loaded: "
+                f"{sorted(self._adapters)}); load it with /load_lora_adapter first"
+            )
+
+        @contextlib.contextmanager
+        def scope():
+            previous, self._active = self._active, name
+            try:
+                yield
+            finally:
+                self._active = previous
+
+        return scope()
+
+    def _hook(self, module_path: str) -> None:
+        if module_path in self._hooked:
+            return
+
+        def hook(module: Any, inputs: Any, output: Any) -> Any:
+            active = self._active
+            if active is None:
+                return None
+            _, scale, factors = self._adapters[active]
+            pair = factors.get(module_path)
+            if pair is None:
+                return None
+            lora_a, lora_b = pair
+            x = inputs[0].to(lora_a.dtype)
+            delta = (x @ lora_a.t()) @ lora_b.t()
+            return output + (scale * delta).to(output.dtype)
+
+        self._hooked[module_path] = self._modules[module_path].register_forward_hook(hook)
+
+    def _read(self, path: str) -> tuple[float, dict[str, tuple[Any, Any]]]:
+        """Validate and read a PEFT adapter directory against this model."""
+        import torch
+        from safetensors import SafetensorError, safe_open
+
+        from ...adapters import ADAPTER_WEIGHTS_FILE, read_adapter_config, split_peft_weight_key
+
+        try:
+            config = read_adapter_config(path)
+        except ValueError as exc:
+            raise UnsupportedParameterError(str(exc)) from None
+        file = f"{path}/{ADAPTER_WEIGHTS_FILE}"
+        tensors: dict[str, dict[str, Any]] = {}
+        try:
+            with safe_open(file, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    module_path, factor = split_peft_weight_key(key)
+                    tensors.setdefault(module_path, {})[factor] = handle.get_tensor(key)
+        except SafetensorError as exc:
+            raise UnsupportedParameterError(f"{file}: unreadable safetensors ({exc})") from None
+        except ValueError as exc:
+            raise UnsupportedParameterError(f"{file}: {exc}") from None
+        if not tensors:
+            raise UnsupportedParameterError(f"{file}: holds no LoRA factor")
+        dtype = next(self.model.parameters()).dtype
+        factors = {}
+        for module_path, pair in sorted(tensors.items()):
+            module = self._modules.get(module_path)
+            where = f"{file}: {module_path}"
+            if not isinstance(module, torch.nn.Linear):
+                raise UnsupportedParameterError(
+                    f"{where}: the served model has no linear layer of that name; the adapter "
+                    "belongs to another architecture"
+                )
+            if module_path.rsplit(".", 1)[-1] not in config.target_modules:
+                raise UnsupportedParameterError(
+                    f"{where}: not among target_modules {list(config.target_modules)}"
+                )
+            if set(pair) != {"lora_A", "lora_B"}:
+                raise UnsupportedParameterError(f"{where}: needs both lora_A and lora_B")
+            lora_a, lora_b = pair["lora_A"], pair["lora_B"]
+            expected_a = (config.rank, module.in_features)
+            expected_b = (module.out_features, config.rank)
+            if tuple(lora_a.shape) != expected_a or tuple(lora_b.shape) != expected_b:
+                raise UnsupportedParameterError(
+                    f"{where}: factor shapes {tuple(lora_a.shape)}/{tuple(lora_b.shape)}, the "
+                    f"layer needs {expected_a}/{expected_b} (r={config.rank})"
+                )
+            for tensor in (lora_a, lora_b):
+                if not tensor.dtype.is_floating_point or not bool(torch.isfinite(tensor).all()):
+                    raise UnsupportedParameterError(f"{where}: factors must be finite floats")
+            factors[module_path] = (
+                lora_a.to(device=self.device, dtype=dtype),
+                lora_b.to(device=self.device, dtype=dtype),
+            )
+        return config.scale, factors

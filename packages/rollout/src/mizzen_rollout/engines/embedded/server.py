@@ -1,7 +1,8 @@
 """The embedded engine server (``mizzen-rollout serve``): SGLang's protocol subset over HTTP/1.1.
 
 Endpoints: ``POST /generate``, ``POST /v1/chat/completions``, ``POST /abort_request``,
-``POST /tokenize``, ``POST /update_weights_from_disk``, ``GET /health``, ``GET /get_model_info`` —
+``POST /tokenize``, ``POST /update_weights_from_disk``, ``POST /load_lora_adapter``,
+``POST /unload_lora_adapter``, ``GET /health``, ``GET /get_model_info`` —
 shapes from :mod:`..protocol`, so the client code that talks to SGLang talks to this server
 unchanged.
 
@@ -127,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
             protocol.ABORT_PATH: self.server.handle_abort,
             protocol.TOKENIZE_PATH: self.server.handle_tokenize,
             protocol.UPDATE_WEIGHTS_PATH: self.server.handle_update_weights,
+            protocol.LOAD_LORA_PATH: self.server.handle_load_lora,
+            protocol.UNLOAD_LORA_PATH: self.server.handle_unload_lora,
         }
         handler = routes.get(self.path)
         if handler is None:
@@ -175,15 +178,24 @@ class EmbeddedServer(ThreadingHTTPServer):
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
     # ------------------------------------------------------------------ handlers
-    def _run(self, request_id: str, prompt_ids: list[int], sampling: Any, return_logprob: bool):
+    def _run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: Any,
+        return_logprob: bool,
+        lora_name: str | None = None,
+    ):
         flag = self.inflight.register(request_id)
         try:
+            extra = {} if lora_name is None else {"lora_name": lora_name}
             return self.backend.generate(
                 prompt_ids,
                 sampling,
                 request_id=request_id,
                 return_logprob=return_logprob,
                 should_abort=flag.is_set,
+                **extra,
             )
         finally:
             self.inflight.release(request_id)
@@ -197,7 +209,15 @@ class EmbeddedServer(ThreadingHTTPServer):
             if request.input_ids is not None
             else tokenizer.encode(request.text or "")
         )
-        gen = self._run(request.request_id, prompt_ids, request.sampling, request.return_logprob)
+        if request.lora_path is not None and not isinstance(request.lora_path, str):
+            raise protocol.ProtocolRequestError("'lora_path' must be one adapter name here")
+        gen = self._run(
+            request.request_id,
+            prompt_ids,
+            request.sampling,
+            request.return_logprob,
+            request.lora_path,
+        )
         logprobs = gen.logprobs
         if request.return_logprob and logprobs is None:
             logprobs = ()
@@ -215,7 +235,13 @@ class EmbeddedServer(ThreadingHTTPServer):
         request = protocol.parse_chat_payload(body)
         tokenizer = self.backend.tokenizer
         prompt_ids = tokenizer.apply_chat_template(request.messages)
-        gen = self._run(request.request_id, prompt_ids, request.sampling, request.return_logprob)
+        gen = self._run(
+            request.request_id,
+            prompt_ids,
+            request.sampling,
+            request.return_logprob,
+            request.lora_name,
+        )
         logprobs = gen.logprobs
         if request.return_logprob and logprobs is None:
             logprobs = ()
@@ -249,6 +275,30 @@ class EmbeddedServer(ThreadingHTTPServer):
                 False, f"loading {model_path} failed: {type(exc).__name__}: {exc}"
             )
         return HTTPStatus.OK, protocol.build_update_weights_response(True, message)
+
+    def handle_load_lora(self, body: Any) -> tuple[int, Any]:
+        name, path, _pinned = protocol.parse_load_lora_payload(body)  # pinning: nothing to evict
+        return self._lora_update(lambda backend: backend.load_lora(name, path))
+
+    def handle_unload_lora(self, body: Any) -> tuple[int, Any]:
+        name = protocol.parse_unload_lora_payload(body)
+        return self._lora_update(lambda backend: backend.unload_lora(name))
+
+    def _lora_update(self, update: Any) -> tuple[int, Any]:
+        """SGLang's answer to a LoRA update: 200 with the loaded adapters, or 400 with
+        ``success=false`` and the reason."""
+        backend = self.backend
+        if not hasattr(backend, "load_lora"):
+            return HTTPStatus.BAD_REQUEST, protocol.build_lora_update_response(
+                False, f"the {backend.description} backend serves no LoRA adapters", {}
+            )
+        try:
+            loaded = update(backend)
+        except (UnsupportedParameterError, OSError) as exc:
+            return HTTPStatus.BAD_REQUEST, protocol.build_lora_update_response(
+                False, str(exc), backend.loaded_loras()
+            )
+        return HTTPStatus.OK, protocol.build_lora_update_response(True, None, loaded)
 
     def handle_tokenize(self, body: Any) -> tuple[int, Any]:
         text, add_special = protocol.parse_tokenize_payload(body)

@@ -1,0 +1,295 @@
+"""The configuration of an RL run, in the one table machinery of :mod:`mizzen_train.sft.config`.
+
+Sections (``[run]``, ``[model]`` and ``[eval]`` are SFT's, field for field)::
+
+    [run]              dir, steps, checkpoint_interval (required), seed, device, dtype, ...
+    [model]            path (an HF Llama directory, or "tiny"), tokenizer, [model.tiny]
+    [rollout]          engines (embedded | urls | ray), sampling, off_policy, old_logprobs, ...
+    [algo]             advantage estimator, clip range, kl_coef
+    [[tenants]]        name, data (prompts), reward, lr, prompts_per_step, n_samples, join/leave
+                       steps, and SFT's LoRA / AdamW / schedule fields
+    [eval]             SFT's: interval, snapshot_dir, ...; evaluators of kind "generate" (on the
+                       tenant's adapter snapshot, served by the run's engines) or "python"
+
+Invariants:
+- Every field is declared once, below or in the shared SFT sections; ``--set``, the reader and
+  ``mizzen-train rl --help-config`` read those declarations.  Errors are
+  :class:`~mizzen_train.sft.config.ConfigError` naming the file and field, before anything runs.
+- :attr:`RlConfig.engines_needed` is ``train+eval``: rollouts need engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass
+from pathlib import Path
+from typing import Any
+
+from mizzen_train.runplan import EnginesNeeded, engines_needed
+from mizzen_train.sft.config import (
+    AdapterTrainingConfig,
+    ConfigError,
+    EvalConfig,
+    EvaluatorConfig,
+    ModelConfig,
+    RunConfig,
+    build_section,
+    check_adapter_training,
+    check_eval,
+    check_model,
+    check_tenant_names,
+    config_help,
+    opt,
+    read_config_source,
+)
+
+__all__ = [
+    "AlgoConfig",
+    "RlConfig",
+    "RlTenantConfig",
+    "RolloutSection",
+    "load_rl_config",
+    "parse_rl_config",
+    "rl_config_help",
+]
+
+ENGINE_KINDS = ("embedded", "urls", "ray")
+#: RL evaluators: generation on the tenant's adapter snapshot, or a user's.
+RL_EVALUATOR_KINDS = ("generate", "python")
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    engines: str = opt(
+        "embedded", kind="str", choices=ENGINE_KINDS,
+        help="embedded: engines started by the run; urls: running SGLang servers; ray: the "
+        "Ray rollout manager's embedded engines",
+    )  # fmt: skip
+    num_engines: int = opt(1, kind="int", low=1, high=64, help="embedded / ray: engines")
+    engine_urls: tuple = opt((), kind="list[str]", help="urls: SGLang (or embedded) servers")
+    engine_threads: int = opt(1, kind="int", low=1, help="torch threads per embedded engine")
+    engine_device: str = opt(
+        "auto", kind="str", choices=("auto", "cpu", "cuda"), help="embedded: auto = run.device"
+    )
+    ray_address: str = opt("", kind="str", help="ray: cluster address (default: local)")
+    startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="engine start deadline")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="per request")
+    max_new_tokens: int = opt(16, kind="int", low=1, help="tokens per response (default)")
+    temperature: float = opt(1.0, kind="float", low=0.0, help="sampling temperature (> 0)")
+    top_p: float = opt(1.0, kind="float", low=0.0, high=1.0, help="nucleus sampling")
+    max_concurrency: int = opt(64, kind="int", low=1, help="requests in flight per tenant")
+    off_policy: bool = opt(
+        False, kind="bool",
+        help="rollout of step t+1 overlaps training of step t (samples one version behind)",
+    )  # fmt: skip
+    old_logprobs: str = opt(
+        "trainer", kind="str", choices=("trainer", "engine"),
+        help="trainer: the executor's forward_logprobs; engine: the rollout's own, used when "
+        "their mean |difference| is within max_logprob_mismatch",
+    )  # fmt: skip
+    max_logprob_mismatch: float = opt(
+        0.05, kind="float", low=0.0, help="engine old log-probs: the bound (nats per token)"
+    )
+    keep_adapters: int = opt(
+        2, kind="int", low=0, help="published adapter versions kept per tenant (0: all)"
+    )
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    advantage: str = opt("grpo", kind="str", help="grpo | mean | module:function")
+    clip_low: float = opt(0.2, kind="float", low=0.0, high=0.999, help="ratio >= 1 - clip_low")
+    clip_high: float = opt(0.2, kind="float", low=0.0, help="ratio <= 1 + clip_high")
+    kl_coef: float = opt(0.0, kind="float", low=0.0, help="weight of KL(policy || base)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RlTenantConfig(AdapterTrainingConfig):
+    name: str = opt(kind="str", help="tenant name (its slot, adapters and metrics)")
+    data: str = opt(kind="str", help="prompts: a JSON-lines file ('prompt', 'label') or example:")
+    reward: str = opt(kind="str", help="math | f1 | module:function | file.py:function")
+    prompts_per_step: int = opt(kind="int", low=1, help="prompts per step")
+    n_samples: int = opt(4, kind="int", low=2, help="samples per prompt (one group)")
+    max_new_tokens: int = opt(0, kind="int", low=0, help="0: [rollout] max_new_tokens")
+    join_step: int = opt(1, kind="int", low=1, help="first step the tenant trains")
+    leave_step: int = opt(0, kind="int", low=0, help="last step it trains (0: to the end)")
+
+
+@dataclass(frozen=True)
+class RlConfig:
+    run: RunConfig
+    model: ModelConfig
+    rollout: RolloutSection
+    algo: AlgoConfig
+    tenants: tuple[RlTenantConfig, ...]
+    eval: EvalConfig | None
+    source: str = ""
+
+    @property
+    def evaluators(self) -> tuple[EvaluatorConfig, ...]:
+        return tuple(self.eval.evaluators) if self.eval is not None else ()
+
+    @property
+    def engines_needed(self) -> EnginesNeeded:
+        return engines_needed(train_needs_engines=True, eval_needs_engines=bool(self.evaluators))
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+    @property
+    def snapshot_root(self) -> Path | None:
+        if self.eval is None:
+            return None
+        path = Path(self.eval.snapshot_dir)
+        return path if path.is_absolute() else self.run_dir / path
+
+    def eval_points(self) -> list[int]:
+        if self.eval is None:
+            return []
+        points = list(range(self.eval.interval, self.run.steps + 1, self.eval.interval))
+        if not points or points[-1] != self.run.steps:
+            points.append(self.run.steps)
+        return points
+
+    def active(self, step: int) -> list[RlTenantConfig]:
+        """The tenants that train at ``step`` (joined, not yet left), in table order."""
+        return [
+            t
+            for t in self.tenants
+            if t.join_step <= step and (t.leave_step == 0 or step <= t.leave_step)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("source")
+        return json.loads(json.dumps(out))
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig,
+    "model": ModelConfig,
+    "rollout": RolloutSection,
+    "algo": AlgoConfig,
+    "tenants": RlTenantConfig,
+    "eval": EvalConfig,
+    "eval.evaluators": EvaluatorConfig,
+}
+
+
+def parse_rl_config(raw: Mapping[str, Any], *, source: str = "<config>") -> RlConfig:
+    raw = dict(raw)
+    known = ("run", "model", "rollout", "algo", "tenants", "eval")
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            unknown[0], raw[unknown[0]], "unknown section",
+            "use [run], [model], [rollout], [algo], [[tenants]] and [eval]", source=source,
+        )  # fmt: skip
+    for section in ("run", "model"):
+        if section not in raw:
+            raise ConfigError(
+                section, MISSING, "the section is required", f"add [{section}]", source=source
+            )
+    run = build_section(RunConfig, raw["run"], "run", source)
+    model = build_section(ModelConfig, raw["model"], "model", source)
+    rollout = build_section(RolloutSection, raw.get("rollout", {}), "rollout", source)
+    algo = build_section(AlgoConfig, raw.get("algo", {}), "algo", source)
+    tenants_raw = raw.get("tenants")
+    if not isinstance(tenants_raw, list) or not tenants_raw:
+        raise ConfigError(
+            "tenants", tenants_raw if tenants_raw is not None else MISSING,
+            "at least one [[tenants]] table is required",
+            'add [[tenants]] with name, data, reward, lr and prompts_per_step',
+            source=source,
+        )  # fmt: skip
+    tenants = tuple(
+        build_section(RlTenantConfig, t, f"tenants[{i}]", source) for i, t in enumerate(tenants_raw)
+    )
+    evaluation = build_section(EvalConfig, raw["eval"], "eval", source) if "eval" in raw else None
+    config = RlConfig(run, model, rollout, algo, tenants, evaluation, source)
+    _check(config)
+    return config
+
+
+def _check(config: RlConfig) -> None:
+    source, run, rollout = config.source, config.run, config.rollout
+
+    def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
+        return ConfigError(field, value, rule, fix, source=source)
+
+    if not run.dir:
+        raise fail("run.dir", run.dir, "must not be empty", "name a directory for the run")
+    names = [t.name for t in config.tenants]
+    check_tenant_names(names, source)
+    for i, tenant in enumerate(config.tenants):
+        where = f"tenants[{i}]"
+        check_adapter_training(tenant, where, run, source)
+        rows = tenant.prompts_per_step * tenant.n_samples
+        if rows % run.micro_batch_size:
+            raise fail(
+                f"{where}.prompts_per_step", tenant.prompts_per_step,
+                f"prompts_per_step x n_samples = {rows} rows must be a multiple of "
+                f"run.micro_batch_size={run.micro_batch_size} (a micro-batch holds one "
+                "tenant's rows)",
+                "change prompts_per_step, n_samples or run.micro_batch_size",
+            )  # fmt: skip
+        if not tenant.reward or tenant.reward == "none":
+            raise fail(f"{where}.reward", tenant.reward, "RL needs a reward", 'e.g. "math"')
+        if tenant.join_step > run.steps:
+            raise fail(
+                f"{where}.join_step", tenant.join_step,
+                f"is after the last step (run.steps={run.steps})", "join earlier",
+            )  # fmt: skip
+        if tenant.leave_step and tenant.leave_step < tenant.join_step:
+            raise fail(
+                f"{where}.leave_step", tenant.leave_step,
+                f"is before join_step={tenant.join_step}", "leave after joining (0: never)",
+            )  # fmt: skip
+    if not config.active(1) and not any(t.join_step > 1 for t in config.tenants):
+        raise fail("tenants", names, "no tenant trains", "set join_step / leave_step")
+    if rollout.temperature <= 0:
+        raise fail(
+            "rollout.temperature", rollout.temperature,
+            "must be > 0: a policy gradient needs samples of the policy (greedy is one answer)",
+            "use e.g. temperature = 1.0",
+        )  # fmt: skip
+    if rollout.engines == "urls" and not rollout.engine_urls:
+        raise fail(
+            "rollout.engine_urls", [], 'engines = "urls" needs the servers',
+            'list them, e.g. ["http://127.0.0.1:30000"]',
+        )  # fmt: skip
+    if rollout.engines != "urls" and rollout.engine_urls:
+        raise fail(
+            "rollout.engine_urls", list(rollout.engine_urls),
+            f'applies to engines = "urls", not {rollout.engines!r}', "remove it, or use urls",
+        )  # fmt: skip
+    for url in rollout.engine_urls:
+        if not url.startswith(("http://", "https://")):
+            raise fail("rollout.engine_urls", url, "is not an http(s) URL", "fix it")
+    from mizzen_train.rl.advantages import load_estimator
+
+    try:
+        load_estimator(config.algo.advantage)
+    except ValueError as exc:
+        raise fail("algo.advantage", config.algo.advantage, str(exc), "use grpo or mean") from None
+    check_model(config.model, source)
+    check_eval(config.eval, run, names, source, kinds=RL_EVALUATOR_KINDS)
+    for i, ev in enumerate(config.evaluators):
+        if ev.kind == "generate" and ev.engine_urls:
+            raise fail(
+                f"eval.evaluators[{i}].engine_urls", list(ev.engine_urls),
+                "RL evaluates adapter snapshots on the run's own engines",
+                "remove engine_urls (set [rollout] engines instead)",
+            )  # fmt: skip
+
+
+def load_rl_config(path: Any, overrides: Sequence[str] = ()) -> RlConfig:
+    raw, source = read_config_source(path, overrides)
+    return parse_rl_config(raw, source=source)
+
+
+def rl_config_help() -> str:
+    return config_help(SECTIONS)

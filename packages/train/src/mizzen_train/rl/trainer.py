@@ -1,0 +1,878 @@
+"""The RL trainer: K LoRA tenants on one base model, rollout -> reward -> policy step -> adapter sync.
+
+:func:`run_rl` runs one configuration (:mod:`mizzen_train.rl.config`) in this process.  It is the
+SFT trainer (:class:`mizzen_train.sft.trainer._Trainer`: run directory, base model import, the
+executor, metrics, checkpoints, the eval dispatcher) with an RL loop:
+
+1. start the engines (embedded servers on the base model, SGLang servers by URL, or the Ray
+   rollout manager's engines); give every tenant active at step 1 a slot and publish its adapter
+   (version 0, the base model: B = 0);
+2. per step ``t`` and active tenant: draw ``prompts_per_step`` prompts from the tenant's resumable
+   cursor, generate ``n_samples`` per prompt through the router with the tenant's published
+   adapter, score them with the tenant's reward, and compute group advantages (GRPO by default);
+3. one batch of every tenant's samples (a row per sample, slot-contiguous): old log-probs from
+   the executor's ``forward_logprobs`` (or the engine's, within ``max_logprob_mismatch``), the
+   adapter-free base model's log-probs for the KL term, one ``forward_backward`` with the
+   clipped policy-gradient loss and one ``optim_step`` for every tenant;
+4. a tenant whose step was skipped for non-finite gradients (the executor's rule) keeps its
+   adapter: nothing is re-published; every other tenant's new adapter is exported
+   (:func:`~mizzen_train.hf.peft.export_peft_adapter`) and loaded into every engine as
+   ``<tenant>@v<version>`` before that tenant's next rollout (``version`` = the slot's optimizer
+   step count); every sample carries the version that generated it;
+5. tenants join (slot loaded, version 0 published) before the first step they train and leave
+   (slot and adapters unloaded) after their last;
+6. checkpoints (SFT's format: slots of the active tenants, cursors, RNG, and the adapter versions)
+   every ``checkpoint_interval`` steps; at eval points the dispatcher exports each active
+   tenant's adapter snapshot and evaluates it on the run's engines, on the side.
+
+``rollout.off_policy = true`` overlaps the rollout of step ``t+1`` with the training of step
+``t``: its samples come from the adapter one version behind (their ``adapter_version`` says so).
+The default is synchronous.
+
+Invariants:
+- Tenants never touch each other: a row holds one tenant's sample, the executor keeps slots
+  apart, and a skipped tenant changes nothing of the others.
+- Request ids and sampling seeds are functions of (run seed, step, tenant, prompt, sample)
+  only, so a resumed run (or the same run again) draws exactly the same samples.
+- A resumed run continues from the checkpoint's step with the checkpoint's slots, cursors and
+  adapter versions, re-publishes exactly those adapters, and logs every step once.
+- Fault drill: ``MIZZEN_RL_INJECT_NAN="<tenant>@<step>[,...]"`` makes that tenant's advantages
+  NaN at that step (its gradients become non-finite), to show the skip rule end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from mizzen_train.rl.config import RlConfig, RlTenantConfig
+from mizzen_train.sft.config import ConfigError
+from mizzen_train.sft.metrics import (
+    METRICS_FILE,
+    MetricsLog,
+    Progress,
+    format_duration,
+    rewrite_for_resume,
+)
+from mizzen_train.sft.state import (
+    RunStateError,
+    check_run_dir,
+    complete_checkpoints,
+    load_checkpoint,
+    open_run,
+    remove_partial_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+)
+from mizzen_train.sft.trainer import (
+    _base_model_dir,
+    _resolve_device,
+    _single_rank,
+    _tokenizer,
+    _Trainer,
+    lr_at,
+)
+
+__all__ = ["run_rl"]
+
+INJECT_NAN_ENV = "MIZZEN_RL_INJECT_NAN"
+ADAPTERS_DIR = "adapters"
+
+
+def _inject_nan_plan() -> set[tuple[str, int]]:
+    plan = set()
+    for item in filter(None, os.environ.get(INJECT_NAN_ENV, "").split(",")):
+        tenant, _, step = item.strip().rpartition("@")
+        if not tenant or not step.isdigit():
+            raise ConfigError(
+                INJECT_NAN_ENV, item, "is not <tenant>@<step>", "write e.g. B@12", source="env"
+            )
+        plan.add((tenant, int(step)))
+    return plan
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:08d}"
+
+
+class _RlTrainer(_Trainer):
+    SNAPSHOT_MARKER = "adapter_config.json"
+
+    def __init__(self, config: RlConfig, *, resume: bool, stream: TextIO | None) -> None:
+        self.config = config  # type: ignore[assignment]
+        self.resume = resume
+        self.progress = Progress(config.run.steps, stream=stream, command="rl")
+        self.run_dir = config.run_dir
+        self.nan_plan = _inject_nan_plan()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def validate(self, device: str, dtype: str) -> None:
+        from mizzen_rollout.data import DataError, PromptDataset
+        from mizzen_rollout.rewards import load_reward
+        from mizzen_train.hf import read_llama_config
+        from mizzen_train.rl.advantages import load_estimator
+
+        config = self.config
+        self.device, self.dtype = device, dtype
+        check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        self.model_dir = _base_model_dir(config)  # type: ignore[arg-type]
+        spec = read_llama_config(self.model_dir, dtype=dtype).spec
+        self.max_positions = spec.max_sequence_length
+        self.tokenizer = _tokenizer(config, self.model_dir)  # type: ignore[arg-type]
+        self.prompts, self.rewards = {}, {}
+        for i, tenant in enumerate(config.tenants):
+            try:
+                self.prompts[tenant.name] = PromptDataset.from_jsonl(_data_path(tenant.data))
+            except DataError as exc:
+                raise ConfigError(
+                    f"tenants[{i}].data", tenant.data, str(exc), "give a prompt data set",
+                    source=config.source,
+                ) from None  # fmt: skip
+            self.rewards[tenant.name] = load_reward(tenant.reward)
+        self.estimator = load_estimator(config.algo.advantage)
+        # one row width for the whole run (the longest prompt and response any tenant can
+        # have), so a tenant's rows are the same tensors whatever the other tenants generate
+        self.row_width = 0
+        for i, tenant in enumerate(config.tenants):
+            longest = max(self._prompt_tokens(r.input) for r in self.prompts[tenant.name])
+            new = tenant.max_new_tokens or config.rollout.max_new_tokens
+            self.row_width = max(self.row_width, longest + new)
+            if longest + new > self.max_positions:
+                raise ConfigError(
+                    f"tenants[{i}].max_new_tokens", new,
+                    f"a prompt of {longest} tokens plus {new} new tokens exceeds the model's "
+                    f"{self.max_positions} positions", "lower it or shorten the prompts",
+                    source=config.source,
+                )  # fmt: skip
+        self.evaluators = [self._build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def _prompt_tokens(self, prompt) -> int:
+        """Tokens of a prompt as the engine sees it (an upper bound: one spare for BOS)."""
+        hf = self.tokenizer.hf
+        if isinstance(prompt, str):
+            return len(hf(prompt, add_special_tokens=True)["input_ids"]) + 1
+        return len(self.tokenizer._render(prompt, generation_prompt=True)) + 1
+
+    def _build_evaluator(self, ev, index: int):
+        from mizzen_rollout.data import DataError, PromptDataset
+        from mizzen_train.eval_dispatch import load_evaluator
+        from mizzen_train.evaluators import GenerationEvaluator
+
+        if ev.kind == "python":
+            evaluator = load_evaluator(ev.factory, ev.options)
+        else:
+            try:
+                dataset = PromptDataset.from_jsonl(_data_path(ev.data))
+            except DataError as exc:
+                raise ConfigError(
+                    f"eval.evaluators[{index}].data", ev.data, str(exc), "give a prompt data set",
+                    source=self.config.source,
+                ) from None  # fmt: skip
+            records = dataset.records[: ev.limit] if ev.limit else dataset.records
+            evaluator = GenerationEvaluator(
+                name=ev.name or ev.kind,
+                prompts=list(records),
+                reward=ev.reward,
+                max_new_tokens=ev.max_new_tokens,
+                temperature=ev.temperature,
+                startup_timeout_s=ev.startup_timeout_s,
+                request_timeout_s=ev.request_timeout_s,
+            )
+        if ev.tenants:
+            evaluator.tenants = list(ev.tenants)
+        return evaluator
+
+    def setup(self) -> None:
+        from mizzen_rollout.data import DataCursor
+        from mizzen_train.executor import SlotExecutor
+        from mizzen_train.hf import import_hf_llama
+        from mizzen_train.specs import ExecutorConfig
+
+        config = self.config
+        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
+        self.model, self.source = imported.model, imported.source
+        spec = imported.spec
+        self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
+        self.executor = SlotExecutor(
+            self.model,
+            ExecutorConfig(
+                num_slots=len(config.tenants),
+                max_rank=max(t.lora_rank for t in config.tenants),
+                micro_batch_size=config.run.micro_batch_size,
+            ),
+        )
+        self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
+        self.tenant_of = {t.name: t for t in config.tenants}
+        self.cursors = {
+            t.name: DataCursor(self.prompts[t.name], seed=t.data_seed, shuffle=True)
+            for t in config.tenants
+        }
+        self.cursor_before: dict[int, dict[str, Any]] = {}
+        self.versions: dict[str, int] = {}
+        self.published: dict[str, Any] = {}  # tenant -> AdapterRef serving its next rollout
+        self.loaded_refs: dict[str, list[Any]] = {t.name: [] for t in config.tenants}
+        self.metrics_path = self.run_dir / METRICS_FILE
+        self.start_step = self._restore_or_init()
+        records, broken = [], 0
+        if self.identity.resumed and self.metrics_path.exists():
+            records, broken = rewrite_for_resume(self.metrics_path, self.start_step)
+        if not self.identity.resumed and self.metrics_path.exists():
+            self.metrics_path.unlink()
+        self.metrics = MetricsLog(self.metrics_path)
+        event = "resumed" if self.identity.resumed else "run_started"
+        self.metrics.event(
+            event,
+            run_id=self.identity.run_id,
+            from_step=self.start_step,
+            steps=config.run.steps,
+            engines_needed=str(config.engines_needed),
+            engines=config.rollout.engines,
+            off_policy=config.rollout.off_policy,
+            device=self.device,
+            dtype=self.dtype,
+            base_model=str(self.model_dir),
+            base_parameters=spec.parameter_count(),
+            trainable_parameters_per_slot=self.executor.trainable_parameters_per_slot(),
+            tenants=[t.name for t in config.tenants],
+            adapter_versions=dict(self.versions),
+            eval_points=config.eval_points(),
+            broken_metric_lines=broken,
+        )
+        self.progress.print(
+            f"{event} run {self.identity.run_id} in {self.run_dir} from step {self.start_step}: "
+            f"{len(config.tenants)} tenant(s) on {self.model_dir} ({spec.parameter_count():,} "
+            f"parameters, {self.device}, {self.dtype}); engines: {config.rollout.engines}"
+        )
+        self.dispatcher = self._dispatcher(records) if self.evaluators else None
+        if self.dispatcher is not None:
+            self.dispatcher.start()
+
+    def _restore_or_init(self) -> int:
+        removed = remove_partial_checkpoints(self.run_dir)
+        if removed:
+            self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
+        checkpoints = complete_checkpoints(self.run_dir) if self.identity.resumed else []
+        if not checkpoints:
+            import random
+
+            random.seed(self.config.run.seed)
+            torch.manual_seed(self.config.run.seed)
+            return 0
+        checkpoint = load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
+        versions = checkpoint.extra.get("adapter_versions")
+        if not isinstance(versions, dict):
+            raise RunStateError(f"{checkpoint.path}: holds no adapter versions (not an RL run?)")
+        for name in versions:
+            tenant = self.tenant_of.get(name)
+            if tenant is None:
+                raise RunStateError(f"{checkpoint.path}: holds tenant {name!r}, not in the config")
+            slot = self.slot_of[name]
+            spec = self.executor.restore_slot(slot, str(checkpoint.path / "slots" / name))
+            if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
+                raise ConfigError(
+                    f"tenants[{slot}].lora_rank", tenant.lora_rank,
+                    f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
+                    "resume with the original LoRA settings", source=self.config.source,
+                )  # fmt: skip
+            step = self.executor.inspect_slot(slot)["step"]
+            if step != versions[name]:
+                raise RunStateError(
+                    f"{checkpoint.path}: slot {name} is at optimizer step {step} but the "
+                    f"checkpoint records adapter version {versions[name]}"
+                )
+            self.versions[name] = int(step)
+        for name, state in checkpoint.streams.items():
+            if name in self.cursors:
+                self.cursors[name].load_state_dict(state)
+        set_rng_state(checkpoint.rng)
+        self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
+        return checkpoint.step
+
+    # -- eval -------------------------------------------------------------------------------
+
+    def _export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
+        from mizzen_train.hf import export_peft_adapter
+
+        export_peft_adapter(
+            directory,
+            executor=self.executor,
+            slot=self.slot_of[tenant],
+            source=self.source,
+            base_model_name_or_path=str(self.model_dir),
+        )
+
+    def _tenants_at(self, step: int) -> list[str]:
+        return [t.name for t in self.config.active(step)]
+
+    # -- engines ----------------------------------------------------------------------------
+
+    def _start_engines(self) -> None:
+        from mizzen_rollout.engines import SGLangClient
+        from mizzen_rollout.engines.launcher import LaunchError, launch_embedded
+        from mizzen_rollout.router import EngineRouter
+
+        rollout = self.config.rollout
+        self.servers, self.manager = [], None
+        if rollout.engines == "urls":
+            urls = list(rollout.engine_urls)
+        elif rollout.engines == "ray":
+            from mizzen_rollout.manager import EngineSpec, RolloutManager
+
+            spec = EngineSpec(
+                kind="embedded",
+                model_path=str(self.model_dir),
+                device=self._engine_device(),
+                launch_deadline_s=rollout.startup_timeout_s,
+                timeout_s=rollout.request_timeout_s,
+            )
+            self.manager = RolloutManager(
+                [spec] * rollout.num_engines,
+                address=rollout.ray_address or None,
+                ray_init_kwargs={"num_cpus": max(2, rollout.num_engines + 1)}
+                if not rollout.ray_address
+                else {},
+            )
+            self.manager.start()
+            urls = [self.manager.engine_info(i)["url"] for i in range(rollout.num_engines)]
+            self.dispatch = self.manager
+        else:
+            try:
+                for _ in range(rollout.num_engines):
+                    server = launch_embedded(
+                        model_path=str(self.model_dir),
+                        num_threads=rollout.engine_threads,
+                        deadline_s=rollout.startup_timeout_s,
+                        device=self._engine_device(),
+                        wait=False,
+                    )
+                    self.servers.append(server)
+                for server in self.servers:
+                    server.wait_healthy(rollout.startup_timeout_s)
+            except LaunchError:
+                self._stop_engines()
+                raise
+            urls = [s.url for s in self.servers]
+            for server in self.servers:
+                self.metrics.event(
+                    "engine_started", purpose="train", pid=server.pid, url=server.url
+                )
+        if self.manager is None:
+            self.dispatch = EngineRouter(
+                [SGLangClient(u, timeout_s=rollout.request_timeout_s) for u in urls]
+            )
+        self.engine_urls = urls
+        for evaluator in self.evaluators:
+            if getattr(evaluator, "needs_engine", False) and hasattr(evaluator, "engine_urls"):
+                evaluator.engine_urls = tuple(urls)
+        self.progress.print(f"engines ({rollout.engines}): {', '.join(urls)}")
+
+    def _engine_device(self) -> str:
+        chosen = self.config.rollout.engine_device
+        return self.device if chosen == "auto" else chosen
+
+    def _stop_engines(self) -> None:
+        for server in getattr(self, "servers", []):
+            server.stop()
+            server.cleanup_logs()
+            self.metrics.event("engine_stopped", purpose="train", pid=server.pid)
+        if getattr(self, "manager", None) is not None:
+            self.manager.shutdown()
+
+    # -- adapters ---------------------------------------------------------------------------
+
+    def _adapter_dir(self, tenant: str, version: int) -> Path:
+        return self.run_dir / ADAPTERS_DIR / tenant / version_dir_name(version)
+
+    async def _publish(self, tenant: str) -> None:
+        """Export the tenant's current adapter (its slot's version) and load it everywhere."""
+        from mizzen_rollout.adapters import AdapterRef
+        from mizzen_train.hf import export_peft_adapter
+
+        version = self.versions[tenant]
+        directory = self._adapter_dir(tenant, version)
+        if directory.exists():  # left by a killed run: this state's export replaces it
+            shutil.rmtree(directory)
+        export_peft_adapter(
+            directory,
+            executor=self.executor,
+            slot=self.slot_of[tenant],
+            source=self.source,
+            base_model_name_or_path=str(self.model_dir),
+        )
+        ref = AdapterRef(tenant, version, str(directory))
+        await self.dispatch.load_lora_adapter(ref.name, ref.path)
+        loaded = self.loaded_refs[tenant]
+        # keep the one an in-flight (off-policy) rollout may still use, and the new one
+        for old in loaded[:-1]:
+            await self.dispatch.unload_lora_adapter(old.name)
+        self.loaded_refs[tenant] = [*loaded[-1:], ref]
+        self.published[tenant] = ref
+        self._trim_adapter_dirs(tenant)
+
+    def _trim_adapter_dirs(self, tenant: str) -> None:
+        keep = self.config.rollout.keep_adapters
+        root = self.run_dir / ADAPTERS_DIR / tenant
+        if not keep or not root.is_dir():
+            return
+        loaded = {Path(ref.path).name for ref in self.loaded_refs[tenant]}
+        versions = sorted(p.name for p in root.iterdir() if p.name.startswith("v"))
+        for name in versions[:-keep]:
+            if name not in loaded:
+                shutil.rmtree(root / name, ignore_errors=True)
+
+    async def _join(self, tenant: RlTenantConfig) -> None:
+        slot = self.slot_of[tenant.name]
+        if slot not in self.executor.loaded_slots:
+            self.executor.load_slot(
+                slot,
+                tenant.lora_rank,
+                tenant.lora_alpha,
+                init=tenant.lora_init,
+                seed=tenant.lora_seed,
+            )
+            self.versions[tenant.name] = 0
+        await self._publish(tenant.name)
+        self.metrics.event("tenant_joined", tenant=tenant.name, version=self.versions[tenant.name])
+        self.progress.print(f"tenant {tenant.name} serves adapter v{self.versions[tenant.name]}")
+
+    async def _leave(self, name: str, step: int) -> None:
+        for ref in self.loaded_refs[name]:
+            await self.dispatch.unload_lora_adapter(ref.name)
+        self.loaded_refs[name] = []
+        self.published.pop(name, None)
+        self.executor.unload_slot(self.slot_of[name])
+        version = self.versions.pop(name)
+        self.metrics.event("tenant_left", tenant=name, step=step, version=version)
+        self.progress.print(f"tenant {name} left after step {step} (adapter v{version})")
+
+    async def _joins(self, step: int) -> None:
+        """Before ``step``'s rollout: the tenants that start training at ``step`` join."""
+        for tenant in self.config.active(step):
+            if tenant.name not in self.published:
+                await self._join(tenant)
+
+    async def _leaves(self, step: int) -> None:
+        """After the step before ``step`` trained: tenants that do not train at ``step`` leave."""
+        active = {t.name for t in self.config.active(step)}
+        for name in [n for n in self.published if n not in active]:
+            await self._leave(name, step - 1)
+
+    # -- rollout ----------------------------------------------------------------------------
+
+    async def _rollout(self, step: int) -> dict[str, Any]:
+        from mizzen_rollout.engines import SamplingParams
+        from mizzen_rollout.rollout import RolloutConfig, run_rollout
+
+        config = self.config
+        rollout = config.rollout
+        tenants = config.active(step)
+        self.cursor_before[step] = {t.name: self.cursors[t.name].state_dict() for t in tenants}
+        started = time.perf_counter()
+
+        async def one(tenant: RlTenantConfig):
+            prompts = self.cursors[tenant.name].next_batch(tenant.prompts_per_step)
+            rollout_config = RolloutConfig(
+                n_samples=tenant.n_samples,
+                sampling=SamplingParams(
+                    max_new_tokens=tenant.max_new_tokens or rollout.max_new_tokens,
+                    temperature=rollout.temperature,
+                    top_p=rollout.top_p,
+                    seed=config.run.seed,
+                ),
+                return_logprob=True,
+                max_concurrency=rollout.max_concurrency,
+            )
+            t0 = time.perf_counter()
+            batch = await run_rollout(
+                prompts,
+                self.dispatch,
+                rollout_config,
+                reward=self.rewards[tenant.name],
+                batch_id=f"s{step}-{tenant.name}",
+                adapter=self.published[tenant.name],
+            )
+            return tenant.name, batch, time.perf_counter() - t0
+
+        results = await asyncio.gather(*(one(t) for t in tenants))
+        return {
+            "step": step,
+            "batches": {name: (batch, seconds) for name, batch, seconds in results},
+            "wall_s": time.perf_counter() - started,
+        }
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _rows(self, name: str, batch) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        from mizzen_train.rl.advantages import group_advantages
+
+        rows, rewards, lengths, failed = [], [], [], 0
+        for group in batch.groups + batch.dropped:
+            usable = [
+                s.reward if s.reward is not None and s.response_tokens else None
+                for s in group.samples
+            ]
+            advantages = group_advantages(usable, self.estimator)
+            for sample, advantage, reward in zip(group.samples, advantages, usable, strict=True):
+                if reward is None:
+                    failed += 1
+                else:
+                    rewards.append(reward)
+                    lengths.append(len(sample.response_tokens))
+                rows.append(
+                    {"sample": sample, "advantage": advantage, "usable": reward is not None}
+                )
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
+        stats = {
+            "reward_mean": mean,
+            "reward_std": std,
+            "response_length": sum(lengths) / len(lengths) if lengths else 0.0,
+            "samples": float(len(rows)),
+            "failed_samples": float(failed),
+        }
+        return rows, stats
+
+    def _train_step(self, step: int, rollout: dict[str, Any]) -> dict[str, Any]:
+        """One policy step of every tenant of ``rollout`` (runs in a worker thread)."""
+        from mizzen_train.batch import SlotBatch
+        from mizzen_train.losses import ClippedPolicyGradientLoss
+        from mizzen_train.specs import AdamParams
+
+        config = self.config
+        t0 = time.perf_counter()
+        per_tenant: dict[str, dict[str, Any]] = {}
+        all_rows: list[tuple[str, dict[str, Any]]] = []
+        for name, (batch, rollout_s) in rollout["batches"].items():
+            rows, stats = self._rows(name, batch)
+            stats["rollout_s"] = rollout_s
+            stats["samples_per_s"] = len(rows) / rollout_s if rollout_s > 0 else 0.0
+            versions = {r["sample"].adapter_version for r in rows}
+            stats["adapter_version"] = min(v for v in versions if v is not None)
+            per_tenant[name] = stats
+            all_rows += [(name, row) for row in rows]
+        width = self.row_width - 1
+        longest = max(
+            len(r["sample"].prompt_tokens) + len(r["sample"].response_tokens) for _, r in all_rows
+        )
+        if longest - 1 > width:
+            raise RuntimeError(
+                f"a sample of step {step} is {longest} tokens, more than the {self.row_width} "
+                "the prompts and max_new_tokens allow; the engine tokenises differently from "
+                "the trainer's tokenizer"
+            )
+        n = len(all_rows)
+        input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        target_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        loss_mask = torch.zeros((n, width), dtype=torch.bool)
+        advantages = torch.zeros((n, width), dtype=torch.float32)
+        engine_logprobs = torch.zeros((n, width), dtype=torch.float32)
+        engine_known = torch.zeros((n, width), dtype=torch.bool)
+        slot_ids = torch.zeros((n, width), dtype=torch.long)
+        for i, (name, row) in enumerate(all_rows):
+            sample = row["sample"]
+            prompt, response = list(sample.prompt_tokens), list(sample.response_tokens)
+            seq = prompt + response
+            length = len(seq) - 1
+            slot_ids[i] = self.slot_of[name]
+            if length < 1:  # nothing generated from nothing: a padding row, no loss
+                continue
+            input_ids[i, :length] = torch.tensor(seq[:-1])
+            target_ids[i, :length] = torch.tensor(seq[1:])
+            start = len(prompt) - 1  # position whose target is the first response token
+            if row["usable"] and response:
+                mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+                loss_mask[i, start : start + len(response)] = mask
+                value = row["advantage"]
+                if (name, step) in self.nan_plan:
+                    value = float("nan")
+                advantages[i, start : start + len(response)] = value
+                if sample.rollout_logprobs is not None:
+                    engine_logprobs[i, start : start + len(response)] = torch.tensor(
+                        sample.rollout_logprobs, dtype=torch.float32
+                    )
+                    engine_known[i, start : start + len(response)] = True
+        batch = SlotBatch(
+            input_ids=input_ids,
+            target_ids=target_ids,
+            loss_mask=loss_mask,
+            slot_ids=slot_ids,
+            advantages=advantages,
+        )
+        trainer_logprobs = self.executor.forward_logprobs(batch)
+        ref_logprobs = self.executor.forward_logprobs(
+            replace(batch, slot_ids=torch.full_like(slot_ids, -1))
+        )
+        old = trainer_logprobs
+        rollout_cfg = config.rollout
+        row_tenant = [name for name, _ in all_rows]
+        for name, stats in per_tenant.items():
+            rows_of = torch.tensor([t == name for t in row_tenant])
+            counted = loss_mask & engine_known & rows_of.unsqueeze(1)
+            if bool(counted.any()):
+                mismatch = (engine_logprobs - trainer_logprobs).abs()[counted].mean().item()
+            else:
+                mismatch = float("nan")
+            stats["logprob_mismatch"] = mismatch
+            use_engine = (
+                rollout_cfg.old_logprobs == "engine"
+                and math.isfinite(mismatch)
+                and mismatch <= rollout_cfg.max_logprob_mismatch
+            )
+            stats["old_logprobs"] = "engine" if use_engine else "trainer"
+            if use_engine:
+                old = torch.where(rows_of.unsqueeze(1) & engine_known, engine_logprobs, old)
+        batch = replace(batch, old_logprobs=old, ref_logprobs=ref_logprobs)
+        loss = ClippedPolicyGradientLoss(
+            clip_low=config.algo.clip_low,
+            clip_high=config.algo.clip_high,
+            kl_coef=config.algo.kl_coef,
+        )
+        reports = self.executor.forward_backward(batch, loss)
+        lrs = {name: lr_at(self.tenant_of[name], step, config.run.steps) for name in per_tenant}
+        requests = {
+            self.slot_of[name]: AdamParams(
+                lr=lrs[name],
+                betas=tuple(self.tenant_of[name].betas),
+                eps=self.tenant_of[name].eps,
+                weight_decay=self.tenant_of[name].weight_decay,
+                max_grad_norm=self.tenant_of[name].max_grad_norm or None,
+            )
+            for name in per_tenant
+        }
+        step_reports = self.executor.optim_step(requests)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        step_s = time.perf_counter() - t0
+        tokens = int((input_ids != self.tokenizer.pad_token_id).sum())
+        for name, stats in per_tenant.items():
+            slot = self.slot_of[name]
+            report, step_report = reports[slot], step_reports[slot]
+            rows_of = torch.tensor([t == name for t in row_tenant])
+            stats.update(
+                loss=report.loss,
+                kl=report.metrics.get("kl", 0.0),
+                clip_fraction=report.metrics.get("clip_fraction", 0.0),
+                importance_ratio=report.metrics.get("importance_ratio", 1.0),
+                lr=lrs[name],
+                grad_norm=step_report.grad_norm,
+                stepped=step_report.stepped,
+                version_after=step_report.step,
+                tokens=int((input_ids[rows_of] != self.tokenizer.pad_token_id).sum()),
+                loss_tokens=report.num_tokens,
+            )
+        return {"tenants": per_tenant, "step_s": step_s, "tokens": tokens}
+
+    # -- loop -------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        return asyncio.run(self._train())
+
+    async def _train(self) -> dict[str, Any]:
+        config = self.config
+        steps = config.run.steps
+        points = set(config.eval_points())
+        self._start_engines()
+        try:
+            self._recover_points()
+            started = time.perf_counter()
+            totals = {"samples": 0, "tokens": 0, "rollout_s": 0.0, "train_s": 0.0}
+            last: dict[str, dict[str, Any]] = {}
+            first = self.start_step + 1
+            for name in list(self.versions):  # resumed: the checkpoint's adapters, as they were
+                await self._publish(name)
+            if first <= steps:
+                await self._leaves(first)
+                await self._joins(first)
+                pending = asyncio.ensure_future(self._rollout(first))
+            for step in range(first, steps + 1):
+                rollout = await pending
+                totals["rollout_s"] += rollout["wall_s"]
+                overlap = config.rollout.off_policy and step < steps
+                if overlap:  # the next rollout runs on the adapters published so far
+                    await self._joins(step + 1)
+                    pending = asyncio.ensure_future(self._rollout(step + 1))
+                result = await asyncio.to_thread(self._train_step, step, rollout)
+                totals["train_s"] += result["step_s"]
+                totals["tokens"] += result["tokens"]
+                for name, stats in result["tenants"].items():
+                    totals["samples"] += int(stats["samples"])
+                    if stats["stepped"]:
+                        self.versions[name] = stats["version_after"]
+                        await self._publish(name)
+                    else:
+                        self.progress.print(
+                            f"step {step} {name}: non-finite gradients (grad_norm "
+                            f"{stats['grad_norm']}); skipped, adapter v{self.versions[name]} "
+                            "stays published"
+                        )
+                    self._log_train(step, name, stats, result)
+                    last[name] = stats
+                if step % config.run.log_interval == 0 or step == steps:
+                    rewards = {n: s["reward_mean"] for n, s in result["tenants"].items()}
+                    rate = result["tokens"] / result["step_s"] if result["step_s"] else 0.0
+                    self.progress.step(step, rewards, rate, result["step_s"], label="reward")
+                if step % config.run.checkpoint_interval == 0 or step == steps:
+                    self._checkpoint(step)
+                if self.dispatcher is not None and step in points:
+                    self.dispatcher.tenants = self._tenants_at(step)
+                    state = self.dispatcher.submit(step, final=step == steps)
+                    if state == "skipped":
+                        self.progress.print(f"eval point {step} skipped (see metrics)")
+                if step < steps:
+                    await self._leaves(step + 1)
+                if not overlap and step < steps:
+                    await self._joins(step + 1)
+                    pending = asyncio.ensure_future(self._rollout(step + 1))
+            wall = time.perf_counter() - started
+            if self.dispatcher is not None:
+                self.progress.print("waiting for the evaluations in flight...")
+                try:
+                    self.dispatcher.drain()
+                finally:
+                    self.dispatcher.close()
+        finally:
+            await self._close_dispatch()
+            self._stop_engines()
+        return self._finish_rl(wall, totals, last)
+
+    async def _close_dispatch(self) -> None:
+        close = getattr(getattr(self, "dispatch", None), "aclose", None)
+        if close is not None:
+            await close()
+
+    def _log_train(self, step: int, name: str, stats: dict[str, Any], result: dict) -> None:
+        self.metrics.write(
+            "train",
+            step=step,
+            tenant=name,
+            loss=stats["loss"],
+            lr=stats["lr"],
+            grad_norm=stats["grad_norm"],
+            stepped=stats["stepped"],
+            tokens=stats["tokens"],
+            loss_tokens=stats["loss_tokens"],
+            tokens_per_s=result["tokens"] / result["step_s"] if result["step_s"] else 0.0,
+            step_s=result["step_s"],
+            reward_mean=stats["reward_mean"],
+            reward_std=stats["reward_std"],
+            response_length=stats["response_length"],
+            kl=stats["kl"],
+            clip_fraction=stats["clip_fraction"],
+            importance_ratio=stats["importance_ratio"],
+            adapter_version=stats["adapter_version"],
+            published_version=self.versions.get(name),
+            samples=stats["samples"],
+            failed_samples=stats["failed_samples"],
+            samples_per_s=stats["samples_per_s"],
+            rollout_s=stats["rollout_s"],
+            logprob_mismatch=stats["logprob_mismatch"],
+            old_logprobs=stats["old_logprobs"],
+        )
+
+    def _checkpoint(self, step: int) -> None:
+        active = sorted(self.versions)
+
+        def save_slots(directory: Path) -> None:
+            for name in active:
+                self.executor.save_slot(self.slot_of[name], str(directory / name))
+
+        # the cursors as they were before the next step's prompts were drawn (off-policy runs
+        # draw them before this step trained)
+        streams = {name: cursor.state_dict() for name, cursor in self.cursors.items()}
+        streams.update(self.cursor_before.get(step + 1, {}))
+        path = save_checkpoint(
+            self.run_dir,
+            step=step,
+            run_id=self.identity.run_id,
+            streams=streams,
+            save_slots=save_slots,
+            keep=self.config.run.keep_checkpoints,
+            extra={"adapter_versions": {name: self.versions[name] for name in active}},
+        )
+        for old in [s for s in self.cursor_before if s <= step]:
+            del self.cursor_before[old]
+        self.metrics.event("checkpoint", step=step, path=str(path), versions=dict(self.versions))
+
+    def _finish_rl(self, wall: float, totals: dict[str, Any], last: dict) -> dict[str, Any]:
+        from mizzen_train.sft.metrics import read_metrics
+
+        config = self.config
+        records, _ = read_metrics(self.metrics_path)
+        final_step = config.run.steps
+        final_eval: dict[str, dict[str, Any]] = {}
+        for record in records:
+            if record["kind"] == "eval" and int(record["step"]) == final_step:
+                final_eval.setdefault(record["tenant"], {})[record["evaluator"]] = (
+                    record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
+                )
+        last_reward: dict[str, float] = {}
+        for record in records:
+            if record["kind"] == "train":
+                last_reward[record["tenant"]] = record["reward_mean"]
+        summary = self.metrics.write(
+            "summary",
+            run_id=self.identity.run_id,
+            steps=final_step,
+            eval_points=sorted({int(r["step"]) for r in records if r["kind"] == "eval_point"}),
+            final_eval=final_eval,
+            final_reward=last_reward,
+            adapter_versions=dict(self.versions),
+            wall_s=round(wall, 3),
+            samples_per_s=totals["samples"] / totals["rollout_s"] if totals["rollout_s"] else 0.0,
+            train_tokens_per_s=totals["tokens"] / totals["train_s"] if totals["train_s"] else 0.0,
+            engines_needed=str(config.engines_needed),
+        )
+        self.metrics.close()
+        curves = self._plot()
+        self.progress.print(f"done: {final_step} steps in {format_duration(wall)}")
+        self.progress.print(f"metrics:     {self.metrics_path}")
+        if curves is not None:
+            self.progress.print(f"curves:      {curves}")
+        self.progress.print(f"adapters:    {self.run_dir / ADAPTERS_DIR}")
+        checkpoints = complete_checkpoints(self.run_dir)
+        if checkpoints:
+            self.progress.print(f"checkpoint:  {checkpoints[-1]}")
+        for tenant, reward in last_reward.items():
+            self.progress.print(f"final reward {tenant}: {reward:.4f}")
+        for tenant, by_evaluator in final_eval.items():
+            for name, values in by_evaluator.items():
+                shown = " ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in values.items()
+                )
+                self.progress.print(f"final eval {tenant}/{name}: {shown}")
+        del last
+        return summary
+
+
+def _data_path(spec: str) -> str:
+    """``example:NAME`` of mizzen-train's shipped data sets, else the spec itself."""
+    if spec.startswith("example:"):
+        from mizzen_train.data import example_paths
+
+        shipped = example_paths()
+        name = spec[len("example:") :]
+        if name in shipped:
+            return str(shipped[name])
+    return spec
+
+
+def run_rl(config: RlConfig, *, resume: bool = False, stream: TextIO | None = None) -> dict:
+    """Run (or ``resume``) the RL job ``config`` in this process; returns the summary record."""
+    device, dtype = _resolve_device(config)  # type: ignore[arg-type]
+    trainer = _RlTrainer(config, resume=resume, stream=stream)
+    trainer.validate(device, dtype)
+    with _single_rank(device):
+        trainer.setup()
+        return trainer.train()

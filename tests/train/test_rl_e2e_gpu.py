@@ -1,0 +1,120 @@
+"""GPU e2e: the RL protocol of the CPU e2e test on a ~100M-parameter Llama in bf16 on one GPU.
+
+The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
+heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
+("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
+in bf16, with the embedded engine generating on the same GPU.  The same two runs as on the CPU:
+a reference run whose tenants' mean rewards rise to >= 0.8 and whose "fixed" adapter scores low
+on "format"'s task, and a run with NaN advantages for "format" at step 12, SIGKILLed after step
+23 and resumed: "format" is skipped at 12 and keeps its published adapter, every adapter "fixed"
+publishes is byte for byte the reference's, and the resume continues with the checkpoint's
+adapter versions.  Prints (and records as junit properties) the wall time, samples/s and train
+tokens/s.  cuBLAS runs with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``) so the two runs
+compute the same bits.
+
+Run it on a Hopper host (the image's Python, nothing installed) with the lane:
+``python3 -m nox -s gpu-hopper -- tests/train/test_rl_e2e_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mizzen_ci import register_cuda_ci
+
+register_cuda_ci(est_time=420, hardware=["hopper"], num_gpus=1, labels=["e2e", "train", "rollout"])
+
+#: ~101M parameters: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
+MODEL = dict(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+)
+STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 30, 12, 23, 10
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory):
+    from mizzen_train.gpt import GPTSpec
+    from mizzen_train.hf import read_llama_config, write_tiny_llama
+
+    directory = write_tiny_llama(
+        tmp_path_factory.mktemp("gpu-rl") / "llama-100m", seed=0, initializer_range=0.05, **MODEL
+    )
+    spec: GPTSpec = read_llama_config(directory).spec
+    assert 95e6 < spec.parameter_count() < 110e6, spec.parameter_count()
+    return directory
+
+
+def _sections(rl, run_dir, base_model):
+    sections = rl.sections(run_dir, steps=STEPS, checkpoint_interval=CHECKPOINT_INTERVAL)
+    sections["run"].update(device="cuda", dtype="bf16", threads=4, plot=False)
+    sections["model"] = {"path": str(base_model), "tokenizer": "model"}
+    del sections["model.tiny"]
+    sections["rollout"].update(engine_device="cuda", engine_threads=4)
+    for tenant in sections["tenants"]:
+        tenant.update(lr=5e-3, lora_rank=16, lora_alpha=32.0)
+    return sections
+
+
+def test_rl_protocol_on_a_100m_llama_in_bf16(rl, tmp_path, base_model, record_property):
+    import torch
+
+    assert torch.cuda.device_count() == 1, "the lane gives this test exactly one GPU"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # inherited by both runs
+    run = rl.protocol(
+        tmp_path,
+        lambda run_dir: _sections(rl, run_dir, base_model),
+        steps=STEPS,
+        nan_step=NAN_STEP,
+        kill_after=KILL_AFTER,
+        checkpoint_interval=CHECKPOINT_INTERVAL,
+        timeout_s=1500,
+    )
+    reference, faulty = run["reference"], run["faulty"]
+    started = next(r for r in reference["records"] if r.get("event") == "run_started")
+    assert started["device"] == "cuda" and started["dtype"] == "bf16"
+    summary = reference["records"][-1]
+    assert summary["kind"] == "summary"
+    by = rl.check_run(reference["records"], steps=STEPS)
+    curves = {
+        t: (
+            by[t][1]["reward_mean"],
+            sum(by[t][s]["reward_mean"] for s in range(STEPS - 4, STEPS + 1)) / 5,
+        )
+        for t in rl.TENANTS
+    }
+    note = (
+        f"GPU RL e2e ({torch.cuda.get_device_name(0)}, {started['base_parameters']:,} "
+        f"parameters, bf16, embedded engine on the GPU): wall {run['wall']:.1f} s for both runs, "
+        f"reference training {summary['wall_s']:.1f} s, {summary['samples_per_s']:.1f} samples/s, "
+        f"{summary['train_tokens_per_s']:,.0f} train tokens/s; reward start -> end {curves}"
+    )
+    print(note)
+    record_property("wall_s", round(run["wall"], 1))
+    record_property("samples_per_s", round(summary["samples_per_s"], 2))
+    record_property("train_tokens_per_s", round(summary["train_tokens_per_s"]))
+    for start, end in curves.values():
+        assert start < 0.4 and end >= 0.8, note
+    final = summary["final_eval"]
+    assert final["fixed"]["task_fixed"]["score"] >= 0.8, final
+    assert final["format"]["task_format"]["score"] >= 0.8, final
+    assert final["fixed"]["task_format"]["score"] <= 0.3, final
+
+    fby = rl.check_run(faulty["records"], steps=STEPS)
+    assert fby["format"][NAN_STEP]["stepped"] is False
+    assert fby["format"][NAN_STEP + 1]["adapter_version"] == NAN_STEP - 1
+    assert all(fby["fixed"][s]["stepped"] for s in range(1, STEPS + 1))
+    for version in (NAN_STEP, STEPS):
+        assert rl.adapter_bytes(faulty["dir"], "fixed", version) == rl.adapter_bytes(
+            reference["dir"], "fixed", version
+        ), f"fixed's adapter v{version} differs from the reference run's"
+    assert faulty["orphans"] == []
+    resumed = [r for r in faulty["records"] if r.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["from_step"] == 20
+    assert resumed[0]["adapter_versions"] == {"fixed": 20, "format": 19}
+    assert fby["fixed"][21]["adapter_version"] == 20 and fby["format"][21]["adapter_version"] == 19
