@@ -256,3 +256,22 @@ def test_dispatch_table_spanning_vendors(hardware, num_gpus, needs, policy, plac
     assert got_skipped == skipped
     for p in got_placed:
         assert p.pool.runs_on == REPO_FLEET.pool(p.pool.name).runs_on  # from the table, only
+
+
+def test_register_gpu_ci_follows_the_registry_syntax_rules():
+    _, errors = registration(
+        "register_gpu_ci(est_time=5, hardware=['cdna3'], labels=['lora'])\n"
+        "def helper():\n"
+        "    register_gpu_ci(est_time=5, hardware=['cdna3'], labels=['lora'])\n"
+    )
+    assert [(e.line, e.rule) for e in errors] == [(5, "nested-call")]
+    _, errors = registration(
+        "register_gpu_ci(est_time=5, hardware=['cdna3'], labels=['lora'])\n"
+        "register_cuda_ci(est_time=5, hardware=['hopper'], labels=['lora'])\n"
+    )
+    assert [(e.line, e.rule) for e in errors] == [(4, "multiple-registrations")]
+    _, errors = registration("register_gpu_ci(est_time=5, labels=['lora'])")
+    assert [(e.rule, e.fix[:40]) for e in errors] == [
+        ("hardware-required", "add `hardware=[...]` with the GPU genera")
+    ]
+    assert "cdna3" in errors[0].fix

@@ -376,3 +376,13 @@ def test_done_when_hopper_and_cdna3_in_one_declaration(tmp_path, make_repo, mizz
     assert out.returncode == 2 and "refusing to run: no AMD GPU found" in out.stderr
     assert "run `nox -s gpu-hopper` here instead" in out.stderr
     assert len(traces(root)) == 1  # nothing ran on the refused hosts
+
+
+def test_the_compile_cache_of_an_amd_lane_is_keyed_by_its_rocm_build_and_isa():
+    from mizzen_ci.lane.compile_cache import TorchBuild, cache_key
+
+    rocm = TorchBuild("2.9.1", cuda=None, hip="6.4.43482-0f2d60242")
+    assert cache_key(rocm, ["gfx942"] * 8, (3, 12)) == "torch-2.9.1+rocm6.4-gfx942-py312"
+    assert cache_key(rocm, ["gfx950"], (3, 12)) != cache_key(rocm, ["gfx942"], (3, 12))
+    cuda = TorchBuild("2.11.0+cu130", cuda="13.0")
+    assert cache_key(cuda, ["9.0"], (3, 12)) == "torch-2.11.0+cu130-sm90-py312"  # as before
