@@ -15,10 +15,12 @@
   runs ``python [-S] ARGV`` the same way (a probe script instead of the CLI), and
   ``mizzen_ci.command`` / ``mizzen_ci.environ`` give the argv and the environment for a
   ``Popen`` the test manages itself.
-- ``lane``: ``lane(root, *ARGS, env=None, fake_gpus=2, cwd=None)`` runs ``mizzen-ci gpu-lane
-  hopper --fake-gpus N`` through ``mizzen_ci`` in this environment (site-packages: pytest, torch),
-  with ``--lease-dir ROOT/leases``, ``LANE_TRACE=ROOT/trace``, ``CI`` empty and its compile cache
-  under ``ROOT/compile-cache`` (never the user's ``~/.cache``); ``env`` overrides any of them.
+- ``lane``: ``lane(root, *ARGS, env=None, fake_gpus=2, cwd=None, arch="hopper")`` runs
+  ``mizzen-ci gpu-lane ARCH --fake-gpus N`` through ``mizzen_ci`` in this environment
+  (site-packages: pytest, torch), with ``--lease-dir ROOT/leases``, ``LANE_TRACE=ROOT/trace``,
+  ``CI`` empty and its compile cache under ``ROOT/compile-cache`` (never the user's ``~/.cache``);
+  ``env`` overrides any of them.  The pretend GPUs are of ARCH's vendor (``arch="cdna3"``: AMD
+  GPUs, pinned with ``HIP_VISIBLE_DEVICES``).
 - ``deadline``: ``with deadline(seconds):`` fails the test with ``TimeoutError`` when the body
   blocks longer (SIGALRM, main thread), so a hang on a hostile input is a failure, not a stuck
   run.
@@ -143,8 +145,9 @@ def mizzen_ci() -> MizzenCi:
 
 @pytest.fixture(scope="session")
 def lane(mizzen_ci: MizzenCi):
-    """``lane(root, *args, env=None, fake_gpus=2, cwd=None)``: ``mizzen-ci gpu-lane hopper`` on
-    pretend GPUs over ``root``, in this environment (site-packages, pytest and its plugins)."""
+    """``lane(root, *args, env=None, fake_gpus=2, cwd=None, arch="hopper")``: ``mizzen-ci
+    gpu-lane ARCH`` on pretend GPUs over ``root``, in this environment (site-packages, pytest and
+    its plugins)."""
 
     def run(
         root: Path,
@@ -152,6 +155,7 @@ def lane(mizzen_ci: MizzenCi):
         env: Mapping[str, str] | None = None,
         fake_gpus: int = 2,
         cwd: Path | None = None,
+        arch: str = "hopper",
     ) -> subprocess.CompletedProcess:
         defaults: dict[str, str | None] = {
             "LANE_TRACE": str(root / "trace"),
@@ -162,7 +166,7 @@ def lane(mizzen_ci: MizzenCi):
             **{name: None for name, _, _ in CACHE_VARIABLES},
         }
         return mizzen_ci(
-            "gpu-lane", "hopper", "--fake-gpus", str(fake_gpus),
+            "gpu-lane", arch, "--fake-gpus", str(fake_gpus),
             "--lease-dir", str(root / "leases"), "--kill-grace", "1", *args,
             cwd=cwd or root,
             env={**defaults, **(env or {})},

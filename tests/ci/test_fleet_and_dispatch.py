@@ -66,10 +66,10 @@ def test_repo_fleet_has_the_required_generations_and_pools(repo_root):
     repo_fleet = load_fleet(repo_root / "ci" / "fleet.toml")
     assert repo_fleet.arch_names[0] == "hopper"
     assert {"ampere", "ada", "hopper", "blackwell"} <= set(repo_fleet.arch_names)
-    assert repo_fleet.arch_of_capability("9.0") == "hopper"
-    assert repo_fleet.arch_of_capability("10.0") == "blackwell"
-    assert repo_fleet.arch_of_capability("12.0") != "blackwell"  # consumer Blackwell is separate
-    assert repo_fleet.arch_of_capability("7.5") is None
+    assert repo_fleet.arch_of_target("9.0") == "hopper"
+    assert repo_fleet.arch_of_target("10.0") == "blackwell"
+    assert repo_fleet.arch_of_target("12.0") != "blackwell"  # consumer Blackwell is separate
+    assert repo_fleet.arch_of_target("7.5") is None
     shapes = {
         (p.arch, p.gpu, p.gpus_per_runner, "rdma" in p.capabilities) for p in repo_fleet.pools
     }
@@ -87,29 +87,29 @@ def test_repo_fleet_has_the_required_generations_and_pools(repo_root):
     [
         ("labels = []\n[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n", "lacks `arch`"),
         (
-            "labels=[]\n[[arch]]\nname='a'\ncompute_capabilities=['9.0']\n[[arch]]\nname='b'\n"
-            "compute_capabilities=['9.0']\n[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
+            "labels=[]\n[[arch]]\nname='a'\nvendor='nvidia'\ncompute_capabilities=['9.0']\n[[arch]]\nname='b'\n"
+            "vendor='nvidia'\ncompute_capabilities=['9.0']\n[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
             "listed for both a and b",
         ),
         (
-            "labels=[]\n[[arch]]\nname='a'\ncompute_capabilities=['nine']\n"
+            "labels=[]\n[[arch]]\nname='a'\nvendor='nvidia'\ncompute_capabilities=['nine']\n"
             "[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
             "is not 'M.m'",
         ),
         (
-            "labels=[]\n[[arch]]\nname='a'\ncompute_capabilities=['9.0']\n[[pool]]\nname='p'\n"
+            "labels=[]\n[[arch]]\nname='a'\nvendor='nvidia'\ncompute_capabilities=['9.0']\n[[pool]]\nname='p'\n"
             "arch='zz'\ngpu='G'\ngpus_per_runner=1\nrunners=1\nruns_on=['x']\n"
             "[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
             "arch 'zz' is not one of",
         ),
         (
-            "capabilities=['rdma']\nlabels=[]\n[[arch]]\nname='a'\ncompute_capabilities=['9.0']\n"
+            "capabilities=['rdma']\nlabels=[]\n[[arch]]\nname='a'\nvendor='nvidia'\ncompute_capabilities=['9.0']\n"
             "[[pool]]\nname='p'\narch='a'\ngpu='G'\ngpus_per_runner=1\nrunners=1\nruns_on=['x']\n"
             "capabilities=['ib']\n[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
             "unknown capabilities ['ib']",
         ),
         (
-            "labels=[]\n[[arch]]\nname='a'\ncompute_capabilities=['9.0']\n[[pool]]\nname='p'\n"
+            "labels=[]\n[[arch]]\nname='a'\nvendor='nvidia'\ncompute_capabilities=['9.0']\n[[pool]]\nname='p'\n"
             "arch='a'\ngpu='G'\ngpus_per_runner=true\nrunners=1\nruns_on=['x']\n"
             "[cpu_pool]\nname='c'\nruns_on=['u']\nrunners=1\n",
             "gpus_per_runner must be an integer",

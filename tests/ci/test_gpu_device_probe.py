@@ -40,7 +40,7 @@ def fake_nvidia_smi(tmp_path: Path, stdout: str, code: int = 0) -> dict[str, str
 def test_parse_nvidia_smi_lines_including_names_with_commas():
     gpus = parse_nvidia_smi(H200_X2 + "2, GPU-abc, NVIDIA RTX PRO 6000, Blackwell, 12.0\n")
     assert gpus[0] == Gpu(0, "9.0", "NVIDIA H200", "GPU-5c2a1e3b-0000-1111-2222-333344445555")
-    assert gpus[2].name == "NVIDIA RTX PRO 6000, Blackwell" and gpus[2].compute_capability == "12.0"
+    assert gpus[2].name == "NVIDIA RTX PRO 6000, Blackwell" and gpus[2].target == "12.0"
     assert gpus[0].visible_id == gpus[0].lease_key == gpus[0].uuid
     with pytest.raises(ProbeError, match="unexpected line"):
         parse_nvidia_smi("0, GPU-x, H200, [N/A]\n")

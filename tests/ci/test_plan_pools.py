@@ -28,6 +28,7 @@ capabilities = ["rdma"]
 
 [[arch]]
 name = "hopper"
+vendor = "nvidia"
 compute_capabilities = ["9.0"]
 
 [cpu_pool]

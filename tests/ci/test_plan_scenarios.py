@@ -31,14 +31,17 @@ labels = ["ci", "lora", "train", "rollout"]
 
 [[arch]]
 name = "hopper"
+vendor = "nvidia"
 compute_capabilities = ["9.0"]
 
 [[arch]]
 name = "blackwell"
+vendor = "nvidia"
 compute_capabilities = ["10.0"]
 
 [[arch]]
 name = "ampere"
+vendor = "nvidia"
 compute_capabilities = ["8.0"]
 
 [cpu_pool]

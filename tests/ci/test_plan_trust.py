@@ -22,6 +22,7 @@ labels = ["ci", "lora"]
 
 [[arch]]
 name = "hopper"
+vendor = "nvidia"
 compute_capabilities = ["9.0"]
 
 [cpu_pool]

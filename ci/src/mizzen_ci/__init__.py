@@ -3,14 +3,19 @@
 Every ``tests/**/test_*.py`` file declares itself with one module-level call, literal arguments
 only::
 
-    from mizzen_ci import register_cpu_ci, register_cuda_ci
+    from mizzen_ci import register_cpu_ci, register_cuda_ci, register_gpu_ci
 
     register_cuda_ci(est_time=240, hardware=["hopper", "blackwell"], num_gpus=2, labels=["lora"])
+    register_gpu_ci(est_time=300, hardware=["hopper", "cdna3"], num_gpus=8, labels=["train"])
+
+``register_gpu_ci`` is the one GPU declaration whatever the vendor: its ``hardware`` lists NVIDIA
+and AMD generations alike.  ``register_cuda_ci`` is the same call restricted to NVIDIA generations
+(the files written before AMD generations existed keep meaning exactly what they said).
 
 Invariants:
 - This package is stdlib-only and cheap to import: planning runs on a bare runner with nothing
   installed (``PYTHONPATH=ci/src python3 -S -m mizzen_ci ...``).
-- The two ``register_*`` functions do nothing at run time.  The registry
+- The ``register_*`` functions do nothing at run time.  The registry
   (:mod:`mizzen_ci.registry`) reads the calls from each test file's syntax tree; it never imports
   a test.  Their signatures here are the contract the reader enforces.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "register_cpu_ci", "register_cuda_ci"]
+__all__ = ["__version__", "register_cpu_ci", "register_cuda_ci", "register_gpu_ci"]
 
 
 def register_cpu_ci(
@@ -52,8 +57,28 @@ def register_cuda_ci(
     disabled: str | None = None,
     watches: list[str] | tuple[str, ...] = (),
 ) -> None:
-    """Declare this test file for the GPU lanes of ``hardware`` (a no-op; read statically).
+    """Declare this test file for the GPU lanes of ``hardware``, NVIDIA generations only (a no-op;
+    read statically).  A test that also runs on AMD GPUs uses :func:`register_gpu_ci`.
 
-    ``hardware``: the GPU generations it supports (from ``ci/fleet.toml``); ``num_gpus``: how many
-    it needs; ``needs``: capabilities such as ``rdma``; the other arguments as for
+    ``hardware``: the NVIDIA generations it supports (from ``ci/fleet.toml``); ``num_gpus``: how
+    many it needs; ``needs``: capabilities such as ``rdma``; the other arguments as for
     :func:`register_cpu_ci`."""
+
+
+def register_gpu_ci(
+    est_time: float,
+    *,
+    hardware: list[str],
+    num_gpus: int = 1,
+    labels: list[str],
+    needs: list[str] | tuple[str, ...] = (),
+    nightly: bool = False,
+    disabled: str | None = None,
+    watches: list[str] | tuple[str, ...] = (),
+) -> None:
+    """Declare this test file for the GPU lanes of ``hardware``, whatever their vendor (a no-op;
+    read statically): ``hardware=["hopper", "cdna3"]`` runs on H200s by default and on MI300Xs
+    when asked (``run-on-cdna3``, the weekly schedule).
+
+    The arguments are those of :func:`register_cuda_ci`; ``hardware`` may name any generation of
+    ``ci/fleet.toml``, NVIDIA or AMD."""

@@ -2,8 +2,16 @@
 
 Invariants:
 - ``fleet.toml`` is the one table of hardware facts; this module only reads and checks it and
-  derives from it (which generation a compute capability belongs to, which pool hosts a test).
-- Generations keep the file's order, which is the auto-dispatch preference order.
+  derives from it (which generation a device identifier belongs to, which pool hosts a test).
+- Generations keep the file's order, which is the auto-dispatch preference order, across vendors:
+  one list of NVIDIA and AMD generations, not one per vendor.
+- Every generation names its vendor (:data:`VENDORS`: ``nvidia`` or ``amd``) and lists its device
+  identifiers under the vendor's key: compute capabilities (``"9.0"``) for NVIDIA, ISA names
+  (``"gfx942"``) for AMD.  One identifier belongs to one generation, whatever the vendor; the
+  identifiers' spellings are checked (an ISA name never passes for a compute capability).
+- What a vendor's runtime needs is the :class:`Vendor` record, one per vendor, and nothing else
+  names it: the variable that pins a process to its GPUs (``CUDA_VISIBLE_DEVICES``;
+  ``HIP_VISIBLE_DEVICES`` on AMD) and the variables that would renumber or hide devices under it.
 - Pool derivation is deterministic: on one arch, the smallest pool (fewest GPUs per runner) that
   has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
 - A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
@@ -18,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +46,81 @@ class FleetError(ValueError):
 
 
 @dataclass(frozen=True)
+class Vendor:
+    """What mizzen needs to know about one GPU vendor's runtime (not a fact of the fleet: the same
+    for every machine of that vendor)."""
+
+    name: str  # the value of ``vendor`` in fleet.toml
+    title: str  # how people write it
+    runtime: str  # the GPU runtime's name: CUDA, ROCm
+    targets_key: str  # the [[arch]] key listing the generation's device identifiers
+    target_word: str  # what one identifier is called in messages
+    target_example: str
+    target_pattern: re.Pattern[str]
+    visible_devices: str  # the variable that pins a process to its GPUs
+    # Other spellings of visible_devices that the runtime also reads: they must agree with it,
+    # and a lane's children get visible_devices alone.
+    visible_aliases: tuple[str, ...] = ()
+    # Variables that restrict or renumber the devices under visible_devices: a lane refuses to
+    # run when they are set (the GPUs it leased would not be the ones a test sees) and keeps them
+    # out of its children's environment.
+    renumbering: tuple[str, ...] = ()
+
+    @property
+    def pinning_variables(self) -> tuple[str, ...]:
+        """Every variable that decides which devices a process of this vendor sees."""
+        return (self.visible_devices, *self.visible_aliases, *self.renumbering)
+
+    def is_target(self, text: str) -> bool:
+        return bool(self.target_pattern.fullmatch(text))
+
+
+NVIDIA = Vendor(
+    name="nvidia",
+    title="NVIDIA",
+    runtime="CUDA",
+    targets_key="compute_capabilities",
+    target_word="compute capability",
+    target_example="9.0",
+    target_pattern=re.compile(r"[0-9]+\.[0-9]+"),
+    visible_devices="CUDA_VISIBLE_DEVICES",
+)
+# ROCm: HIP reads HIP_VISIBLE_DEVICES (device indices; CUDA_VISIBLE_DEVICES is its alias), within
+# the devices that ROCR_VISIBLE_DEVICES (the ROCm runtime, below HIP) and GPU_DEVICE_ORDINAL (ROCclr)
+# expose.  The lane pins with HIP_VISIBLE_DEVICES alone.
+AMD = Vendor(
+    name="amd",
+    title="AMD",
+    runtime="ROCm",
+    targets_key="isa",
+    target_word="ISA",
+    target_example="gfx942",
+    target_pattern=re.compile(r"gfx[0-9a-f]{3,4}"),
+    visible_devices="HIP_VISIBLE_DEVICES",
+    visible_aliases=("CUDA_VISIBLE_DEVICES",),
+    renumbering=("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"),
+)
+VENDORS: dict[str, Vendor] = {v.name: v for v in (NVIDIA, AMD)}
+
+
+@dataclass(frozen=True)
 class Arch:
-    """A GPU generation (not a SKU) with the compute capabilities that belong to it."""
+    """A GPU generation (not a SKU) of one vendor, with the device identifiers that belong to it:
+    compute capabilities (NVIDIA) or ISA names (AMD), its *targets*."""
 
     name: str
-    compute_capabilities: tuple[str, ...]
+    vendor: str  # a key of VENDORS
+    targets: tuple[str, ...]
     gpus: tuple[str, ...] = ()
+
+    @property
+    def runtime(self) -> Vendor:
+        return VENDORS[self.vendor]
+
+    def describe(self) -> str:
+        """``compute capability 9.0: H100, H200`` / ``ISA gfx942: MI300X, MI325X``."""
+        text = f"{self.runtime.target_word} {', '.join(self.targets)}"
+        return text + (f": {', '.join(self.gpus)}" if self.gpus else "")
 
 
 SELF_HOSTED = "self-hosted"
@@ -129,12 +207,17 @@ class Fleet:
                 return p
         raise KeyError(name)
 
-    def arch_of_capability(self, compute_capability: str) -> str | None:
-        """The generation a compute capability (``"9.0"``) belongs to, or ``None``."""
+    def arch_of_target(self, target: str) -> str | None:
+        """The generation a device identifier belongs to (a compute capability ``"9.0"`` or an ISA
+        name ``"gfx942"``), or ``None``."""
         for a in self.archs:
-            if compute_capability in a.compute_capabilities:
+            if target in a.targets:
                 return a.name
         return None
+
+    def vendor_of(self, arch: str | None) -> Vendor | None:
+        """The vendor of generation ``arch`` (``None``: the CPU lane)."""
+        return None if arch is None else self.arch(arch).runtime
 
 
 def find_repo_root(start: Path | None = None) -> Path:
@@ -210,6 +293,28 @@ def _strings(path: Path, where: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _vendor(path: Path, where: str, raw: dict) -> Vendor:
+    """The generation's vendor, and its identifiers under that vendor's key only."""
+    value = _need(path, where, raw, "vendor", str)
+    vendor = VENDORS.get(value)
+    if vendor is None:
+        raise FleetError(f"{path}: {where}.vendor must be one of {sorted(VENDORS)}, got {value!r}")
+    for other in VENDORS.values():
+        if other is not vendor and other.targets_key in raw:
+            raise FleetError(
+                f"{path}: {where} is {vendor.title}, but lists `{other.targets_key}` "
+                f"({other.title}'s identifiers); list its {vendor.target_word}s under "
+                f"`{vendor.targets_key}`, e.g. [{vendor.target_example!r}]"
+            )
+    return vendor
+
+
+def _target_shape(vendor: Vendor) -> str:
+    if vendor is NVIDIA:
+        return "'M.m' (e.g. '9.0')"
+    return "an ISA name such as 'gfx90a', 'gfx942' (gfx and 3-4 lowercase hex digits, no features)"
+
+
 MAX_JOB_SETUP_S = 3600  # a set-up longer than an hour is a mistake in the table
 
 
@@ -234,24 +339,27 @@ def _parse(path: Path, data: dict) -> Fleet:
     for i, raw in enumerate(_need(path, "the top level", data, "arch", list)):
         where = f"[[arch]] #{i + 1}"
         name = _need(path, where, raw, "name", str)
-        ccs = _strings(
-            path, f"{where} ({name}).compute_capabilities", raw.get("compute_capabilities")
+        vendor = _vendor(path, f"{where} ({name})", raw)
+        targets = _strings(
+            path, f"{where} ({name}).{vendor.targets_key}", raw.get(vendor.targets_key)
         )
-        for cc in ccs:
-            major, _, minor = cc.partition(".")
-            if not (major.isdigit() and minor.isdigit()):
+        for target in targets:
+            if not vendor.is_target(target):
                 raise FleetError(
-                    f"{path}: {where} ({name}): compute capability {cc!r} is not 'M.m'"
+                    f"{path}: {where} ({name}): {vendor.target_word} {target!r} is not "
+                    f"{_target_shape(vendor)}"
                 )
-            if cc in owner:
+            if target in owner:
                 raise FleetError(
-                    f"{path}: compute capability {cc} is listed for both {owner[cc]} and {name}; "
-                    "a capability belongs to one generation"
+                    f"{path}: {vendor.target_word} {target} is listed for both {owner[target]} "
+                    f"and {name}; an identifier belongs to one generation"
                 )
-            owner[cc] = name
+            owner[target] = name
         if any(a.name == name for a in archs):
             raise FleetError(f"{path}: arch {name!r} is listed twice")
-        archs.append(Arch(name, ccs, _strings(path, f"{where}.gpus", raw.get("gpus", []))))
+        archs.append(
+            Arch(name, vendor.name, targets, _strings(path, f"{where}.gpus", raw.get("gpus", [])))
+        )
 
     arch_names = {a.name for a in archs}
     pools: list[Pool] = []

@@ -6,7 +6,8 @@ pytester runs in temporary directories) it does nothing.
 Invariants:
 - A lane is ``cpu`` or a GPU generation of the fleet (``--mizzen-lane``, else ``$MIZZEN_LANE``,
   else ``cpu``).  Only files registered for that lane are collected: CPU registrations in the CPU
-  lane, CUDA registrations declaring the arch in that arch's lane.
+  lane, GPU registrations (``register_cuda_ci``/``register_gpu_ci``) declaring the arch in that
+  arch's lane.
 - A disabled registration is never imported; it is reported as one skipped item with its reason.
 - A file whose registration is broken is a collection error carrying the registry's messages.
 - A file named explicitly on the command line that is not registered for the lane is an error,
@@ -21,10 +22,13 @@ Invariants:
 
 Truth rules (what is declared is what runs):
 - GPU lane: each test checks, before its fixtures run, that the GPUs it sees are of the lane's
-  generation (compute capability from ``--mizzen-compute-capability`` /
-  ``$MIZZEN_COMPUTE_CAPABILITY``, which the GPU runner sets from its probe; else probed here) and
-  that it sees exactly its file's ``num_gpus`` devices (``CUDA_VISIBLE_DEVICES``, and
-  ``torch.cuda.device_count()`` when torch is imported).  Otherwise the test errors.
+  generation (their compute capabilities, or ISA names on AMD, from
+  ``--mizzen-compute-capability`` / ``$MIZZEN_COMPUTE_CAPABILITY``, which the GPU runner sets
+  from its probe; else probed here with the lane's vendor's tools) and that it sees exactly its
+  file's ``num_gpus`` devices (the lane vendor's variable: ``CUDA_VISIBLE_DEVICES``, or
+  ``HIP_VISIBLE_DEVICES`` on AMD with no other variable picking devices; and
+  ``torch.cuda.device_count()`` when torch is imported, which a ROCm build answers the same way).
+  Otherwise the test errors.
 - GPU lane: a test or a module that skips *fails* ("skipped on hardware it declared", with the
   skip reason); ``disabled=`` in the registration is the only way not to run.  ``xfail`` is not a
   skip and is left to pytest.
@@ -44,7 +48,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fleet import CPU_LANE, FLEET_RELATIVE_PATH, Fleet, lane_name, load_fleet
+from .fleet import CPU_LANE, FLEET_RELATIVE_PATH, NVIDIA, Fleet, Vendor, lane_name, load_fleet
 from .output import plain
 from .registry import (
     Backend,
@@ -85,6 +89,11 @@ class LaneState:
     def in_lane(self, reg: Registration) -> bool:
         return runs_in(reg, self.lane)
 
+    @property
+    def vendor(self) -> Vendor:
+        """The vendor of the lane's generation (NVIDIA's words for the CPU lane, which has none)."""
+        return NVIDIA if self.lane == CPU_LANE else self.fleet.arch(self.lane).runtime
+
 
 @functools.cache
 def _state_key():
@@ -103,8 +112,9 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--mizzen-compute-capability",
         default=None,
-        help="compute capability of the GPUs this process sees, e.g. 9.0 (GPU lanes; default: "
-        f"${CAPABILITY_ENV}, else probed with nvidia-smi)",
+        help="compute capability (NVIDIA) or ISA name (AMD) of the GPUs this process sees, e.g. "
+        f"9.0 or gfx942 (GPU lanes; default: ${CAPABILITY_ENV}, else probed with the vendor's "
+        "tools)",
     )
 
 
@@ -155,7 +165,7 @@ def pytest_report_header(config) -> str | None:
     n = sum(1 for r in state.registrations.values() if state.in_lane(r))
     header = f"mizzen lane: {state.lane} ({n} registered file(s) in this lane)"
     if state.lane != CPU_LANE and state.capability_input:
-        header += f", compute capability {state.capability_input}"
+        header += f", {state.vendor.target_word} {state.capability_input}"
     return header
 
 
@@ -260,8 +270,8 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
 
 
 @functools.cache
-def _visible_capabilities(capability_input: str | None) -> tuple[tuple[str, ...], str]:
-    """(compute capabilities of the GPUs this process sees, where that came from)."""
+def _visible_targets(capability_input: str | None, vendor: str) -> tuple[tuple[str, ...], str]:
+    """(compute capabilities or ISA names of the GPUs this process sees, where that came from)."""
     if capability_input:
         return tuple(c.strip() for c in capability_input.split(",") if c.strip()), (
             f"--mizzen-compute-capability / ${CAPABILITY_ENV}"
@@ -269,45 +279,52 @@ def _visible_capabilities(capability_input: str | None) -> tuple[tuple[str, ...]
     from .lane.hardware import ProbeError, probe  # subprocesses only; never torch in-process
 
     try:
-        found = probe()
+        found = probe(vendor=vendor)
     except ProbeError as e:
         return (), str(e)
-    return tuple(g.compute_capability for g in found.gpus), found.describe()
+    return tuple(g.target for g in found.gpus), found.describe()
 
 
 def hardware_problem(state: LaneState) -> str | None:
     """Why this process's GPUs are not of the lane's generation, or ``None`` when they are."""
     arch = state.fleet.arch(state.lane)
-    capabilities, source = _visible_capabilities(state.capability_input)
-    wanted = (
-        f"lane {state.lane!r} runs on {state.lane} GPUs "
-        f"(compute capability {', '.join(arch.compute_capabilities)})"
-    )
-    if not capabilities:
+    word = arch.runtime.target_word
+    targets, source = _visible_targets(state.capability_input, arch.vendor)
+    wanted = f"lane {state.lane!r} runs on {state.lane} GPUs ({word} {', '.join(arch.targets)})"
+    if not targets:
         return f"{wanted}, but this process sees no GPU: {source}"
     wrong = [
-        f"{cc} ({state.fleet.arch_of_capability(cc) or 'not in ' + str(FLEET_RELATIVE_PATH)})"
-        for cc in capabilities
-        if state.fleet.arch_of_capability(cc) != state.lane
+        f"{t} ({state.fleet.arch_of_target(t) or 'not in ' + str(FLEET_RELATIVE_PATH)})"
+        for t in targets
+        if state.fleet.arch_of_target(t) != state.lane
     ]
     if wrong:
-        return f"{wanted}, but this process sees compute capability {', '.join(wrong)} [{source}]"
+        return f"{wanted}, but this process sees {word} {', '.join(wrong)} [{source}]"
     return None
 
 
-def device_count_problem(reg: Registration) -> str | None:
-    """Why the test does not see exactly ``reg.num_gpus`` devices, or ``None``."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def device_count_problem(reg: Registration, vendor: Vendor = NVIDIA) -> str | None:
+    """Why the test does not see exactly ``reg.num_gpus`` devices of ``vendor``, or ``None``."""
+    pin = vendor.visible_devices
+    visible = os.environ.get(pin)
     if visible is None:
         return (
-            f"{reg.path} declares num_gpus={reg.num_gpus} but CUDA_VISIBLE_DEVICES is not set, so "
+            f"{reg.path} declares num_gpus={reg.num_gpus} but {pin} is not set, so "
             "it would see every GPU of the host. Fix: run it through the lane "
-            "(nox -s gpu-<arch>), which leases its GPUs and sets CUDA_VISIBLE_DEVICES"
+            f"(nox -s gpu-<arch>), which leases its GPUs and sets {pin}"
+        )
+    others = [
+        f"{v}={os.environ[v]!r}" for v in vendor.pinning_variables if v != pin and v in os.environ
+    ]
+    if others:
+        return (
+            f"{reg.path} runs with {pin}={visible!r} and also {', '.join(others)}, which pick or "
+            f"renumber the devices {pin} counts. Fix: unset them; the lane pins with {pin} alone"
         )
     n = len([e for e in visible.split(",") if e.strip()])
     if n != reg.num_gpus:
         return (
-            f"{reg.path} declares num_gpus={reg.num_gpus} but CUDA_VISIBLE_DEVICES={visible!r} "
+            f"{reg.path} declares num_gpus={reg.num_gpus} but {pin}={visible!r} "
             f"makes {n} visible. Fix: give it exactly {reg.num_gpus}, or change num_gpus"
         )
     torch = sys.modules.get("torch")
@@ -316,7 +333,7 @@ def device_count_problem(reg: Registration) -> str | None:
         seen = cuda.device_count()
         if seen != reg.num_gpus:
             return (
-                f"{reg.path} declares num_gpus={reg.num_gpus} and CUDA_VISIBLE_DEVICES={visible!r}, "
+                f"{reg.path} declares num_gpus={reg.num_gpus} and {pin}={visible!r}, "
                 f"but torch.cuda.device_count() == {seen}"
             )
     return None
@@ -351,8 +368,8 @@ def _truth_rules_class():
         def _skip_message(self, what: str, reason: str) -> str:
             cc = self.state.capability_input or "probed"
             return (
-                f"{what + ' ' if what else ''}skipped on hardware it declared (lane {self.state.lane}, compute "
-                f"capability {plain(cc)}): {plain(reason)}\nA skip on a GPU lane is a failure: the test was "
+                f"{what + ' ' if what else ''}skipped on hardware it declared (lane {self.state.lane}, "
+                f"{self.state.vendor.target_word} {plain(cc)}): {plain(reason)}\nA skip on a GPU lane is a failure: the test was "
                 "dispatched here because its registration declares this generation. Fix: make it "
                 'run here, or set `disabled="<reason>"` in its registration (the only way not to '
                 "run)"
@@ -375,7 +392,7 @@ def _truth_rules_class():
             problem = hardware_problem(state)
             reg = state.registrations.get(state.rel(item.path) or "")
             if problem is None and reg is not None:
-                problem = device_count_problem(reg)
+                problem = device_count_problem(reg, state.vendor)
             if problem is not None:
                 pytest.fail(plain(f"mizzen truth rule: {problem}"), pytrace=False)
 
@@ -398,7 +415,7 @@ def _truth_rules_class():
                     f"{item.nodeid} initialised CUDA on the CPU lane (torch.cuda.is_initialized() "
                     f"became true during {report.when}). A CPU-lane test must never initialise "
                     "CUDA. Fix: keep it on the CPU (device='cpu', no .cuda(), no torch.cuda calls "
-                    "that create a context), or register it with register_cuda_ci(...)"
+                    "that create a context), or register it with register_gpu_ci(...)"
                 )
                 if report.failed and report.longrepr is not None:
                     message += f"\n\n{report.longrepr}"

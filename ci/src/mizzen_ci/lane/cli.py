@@ -8,7 +8,8 @@ GPUs); what it reports, by :mod:`.report`.
 Invariants:
 - It refuses (exit 2, before running anything) on a machine whose GPUs are not of ARCH, with the
   probed GPUs and the fix in the message.  ``--fake-gpus N`` replaces the probe with N pretend
-  GPUs of ARCH for testing the runner without CUDA; it is printed as such and never the default.
+  GPUs of ARCH (of ARCH's vendor: pinned as that vendor's runtime reads it) for testing the
+  runner without a GPU; it is printed as such and never the default.
 - A file needing more GPUs than the host has is listed as *not runnable here*; under ``CI=true``
   that fails the lane (the planner never sends one there), locally it is reported only.
 - Disabled registrations are listed with their reason and not run; a broken registration fails
@@ -168,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
             "has it (`python3 -m nox -s gpu-…` uses the Python that runs nox)"
         )
     in_ci = os.environ.get("CI", "").lower() == "true"
-    cache = compile_cache.configure(os.environ, [g.compute_capability for g in gpus])
+    cache = compile_cache.configure(os.environ, [g.target for g in gpus])
 
     report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,10 @@ Where and keyed how:
   get no cache variable from the lane), else ``$XDG_CACHE_HOME/mizzen-ci/compile`` (an absolute
   ``XDG_CACHE_HOME``), else ``~/.cache/mizzen-ci/compile``.
 - Under it, one directory per set of things that make compiled artifacts incompatible
-  (:func:`cache_key`): ``torch-<version>[+cu<NNN>|+rocm<X.Y>]-sm<NN>[_<NN>…]-py<MAJOR><MINOR>``,
-  e.g. ``torch-2.11.0+cu130-sm90-py312``: torch's version, the CUDA/HIP version it was built for,
-  the compute capabilities of the lane's GPUs (:mod:`.hardware`) and the Python version.  It holds
+  (:func:`cache_key`): ``torch-<version>[+cu<NNN>|+rocm<X.Y>]-<devices>-py<MAJOR><MINOR>``,
+  e.g. ``torch-2.11.0+cu130-sm90-py312`` or ``torch-2.5.1+rocm6.2-gfx942-py312``: torch's
+  version, the CUDA/HIP version it was built for, the lane's GPUs (compute capabilities as
+  ``sm<NN>[_<NN>…]``, AMD ISA names as they are: :mod:`.hardware`) and the Python version.  It holds
   ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``), ``triton/`` (``TRITON_CACHE_DIR``) and ``cuda/``
   (``CUDA_CACHE_PATH``); ``TORCHINDUCTOR_FX_GRAPH_CACHE=1`` and ``TORCHINDUCTOR_AUTOGRAD_CACHE=1``
   turn the persistent graph caches on (:data:`CACHE_VARIABLES`, the one table of them).
@@ -49,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fleet import NVIDIA
 from ..output import plain
 from ..sources import read_bytes
 from .host_dirs import DirRule, open_dir
@@ -157,8 +159,12 @@ def cache_key(torch: TorchBuild, capabilities: Sequence[str], python: Sequence[i
             version += "+cu" + "".join(torch.cuda.split(".")[:2])
         elif torch.hip:
             version += "+rocm" + ".".join(torch.hip.split(".")[:2])
-    sm = "_".join(sorted({c.replace(".", "") for c in capabilities}, key=lambda c: (len(c), c)))
-    return _component(f"torch-{version}-sm{sm or 'none'}-py{python[0]}{python[1]}")
+    nvidia = sorted(
+        {c.replace(".", "") for c in capabilities if NVIDIA.is_target(c)}, key=lambda c: (len(c), c)
+    )
+    others = sorted({c for c in capabilities if not NVIDIA.is_target(c)})  # ISA names: gfx942
+    devices = "_".join((["sm" + "_".join(nvidia)] if nvidia else []) + others) or "smnone"
+    return _component(f"torch-{version}-{devices}-py{python[0]}{python[1]}")
 
 
 def cache_root(environ: Mapping[str, str]) -> Path | None:

@@ -3,8 +3,10 @@ leased GPUs.
 
 Invariants:
 - Each file runs as ``python -m pytest FILE --mizzen-lane ARCH`` in its own session (process
-  group), with ``CUDA_VISIBLE_DEVICES`` naming exactly its GPUs set in the environment it starts
-  with, so nothing in it can see another GPU, whatever it imports first.
+  group), with its vendor's visible-devices variable naming exactly its GPUs set in the
+  environment it starts with (``CUDA_VISIBLE_DEVICES``; ``HIP_VISIBLE_DEVICES`` on AMD, every other
+  variable that would pick or renumber AMD devices removed: :class:`mizzen_ci.fleet.Vendor`), so
+  nothing in it can see another GPU, whatever it imports first.
 - A file starts only when the packer (:mod:`.packing`) gives it GPUs *and* their
   leases (:mod:`.leases`) are taken; the lease descriptors go to the process, and the
   runner drops its copies only after the whole process group is gone.
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __file__ as _package_init
-from ..fleet import lane_name
+from ..fleet import NVIDIA, VENDORS, Vendor, lane_name
 from ..sources import read_tail
 from .compile_cache import STATS_ENV, CompileCache, CompileStats, read_stats
 from .hardware import Gpu
@@ -82,6 +84,14 @@ class RunnerConfig:
 
     def timeout_for(self, est_seconds: float) -> float:
         return max(self.min_timeout_s, est_seconds * self.timeout_factor)
+
+    @property
+    def vendor(self) -> Vendor:
+        """The vendor of the lane's GPUs (one per lane: :func:`.hardware.lane_gpus`)."""
+        vendors = {g.vendor for g in self.gpus}
+        if len(vendors) > 1:
+            raise ValueError(f"a lane's GPUs are of one vendor, got {sorted(vendors)}")
+        return VENDORS[vendors.pop()] if vendors else NVIDIA
 
 
 @dataclass
@@ -204,11 +214,15 @@ class GpuLaneRunner:
         own = str(Path(_package_init).resolve().parents[1])  # the dir that holds mizzen_ci/
         inherited = [str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(":") if p]
         path = [*self.config.pythonpath, own, *inherited]
+        vendor = self.config.vendor
+        for name in vendor.pinning_variables:  # only the one the lane sets decides
+            env.pop(name, None)
+        env[vendor.visible_devices] = ",".join(g.visible_id for g in gpus)
+        if vendor is NVIDIA:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env.update(
-            CUDA_VISIBLE_DEVICES=",".join(g.visible_id for g in gpus),
-            CUDA_DEVICE_ORDER="PCI_BUS_ID",
             MIZZEN_LANE=self.config.arch,
-            MIZZEN_COMPUTE_CAPABILITY=",".join(sorted({g.compute_capability for g in gpus})),
+            MIZZEN_COMPUTE_CAPABILITY=",".join(sorted({g.target for g in gpus})),
             PYTHONPATH=":".join(dict.fromkeys(path)),
             PYTHONUNBUFFERED="1",
         )
@@ -231,7 +245,8 @@ class GpuLaneRunner:
             "-p", "no:cacheprovider", "-rfEs", *self._plugin_args, *self.config.pytest_args,
         ]  # fmt: skip
         with log.open("w") as out:
-            out.write(f"$ CUDA_VISIBLE_DEVICES={','.join(g.visible_id for g in gpus)} ")
+            pin = self.config.vendor.visible_devices
+            out.write(f"$ {pin}={','.join(g.visible_id for g in gpus)} ")
             out.write(" ".join(cmd) + "\n")
             out.flush()
             proc = subprocess.Popen(

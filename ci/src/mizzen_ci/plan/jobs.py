@@ -91,6 +91,7 @@ def pack_jobs(
                 tests=len(tests),
                 makespan_seconds=round(max(p.makespan for _, p in assignment.values()), 1),
                 bound_seconds=round(_pooled_bound(tests, arch is None, budget_seconds), 1),
+                vendor=_vendor(fleet, arch),
             )
         )
     jobs: list[Job] = []
@@ -105,7 +106,7 @@ def pack_jobs(
         arch = None if pool_name == fleet.cpu_pool.name else pool.arch
         for k, job in enumerate(packing.jobs, 1):
             job_id = f"cpu-{k}" if arch is None else f"{arch}-{pool_name}-{k}"
-            jobs.append(_job_record(job_id, job, pool, arch, packing, info))
+            jobs.append(_job_record(job_id, job, pool, arch, packing, info, _vendor(fleet, arch)))
             if job.over_budget:
                 longest = max(job.slots, key=lambda s: s.item.est_seconds).item
                 warnings.append(
@@ -128,9 +129,16 @@ def pack_jobs(
                 lower_bound_seconds=round(packing.lower_bound, 1),
                 strategy=packing.strategy,
                 setup_seconds=packing.setup,
+                vendor=_vendor(fleet, arch),
             )
         )
     return jobs, summaries, arches, warnings
+
+
+def _vendor(fleet: Fleet, arch: str | None) -> str | None:
+    """The plan's ``vendor`` of an arch's records (``None``: the CPU pool)."""
+    vendor = fleet.vendor_of(arch)
+    return None if vendor is None else vendor.name
 
 
 def _eligible(s: Selected, fleet: Fleet) -> tuple[Pool | CpuPool, ...]:
@@ -284,6 +292,7 @@ def _job_record(
     arch: str | None,
     packing: Packing,
     info: dict[str, _Test],
+    vendor: str | None,
 ) -> Job:
     """The :class:`~.model.Job` of one packed job: its tests in planned start order."""
     tests = []
@@ -313,4 +322,5 @@ def _job_record(
         over_budget=job.over_budget,
         est_seconds=round(packing.setup + job.seconds, 1),
         tests=tuple(tests),
+        vendor=vendor,
     )

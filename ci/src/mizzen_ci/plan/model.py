@@ -12,12 +12,14 @@ The plan JSON (``version`` 1; fields may be added, never renamed)::
                "timeout_minutes": 75, "over_budget": false, "est_seconds": 1234.0,
                "tests": [{"file": "tests/...", "num_gpus": 1, "est_seconds": 60.0,
                           "estimate": "history" | "est_time", "start_seconds": 0.0,
-                          "why": "reaches mizzen_train.lora (…changed)"}]}],
+                          "why": "reaches mizzen_train.lora (…changed)"}],
+               "vendor": "nvidia"}],
      "pools": [{"pool": ..., "lane": ..., "jobs": n, "runners": n, "gpus_per_runner": n,
                 "tests": n, "gpu_seconds": ..., "makespan_seconds": ...,
-                "lower_bound_seconds": ..., "strategy": ..., "setup_seconds": ...}],
+                "lower_bound_seconds": ..., "strategy": ..., "setup_seconds": ...,
+                "vendor": "amd"}],
      "capacity": [{"arch": "hopper", "lane": "gpu-hopper", "pools": [...], "tests": n,
-                   "makespan_seconds": ..., "bound_seconds": ...}],
+                   "makespan_seconds": ..., "bound_seconds": ..., "vendor": "nvidia"}],
      "not_scheduled": [{"file": ..., "arch": ..., "code": ..., "reason": ...}],
      "warnings": [...], "errors": [...]}
 
@@ -27,6 +29,8 @@ start (the first test starts after the set-up).  ``capacity`` has one entry per 
 the CPU pool): when its last pool is done, against a bound that pools every pool able to host
 each test.  ``head`` is the
 commit the plan is for: the lanes check out exactly that commit (an approval holds for it only).
+``vendor`` (jobs, pools, capacity) is the GPU vendor of the arch (``nvidia``, ``amd``; ``null``
+for the CPU pool), a field added after version 1: a plan written without it reads as ``null``.
 ``fleet`` names the table the pools and ``runs_on`` labels came from (for a pull request: the base
 revision's, never the change's); ``approval`` says what approved an untrusted author's head.  A job's tests
 are listed in their planned start order (longest first): the lanes run them so.  CPU jobs have
@@ -131,6 +135,7 @@ class Job(_Record):
     over_budget: bool = field(metadata=_read("flag"))
     est_seconds: float = field(metadata=_read("seconds"))
     tests: tuple[PlannedTest, ...] = field(metadata=_read("records", PlannedTest, tuple))
+    vendor: str | None = field(default=None, metadata=_read("added_text"))
 
     @property
     def files(self) -> list[str]:
@@ -163,6 +168,7 @@ class PoolSummary(_Record):
     lower_bound_seconds: float = field(metadata=_read("seconds"))
     strategy: str = field(metadata=_read("text"))
     setup_seconds: float = field(metadata=_read("seconds"))
+    vendor: str | None = field(default=None, metadata=_read("added_text"))
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class ArchSummary(_Record):
     tests: int = field(metadata=_read("integer", 0))
     makespan_seconds: float = field(metadata=_read("seconds"))
     bound_seconds: float = field(metadata=_read("seconds"))
+    vendor: str | None = field(default=None, metadata=_read("added_text"))
 
 
 @dataclass(frozen=True)
@@ -288,6 +295,13 @@ class _Reader:
         if value is not None and not isinstance(value, str):
             raise self._bad(key, "a string or null", value)
         return value
+
+    def added_text(self, key: str) -> str | None:
+        """A string field added after version 1: absent in older plans (``None``), else a string or
+        null."""
+        if key not in self.data:
+            return None
+        return self.opt_text(key)
 
     def flag(self, key: str) -> bool:
         value = self._get(key)

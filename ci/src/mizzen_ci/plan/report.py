@@ -2,7 +2,9 @@
 
 Invariants: both renderers read only the :class:`~.model.Plan` record, so a plan loaded from a
 file (``Plan.load``) renders the same as a fresh one; every not-scheduled reason is counted in the
-summary and listed in full on request (Markdown: inside a collapsed ``<details>``).  Every string
+summary and listed in full on request (Markdown: inside a collapsed ``<details>``).  Jobs, pools
+and arches are grouped by vendor (the CPU pool first, then each GPU vendor in the plan's order,
+which is the fleet's), each group under its own heading with its job count.  Every string
 of the plan (paths, reasons, warnings, errors, ids) goes through the medium's one escaping
 function (:mod:`mizzen_ci.output`: ``plain`` for the terminal, ``markdown``/``markdown_code``
 for Markdown, applied by the table renderers to every cell); HTML is written only around
@@ -12,7 +14,9 @@ constant text.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
+from ..fleet import CPU_LANE, VENDORS
 from ..output import Code, markdown_table, plain, text_table
 from ..output import markdown as markdown_text
 from .model import Plan
@@ -26,6 +30,41 @@ ARCH_HEADERS = ("arch", "pools", "tests", "done after min", "pooled bound min", 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
+
+
+def _group(vendor: str | None, lane: str) -> str:
+    """The heading of the group a job, pool or arch record belongs to."""
+    if lane == CPU_LANE:
+        return "CPU (GitHub-hosted)"
+    if vendor is None:
+        return "GPUs (vendor not recorded)"
+    known = VENDORS.get(vendor)
+    return f"{known.title if known else vendor} GPUs"
+
+
+def groups(plan: Plan) -> list[tuple[str, Plan]]:
+    """``(heading, the plan with only that group's jobs, pools and arches)`` per vendor, in the
+    order the plan lists them (the CPU pool first, then the fleet's order)."""
+    order: list[str] = []
+    for record in (*plan.jobs, *plan.pools, *plan.capacity):
+        heading = _group(record.vendor, record.lane)
+        if heading not in order:
+            order.append(heading)
+    out = []
+    for heading in order:
+        part = replace(
+            plan,
+            jobs=[j for j in plan.jobs if _group(j.vendor, j.lane) == heading],
+            pools=[p for p in plan.pools if _group(p.vendor, p.lane) == heading],
+            capacity=[a for a in plan.capacity if _group(a.vendor, a.lane) == heading],
+        )
+        out.append((heading, part))
+    return out
+
+
+def _group_line(heading: str, part: Plan) -> str:
+    pools = len(part.pools)
+    return f"{heading}: {len(part.jobs)} job(s) on {pools} pool(s)"
 
 
 def _job_rows(plan: Plan) -> list[tuple]:
@@ -114,9 +153,14 @@ def reason_counts(plan: Plan) -> list[tuple[str, int]]:
 def terminal(plan: Plan, *, verbose: bool = False) -> str:
     out = [plain(headline(plan)), plain(provenance(plan)), ""]
     if plan.jobs:
-        out += [text_table(JOB_HEADERS, _job_rows(plan)), ""]
-        out += [text_table(POOL_HEADERS, _pool_rows(plan)), ""]
-        out += [text_table(ARCH_HEADERS, _arch_rows(plan)), ""]
+        for heading, part in groups(plan):
+            out += [plain(_group_line(heading, part)), ""]
+            if part.jobs:
+                out += [text_table(JOB_HEADERS, _job_rows(part)), ""]
+            if part.pools:
+                out += [text_table(POOL_HEADERS, _pool_rows(part)), ""]
+            if part.capacity:
+                out += [text_table(ARCH_HEADERS, _arch_rows(part)), ""]
         if verbose:
             rows = [
                 (j.id, t.file, t.num_gpus or "-", _minutes(t.est_seconds), t.why)
@@ -155,9 +199,14 @@ def markdown(plan: Plan) -> str:
     for e in plan.errors:
         out.append(f"> [!CAUTION]\n> {markdown_text(e)}\n")
     if plan.jobs:
-        out += [markdown_table(JOB_HEADERS, _job_rows(plan)), ""]
-        out += [markdown_table(POOL_HEADERS, _pool_rows(plan)), ""]
-        out += [markdown_table(ARCH_HEADERS, _arch_rows(plan)), ""]
+        for heading, part in groups(plan):
+            out += [f"### {markdown_text(_group_line(heading, part))}", ""]
+            if part.jobs:
+                out += [markdown_table(JOB_HEADERS, _job_rows(part)), ""]
+            if part.pools:
+                out += [markdown_table(POOL_HEADERS, _pool_rows(part)), ""]
+            if part.capacity:
+                out += [markdown_table(ARCH_HEADERS, _arch_rows(part)), ""]
         rows = [
             (j.id, Code(t.file), t.num_gpus or "-", _minutes(t.est_seconds), t.why)
             for j in plan.jobs

@@ -20,10 +20,17 @@ from ..fleet import CPU_LANE
 
 
 class Backend(enum.StrEnum):
-    """Where a registration runs: the CPU lane or the GPU lanes of its generations."""
+    """Which register function declared a file, i.e. where it runs: the CPU lane
+    (``register_cpu_ci``), or the GPU lanes of its generations — NVIDIA ones only
+    (``register_cuda_ci``) or any vendor's (``register_gpu_ci``)."""
 
     CPU = "cpu"
     CUDA = "cuda"
+    GPU = "gpu"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is not Backend.CPU
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ def runs_in(reg: Registration, lane: str) -> bool:
     """Whether ``lane`` (:data:`CPU_LANE` or a GPU generation) runs the file of ``reg``."""
     if lane == CPU_LANE:
         return reg.backend is Backend.CPU
-    return reg.backend is Backend.CUDA and lane in reg.hardware
+    return reg.backend.is_gpu and lane in reg.hardware
 
 
 @dataclass

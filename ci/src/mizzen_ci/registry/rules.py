@@ -23,9 +23,9 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from ..fleet import Fleet
-from .model import Backend, Registration, RuleBroken, Violation
-from .syntax import BACKEND_OF, REQUIRED, SIGNATURES
+from ..fleet import VENDORS, Fleet
+from .model import Registration, RuleBroken, Violation
+from .syntax import BACKEND_OF, REQUIRED, SIGNATURES, VENDORS_OF
 
 MAX_EST_TIME_SECONDS = 7 * 24 * 3600  # a test file that needs more is not a CI test
 MAX_NUM_GPUS = 1024
@@ -284,7 +284,9 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
             bad(b.rule, b.message, b.fix, line)
 
     backend = BACKEND_OF[fname]
-    if backend is Backend.CUDA and "labels" in values and not values["labels"]:
+    if "hardware" in values:
+        _check_vendors(fname, values["hardware"], given["hardware"][1], fleet, bad)
+    if backend.is_gpu and "labels" in values and not values["labels"]:
         bad(
             "labels-empty",
             "a GPU test needs at least one domain label",
@@ -293,7 +295,7 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
     if errors:
         return None, errors
 
-    if backend is Backend.CUDA:
+    if backend.is_gpu:
         arches, n, needs = values["hardware"], values["num_gpus"], set(values["needs"])
         largest = max(fleet.max_gpus(a) for a in arches)
         if largest == 0:
@@ -333,6 +335,25 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
         ),
         [],
     )
+
+
+def _check_vendors(fname: str, arches: tuple[str, ...], line: int, fleet: Fleet, bad) -> None:
+    """A GPU register function declares only generations of the vendors it is for
+    (:data:`~.syntax.VENDORS_OF`): ``register_cuda_ci`` NVIDIA ones."""
+    allowed = VENDORS_OF.get(fname)
+    if allowed is None:
+        return
+    others = [a for a in arches if fleet.arch(a).vendor not in allowed]
+    if others:
+        vendors = sorted({VENDORS[fleet.arch(a).vendor].title for a in others})
+        bad(
+            "hardware-vendor",
+            f"{fname} declares {' and '.join(VENDORS[v].title for v in allowed)} generations only, "
+            f"but {_names(others)} {'is' if len(others) == 1 else 'are'} {' and '.join(vendors)}",
+            f"declare every generation in one call: `register_gpu_ci(hardware={list(arches)!r}, "
+            "...)` (same arguments, any vendor)",
+            line,
+        )
 
 
 def validate(syntax, rel: str, fleet: Fleet) -> tuple[Registration | None, list[Violation]]:

@@ -1,9 +1,10 @@
 """What a test file's syntax tree says about its registration (the registry never imports a test).
 
 Invariants:
-- The argument rules are derived from the signatures of :func:`mizzen_ci.register_cpu_ci` and
-  :func:`mizzen_ci.register_cuda_ci` (names, defaults, keyword-only): the signatures are the
-  contract, nothing restates them.  The value rules that need the fleet are
+- The argument rules are derived from the signatures of :func:`mizzen_ci.register_cpu_ci`,
+  :func:`mizzen_ci.register_cuda_ci` and :func:`mizzen_ci.register_gpu_ci` (names, defaults,
+  keyword-only): the signatures are the contract, nothing restates them.  Which vendors each GPU
+  function accepts is :data:`VENDORS_OF` (checked by :mod:`.rules`).  The value rules that need the fleet are
   :mod:`mizzen_ci.registry.rules`.
 - :func:`registration_syntax` is a pure function of the source (no path, no fleet); it takes a
   tree parsed by the caller, so a file is parsed once for everything the CI reads from it, and a
@@ -23,15 +24,26 @@ import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .. import register_cpu_ci, register_cuda_ci
+from .. import register_cpu_ci, register_cuda_ci, register_gpu_ci
+from ..fleet import NVIDIA
 from ..sources import PARSE_ERRORS, RefusedFile
 from .model import Backend, RuleBroken
 
 REGISTER_FUNCTIONS: dict[str, Callable[..., None]] = {
     "register_cpu_ci": register_cpu_ci,
     "register_cuda_ci": register_cuda_ci,
+    "register_gpu_ci": register_gpu_ci,
 }
-BACKEND_OF = {"register_cpu_ci": Backend.CPU, "register_cuda_ci": Backend.CUDA}
+BACKEND_OF = {
+    "register_cpu_ci": Backend.CPU,
+    "register_cuda_ci": Backend.CUDA,
+    "register_gpu_ci": Backend.GPU,
+}
+# The vendors whose generations a GPU register function may declare (None: any vendor).
+VENDORS_OF: dict[str, tuple[str, ...] | None] = {
+    "register_cuda_ci": (NVIDIA.name,),
+    "register_gpu_ci": None,
+}
 
 
 def _signature_table(func: Callable) -> tuple[list[str], dict[str, object]]:
@@ -54,7 +66,9 @@ SIGNATURES = {name: _signature_table(f) for name, f in REGISTER_FUNCTIONS.items(
 Problem = tuple[int, str, str, str]  # (line, rule, message, fix): a Violation before its path
 _NAMES_STR = tuple(REGISTER_FUNCTIONS)
 _NAMES_BYTES = tuple(n.encode() for n in REGISTER_FUNCTIONS)
-assert all(n.startswith(b"register_c") for n in _NAMES_BYTES)  # see _walk_needed
+# Distinct 10-byte prefixes of the names (b"register_c", b"register_g"): see _walk_needed
+_PREFIXES = tuple(sorted({n[:10] for n in _NAMES_BYTES}))
+assert all(n.startswith(_PREFIXES) for n in _NAMES_BYTES)
 
 
 class CallSyntax(NamedTuple):
@@ -91,7 +105,7 @@ NO_REGISTRATION = RegistrationSyntax(
             "no-registration",
             "test file has no registration",
             "add `from mizzen_ci import register_cpu_ci` and a module-level "
-            "`register_cpu_ci(est_time=...)` (or register_cuda_ci for a GPU test)",
+            "`register_cpu_ci(est_time=...)` (or register_gpu_ci for a GPU test)",
         ),
     ),
     None,
@@ -170,7 +184,7 @@ def _call_syntax(call: ast.Call, fname: str) -> CallSyntax:
                 bad(
                     "hardware-on-cpu",
                     "`hardware` on a CPU registration",
-                    "use register_cuda_ci(hardware=[...], ...) for a GPU test, or drop `hardware`",
+                    "use register_gpu_ci(hardware=[...], ...) for a GPU test, or drop `hardware`",
                     kw.value.lineno,
                 )
             else:
@@ -325,7 +339,7 @@ def _tree_syntax(
                 1,
                 "no-registration",
                 "test file has no module-level registration",
-                "add a module-level `register_cpu_ci(est_time=...)` or `register_cuda_ci(...)`",
+                "add a module-level `register_cpu_ci(est_time=...)` or `register_gpu_ci(...)`",
             )
         )
     return RegistrationSyntax(tuple(problems), call_syntax)
@@ -340,9 +354,9 @@ def _walk_needed(source: bytes | str, accounted: int) -> bool:
         return True
     if isinstance(source, str):
         return sum(source.count(n) for n in _NAMES_STR) != accounted
-    # Both names start with "register_c": when that prefix is spelled no more often than the
-    # statements account for, neither name is (one count instead of two, the common case).
-    if source.count(b"register_c") == accounted:
+    # Every name starts with one of _PREFIXES: when those are spelled no more often than the
+    # statements account for, no name is (two counts instead of three, the common case).
+    if sum(source.count(p) for p in _PREFIXES) == accounted:
         return False
     return sum(source.count(n) for n in _NAMES_BYTES) != accounted
 
