@@ -6,8 +6,9 @@ and writers of metric artefacts.
   exports that file); without it this fixture starts its own throwaway server the same way and
   stops it at the end.  If no server can be had the test FAILS with the reason: the contract is
   never skipped.
-- ``store_url``: parametrized over ``sqlite`` (a file under ``tmp_path``) and ``postgres`` (a
-  fresh schema of the server, dropped afterwards): the one contract suite runs against both.
+- ``store_url``: parametrized over ``sqlite`` (a file under ``tmp_path``) and ``postgres``
+  (``postgres_schema``: a fresh schema of the server, dropped afterwards): the one contract
+  suite runs against both.
 - ``points``: ``points(test=..., run=..., when=..., **{"metric@step": value})`` → a list of
   :class:`~mizzen_ci.gate.artefacts.Point`; ``write_points(path, points)`` writes them as an
   artefact (JSON lines, as :func:`mizzen_ci.metrics.record` does).
@@ -72,11 +73,16 @@ def postgres_url():
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
-        yield str(tmp_path / "store" / "metrics.sqlite")
-        return
+        return str(tmp_path / "store" / "metrics.sqlite")
+    return request.getfixturevalue("postgres_schema")
+
+
+@pytest.fixture
+def postgres_schema(postgres_url):
+    """The URL of a fresh schema of the server (dropped afterwards)."""
     import psycopg
 
-    url = request.getfixturevalue("postgres_url")
+    url = postgres_url
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")

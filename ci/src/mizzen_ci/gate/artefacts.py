@@ -180,7 +180,7 @@ def point_from(obj: object, where: str) -> Point:
 def read_points(paths: Iterable[Path | str] | Path | str) -> tuple[list[Point], list[str]]:
     """``(points, problems)`` of the artefacts at ``paths`` (files, or directories of
     ``*.jsonl``); a missing path is no artefact (a lane that recorded nothing)."""
-    from ..history import read_lines  # the bounded JSON-lines reader of every store
+    from ..history import _where_order, read_lines  # the bounded reader of every store
 
     points: list[Point] = []
     values, problems = read_lines(paths, missing_ok=True)
@@ -189,6 +189,7 @@ def read_points(paths: Iterable[Path | str] | Path | str) -> tuple[list[Point], 
             points.append(point_from(obj, where))
         except ArtefactError as e:
             problems.append(str(e))
+    problems.sort(key=_where_order)
     return points, problems
 
 

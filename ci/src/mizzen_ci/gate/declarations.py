@@ -303,7 +303,10 @@ def file_gates(
                 accounted += 1
         elif isinstance(stmt, ast.ImportFrom) and stmt.module == "mizzen_ci":
             for alias in stmt.names:
-                if GATE_FUNCTION in (alias.name, alias.asname) and alias.asname in (None, alias.name):
+                if GATE_FUNCTION in (alias.name, alias.asname) and alias.asname in (
+                    None,
+                    alias.name,
+                ):
                     accounted += 1  # an aliased import is not accounted for: the walk reports it
     if spelled != accounted or not source.isascii():
         try:

@@ -36,7 +36,7 @@ QUARANTINE_RELATIVE_PATH = Path("ci") / "quarantine.toml"
 MAX_BYTES = 256 * 1024
 MAX_ENTRIES = 200
 MAX_DAYS = 90
-_HEADER = re.compile(r"^\s*\[\[\s*quarantine\s*\]\]", re.M)
+_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*quarantine[ \t]*\]\]", re.M)
 
 
 @dataclass(frozen=True)
