@@ -19,7 +19,7 @@ import functools
 import json
 import numbers
 import os
-import uuid
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class MetricError(ValueError):
 
 @functools.cache
 def _process_run_key() -> str:
-    return f"local-{uuid.uuid4().hex[:16]}"
+    return f"local-{secrets.token_hex(8)}"
 
 
 def _root() -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.gate.artefacts import read_points
-from mizzen_ci.gate.store import open_store
+from mizzen_ci.gate.backends import open_store
 from mizzen_ci.metrics import MetricError, record
 
 register_cpu_ci(est_time=10, labels=["ci"])

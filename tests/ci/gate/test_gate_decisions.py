@@ -11,11 +11,12 @@ import math
 import pytest
 
 from mizzen_ci import register_cpu_ci
+from mizzen_ci.gate.backends import open_store
 from mizzen_ci.gate.check import Settings, run_gate
 from mizzen_ci.gate.declarations import Declarations, Gate
 from mizzen_ci.gate.judge import FAIL, IMPROVED, INACTIVE, PASS, decide, robust_band
 from mizzen_ci.gate.quarantine import Entry
-from mizzen_ci.gate.store import RunInfo, open_store
+from mizzen_ci.gate.store import RunInfo
 
 register_cpu_ci(est_time=5, labels=["ci"])
 

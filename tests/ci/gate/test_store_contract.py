@@ -11,7 +11,8 @@ import sqlite3
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.gate.store import RunInfo, StoreError, open_store
+from mizzen_ci.gate.backends import open_store
+from mizzen_ci.gate.store import RunInfo, StoreError
 
 register_cpu_ci(est_time=20, labels=["ci"])
 

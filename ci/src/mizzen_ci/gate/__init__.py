@@ -4,10 +4,12 @@ judged against it.
 Rooms: :mod:`.vocabulary` (``ci/metrics.toml``, the metric names there are), :mod:`.declarations`
 (what ``register_ci_gate(...)`` calls a test file's syntax tree holds), :mod:`.artefacts` (the
 JSON lines :func:`mizzen_ci.metrics.record` writes and every reader of them), :mod:`.store` (the
-history store's interface and its schema; backends :mod:`.sqlite` and :mod:`.postgres`, chosen by
-URL in :func:`.store.open_store`), :mod:`.redact` (the shown form of a store URL), :mod:`.judge`
+history store's interface and its schema; :mod:`.sql`, what both backends run; backends
+:mod:`.sqlite` and :mod:`.postgres`, chosen by URL in :func:`.backends.open_store`), :mod:`.redact` (the shown form of a store URL), :mod:`.judge`
 (the robust statistics and the verdicts), :mod:`.quarantine` (``ci/quarantine.toml``),
-:mod:`.report` (verdict tables with a sparkline of the history) and :mod:`.cli` (``mizzen-ci
+:mod:`.check` (one gate run: targets, coordinates, verdict rows), :mod:`.report` (verdict tables
+with a sparkline of the history), :mod:`.validation` (what ``mizzen-ci validate`` checks) and
+:mod:`.cli` (``mizzen-ci
 gate check|ingest|untrust|show``).
 
 Invariants:

@@ -28,11 +28,12 @@ from pathlib import Path
 from .. import output
 from ..fleet import find_repo_root
 from .artefacts import CPU_ARCH, Point, default_dir, read_points, valid_key, valid_test_path
+from .backends import open_store
 from .check import Settings, run_gate, targets_from_plan, targets_from_points
 from .declarations import read_declarations
 from .judge import DEFAULT_K, DEFAULT_MIN_HISTORY, DEFAULT_WINDOW, robust_band
 from .quarantine import read_revision, read_tree
-from .store import EVENTS, MAX_WINDOW, RunInfo, StoreError, open_store, store_url
+from .store import EVENTS, MAX_WINDOW, RunInfo, StoreError, store_url
 from .vocabulary import load_vocabulary
 
 _COMMIT = re.compile(r"[0-9a-f]{7,64}|local")

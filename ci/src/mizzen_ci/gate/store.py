@@ -40,7 +40,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .artefacts import MAX_KEY_CHARS, NONFINITE, valid_test_path
-from .redact import redact_url
 
 SCHEMA_VERSION = "1"
 STORE_ENV = "MIZZEN_METRICS_STORE"
@@ -206,27 +205,3 @@ def store_url(given: str | None, root: Path) -> str:
     """The store to use: ``--store``, else ``$MIZZEN_METRICS_STORE``, else the SQLite file of the
     tree's history folder (:data:`DEFAULT_STORE`)."""
     return given or os.environ.get(STORE_ENV) or str(Path(root) / DEFAULT_STORE)
-
-
-def is_postgres(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
-
-
-def open_store(url: str, *, readonly: bool = False) -> MetricStore | None:
-    """The store at ``url``: ``postgresql://…`` (or ``postgres://…``) is PostgreSQL, anything
-    else a SQLite file (``sqlite:///abs``, ``sqlite:rel`` or a path).  ``readonly``: never
-    writes (a pull request's gate); a missing SQLite file is then ``None`` (no history)."""
-    if is_postgres(url):
-        from .postgres import PostgresStore
-
-        return PostgresStore(url, readonly=readonly)
-    from .sqlite import SqliteStore, sqlite_path
-
-    path = sqlite_path(url)
-    if readonly and not os.path.lexists(path):
-        return None
-    return SqliteStore(path, readonly=readonly)
-
-
-def shown_store(url: str) -> str:
-    return redact_url(url)
