@@ -213,3 +213,27 @@ def test_show_lists_a_series_with_its_median(tree, history, mizzen_ci):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("gh-") == 5 and "eval/heldout_loss@60 on cpu: 5 trusted" in out.stdout
     assert json.loads('"ok"') == "ok"
+
+
+def test_untrust_takes_a_commits_runs_out_of_the_reference(tree, mizzen_ci, points, write_points):
+    store = tree / "s.sqlite"
+    for i, (commit, loss) in enumerate([("a" * 40, 0.3)] * 5 + [("b" * 40, 0.6)] * 5):
+        artefact = write_points(tree / f"h{i}" / "cpu.jsonl", points(
+            test=TEST, run=f"r{i}", when=f"2026-11-{i + 1:02d}T00:00:00+00:00",
+            eval__heldout_loss_at_60=loss, eval__score_at_20=0.6, eval__score_at_60=0.9))  # fmt: skip
+        mizzen_ci("gate", "ingest", "--root", str(tree), "--store", str(store), "--trusted",
+                  "--event", "push", "--commit", commit, str(artefact))  # fmt: skip
+    this_run(tree, points, write_points, loss=0.3, score60=0.9)
+
+    def loss_row() -> str:
+        out = check(mizzen_ci, tree, "--store", str(store))
+        return next(line for line in out.stdout.splitlines() if "heldout" in line)
+
+    # two commits' runs: median 0.45, MAD 0.15: the noise makes the band wide (±0.6672)
+    assert " pass " in loss_row() and "±0.6672" in loss_row()
+    untrust = ("gate", "untrust", "--root", str(tree), "--store", str(store), "--commit")
+    out = mizzen_ci(*untrust, "a" * 40)
+    assert out.returncode == 0 and "5 run(s) marked untrusted" in out.stdout
+    assert "improved" in loss_row() and "0.3 vs 0.6 ±" in loss_row()  # commit b's runs only
+    assert "5 run(s) marked untrusted" in mizzen_ci(*untrust, "b" * 40).stdout
+    assert "cold start: 0 of 5" in loss_row()  # no trusted history left

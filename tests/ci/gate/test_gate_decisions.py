@@ -206,3 +206,17 @@ def test_a_passing_quarantined_gate_still_lists_the_entry(history_store, points)
 def test_the_run_being_judged_is_not_its_own_history(history_store, points):
     row = only(judge(history_store, [LOSS], points(run="hist-5", eval__loss_at_60=1.02)))
     assert len(row.history) == 5
+
+
+def test_newest_is_by_time_not_by_the_text_of_its_offset(
+    history_store, points, write_points, tmp_path
+):
+    from mizzen_ci.gate.artefacts import read_points
+
+    # 10:00+02:00 is 08:00 UTC: older than 09:00 UTC although its text sorts later
+    older = points(run="older", when="2026-12-01T10:00:00+02:00", eval__loss_at_60=9.0)
+    newer = points(run="newer", when="2026-12-01T09:00:00+00:00", eval__loss_at_60=1.0)
+    pts, problems = read_points(write_points(tmp_path / "cpu.jsonl", older + newer))
+    assert problems == [] and pts[0].when == "2026-12-01T08:00:00.000000+00:00"
+    result = judge(history_store, [LOSS], pts)
+    assert only(result).verdict == "pass" and "judged the newest (newer)" in result.notes[0]

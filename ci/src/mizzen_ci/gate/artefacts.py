@@ -12,7 +12,8 @@ One line is one value of one metric at one step of one test file's run::
   is recorded as such: it fails its gate, it is never dropped).
 - ``run``: the identity of the run (``$MIZZEN_RUN_KEY``, which CI sets to the workflow run,
   attempt and job; else one random key per process); ``job``: ``$MIZZEN_JOB`` (the planned job).
-- ``when``: ISO-8601 UTC time of the recording.
+- ``when``: ISO-8601 time of the recording with its offset (read back as UTC with microseconds,
+  :func:`utc_iso`, so that comparing the text compares the times).
 
 Invariants:
 - Where: ``$MIZZEN_METRICS_DIR`` when set, else ``ROOT/.ci-artifacts/metrics``; the file is
@@ -31,7 +32,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from ..registry.rules import shown
@@ -122,6 +123,12 @@ def valid_when(value: object) -> bool:
     return parsed.tzinfo is not None
 
 
+def utc_iso(when: str) -> str:
+    """A valid ``when`` in the one form every comparison uses: UTC, microseconds
+    (``2026-12-01T10:00:00.000000+00:00``), so that text order is time order."""
+    return datetime.fromisoformat(when).astimezone(UTC).isoformat(timespec="microseconds")
+
+
 def check_value(value: object, what: str = "value") -> float:
     """A recorded value as a float: a finite number within ±:data:`MAX_ABS_VALUE`, or one of the
     non-finite spellings; :class:`ArtefactError` otherwise (compared before any conversion)."""
@@ -174,7 +181,7 @@ def point_from(obj: object, where: str) -> Point:
     if job is not None and not valid_key(job):
         raise ArtefactError(f"{where}: `job` must be a job id or null, got {shown(job)}")
     when = need("when", valid_when, "an ISO-8601 time with its UTC offset")
-    return Point(test, arch, metric, step, value, run, job, when)
+    return Point(test, arch, metric, step, value, run, job, utc_iso(when))
 
 
 def read_points(paths: Iterable[Path | str] | Path | str) -> tuple[list[Point], list[str]]:
