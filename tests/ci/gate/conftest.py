@@ -80,7 +80,13 @@ def store_url(request, tmp_path):
 @pytest.fixture
 def postgres_schema(postgres_url):
     """The URL of a fresh schema of the server (dropped afterwards)."""
-    import psycopg
+    try:
+        import psycopg
+    except ImportError:
+        pytest.fail(
+            "psycopg is not installed in this environment (never skipped): `uv sync --frozen` "
+            "installs it (the lock has mizzen-ci[postgres])"
+        )
 
     url = postgres_url
     schema = f"t_{uuid.uuid4().hex[:12]}"
