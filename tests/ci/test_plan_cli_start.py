@@ -66,6 +66,7 @@ OWN_ARGUMENT = {
     "gpu-lane": "arch",
     "lazy-imports": "--static",
     "history": "record",
+    "gate": "ingest",
 }
 
 

@@ -252,3 +252,80 @@ def test_only_the_nightly_history_job_writes_the_cache():
 def test_pr_workflow_triggers():
     pr = load("pr.yml")
     assert set(triggers(pr)) == {"pull_request", "push", "merge_group", "workflow_call"}
+
+
+# -- the metric gate and the history it reads ----------------------------------------------------
+
+
+def runs_of(wf: dict, job: str) -> str:
+    return "\n".join(st.get("run", "") for st in wf["jobs"][job]["steps"])
+
+
+def test_the_store_is_written_only_by_the_nightly_history_job_on_main():
+    writers = {
+        (path.name, job_id)
+        for path in FILES
+        for job_id, job in yaml.safe_load(path.read_text())["jobs"].items()
+        if "gate ingest" in yaml.safe_dump(job) or "history merge" in yaml.safe_dump(job)
+    }
+    assert writers == {("nightly.yml", "history")}
+    history = load("nightly.yml")["jobs"]["history"]
+    assert "github.ref == 'refs/heads/main'" in history["if"]
+    run = runs_of(load("nightly.yml"), "history")
+    assert "gate ingest --store .ci-artifacts/merged/metrics.sqlite --trusted" in run
+    # the pushes it merges: this repository's pushes to main only, never a pull request's run
+    assert "--branch main --event push" in run and "pull_request" not in run
+    assert history["permissions"] == {"contents": "read", "actions": "read"}
+
+
+def test_the_gate_judges_every_lane_read_only_with_the_bases_quarantine():
+    pr, gpu = load("pr.yml"), load("gpu.yml")
+    for wf, job, lanes in ((pr, "gate", "cpu"), (gpu, "gate", "gpu")):
+        gate = wf["jobs"][job]
+        assert gate["cache-mode"] == "read" and gate["permissions"] == {"contents": "read"}
+        run = runs_of(wf, job)
+        assert "python3 -S -m mizzen_ci gate check" in run and f"--lanes {lanes}" in run
+        assert "gate ingest" not in run
+        assert '"--summary=$GITHUB_STEP_SUMMARY"' in run
+        assert 'if [ "$EVENT" = pull_request ]' in run and "--quarantine-rev=" in run
+        assert "needs.plan.outputs.jobs != '0'" in gate["if"] and "always()" in gate["if"]
+        downloads = [st for st in gate["steps"] if "download-artifact@" in st.get("uses", "")]
+        assert any(st["with"].get("pattern") == "metrics-*" for st in downloads)
+        (cache,) = (st for st in gate["steps"] if "cache/restore@" in st.get("uses", ""))
+        store = re.search(r"--store (\S+)", run).group(1)
+        assert store.startswith(cache["with"]["path"] + "/")  # the store rides in the history cache
+    assert "--quarantine-rev=HEAD^1" in runs_of(pr, "gate")  # the merge commit's base
+    step = next(st for st in gpu["jobs"]["gate"]["steps"] if "gate check" in st.get("run", ""))
+    assert step["env"]["PYTHONPATH"] == "trusted/ci/src" and "--root tree" in step["run"]
+    assert step["env"]["BASE"] == "${{ inputs.base || github.event.pull_request.base.sha }}"
+    trusted = next(
+        st for st in gpu["jobs"]["gate"]["steps"] if st.get("with", {}).get("path") == "trusted"
+    )
+    assert "ref" not in trusted["with"]  # the default branch's own gate
+
+
+def test_a_failing_gate_fails_ci_and_the_gpu_status():
+    pr, gpu = load("pr.yml"), load("gpu.yml")
+    ci = pr["jobs"]["ci"]
+    assert "gate" in ci["needs"]
+    assert '{ [ "$GATE" = success ] || [ "$GATE" = skipped ]; }' in ci["steps"][0]["run"]
+    report = gpu["jobs"]["report"]
+    assert "gate" in report["needs"]
+    assert (
+        'elif [ "$GATE" != success ] && [ "$GATE" != skipped ]; then state=failure'
+        in (report["steps"][0]["run"])
+    )
+
+
+@pytest.mark.parametrize(("workflow", "job_id"), [("pr.yml", "lanes"), ("gpu.yml", "gpu")])
+def test_every_lane_job_stamps_and_uploads_its_metrics(workflow, job_id):
+    job = load(workflow)["jobs"][job_id]
+    key = job["env"]["MIZZEN_RUN_KEY"]
+    for part in ("github.run_id", "github.run_attempt", "matrix.id"):
+        assert part in key  # one run key per run, attempt and job: re-uploads count once
+    assert job["env"]["MIZZEN_JOB"] == "${{ matrix.id }}"
+    (upload,) = (
+        st for st in job["steps"] if st.get("with", {}).get("name", "").startswith("metrics-")
+    )
+    assert upload["if"] == "always()" and upload["with"]["path"] == ".ci-artifacts/metrics/"
+    assert upload["with"]["name"] == "metrics-${{ matrix.id }}"

@@ -1,17 +1,28 @@
 """e2e: ``mizzen-train sft`` trains a tiny Llama on the shipped colours task for 60 steps with
 evaluation every 20: exactly three eval points (20, 40 and 60, the last one forced), the eval
 score and the held-out loss improve, no engine runs before the first eval point and every engine
-started serves an eval point, snapshots and curves are where the run says."""
+started serves an eval point, snapshots and curves are where the run says.
+
+It records the eval score and the held-out loss of every eval point for the metric gate
+(``mizzen-ci gate check``), which holds the final ones to their trusted history."""
 
 from __future__ import annotations
 
 import json
 
-from mizzen_ci import register_cpu_ci
+from mizzen_ci import register_ci_gate, register_cpu_ci
+from mizzen_ci.metrics import record
 
 register_cpu_ci(est_time=75, labels=["e2e", "train"])
+# The final eval point against the trusted history (median and MAD of the last 20 runs): the
+# score may not drop by more than 10 % of its reference (at least 0.05), the held-out loss may not
+# rise by more than 10 % (at least 0.02).
+register_ci_gate(metric="eval/score", direction="higher", tolerance=0.1, floor=0.05, steps="last")
+register_ci_gate(
+    metric="eval/heldout_loss", direction="lower", tolerance=0.1, floor=0.02, steps="last"
+)
 
-#: What the later metric gate will hold this run to (the summary record's final_eval).
+#: Absolute bounds on every run (the summary record's final_eval); the gate watches drift.
 MIN_FINAL_SCORE = 0.6
 MAX_FINAL_HELDOUT_LOSS = 0.7
 
@@ -22,6 +33,9 @@ def test_sft_run_evaluates_snapshots_on_the_side(sft, tmp_path):
     run = sft.run_to_completion(config, tmp_path / "sft.log", run_dir, first_point=20)
     assert run["early_engines"] == [], "an engine ran during the first 20 steps"
     result = sft.check_protocol(run["records"], steps=60, points=(20, 40, 60))
+    for step in (20, 40, 60):
+        record("eval/score", result["score"][step], step=step)
+        record("eval/heldout_loss", result["heldout"][step], step=step)
     final_score, final_loss = result["score"][60], result["heldout"][60]
     print(
         f"final eval score={final_score:.4f} heldout_loss={final_loss:.4f} wall={run['wall']:.0f}s"

@@ -8,6 +8,9 @@ before the first point.  Then a second run is SIGKILLed after step 30 and resume
 from the step-30 checkpoint and evaluates 40 and 60 only.  The wall time and tokens/s are printed
 (and recorded as junit properties).  Needs no matplotlib, ray or console scripts.
 
+For the metric gate it records the final eval score and held-out loss (gated, enforced) and the
+median tokens/s (gated, warning only: GPU hosts are shared).
+
 Run it on a Hopper host (the image's Python, nothing installed) with the lane:
 ``python3 -m nox -s gpu-hopper -- tests/train/test_sft_e2e_gpu.py``, or without nox:
 ``PYTHONPATH=ci/src:packages/plugins/src:packages/rollout/src:packages/train/src
@@ -20,10 +23,20 @@ from collections import Counter
 
 import pytest
 
-from mizzen_ci import register_cuda_ci
+from mizzen_ci import register_ci_gate, register_cuda_ci
+from mizzen_ci.metrics import record
 
 register_cuda_ci(
     est_time=240, hardware=["hopper", "blackwell"], num_gpus=1, labels=["e2e", "train"]
+)
+register_ci_gate(metric="eval/score", direction="higher", tolerance=0.1, floor=0.05)
+register_ci_gate(metric="eval/heldout_loss", direction="lower", tolerance=0.1, floor=0.02)
+register_ci_gate(
+    metric="perf/tokens_per_s",
+    direction="higher",
+    tolerance=0.25,
+    enforce=False,
+    reason="GPU hosts are shared: throughput is watched, not enforced",
 )
 
 #: ~101M parameters: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
@@ -90,6 +103,9 @@ def test_sft_protocol_on_a_100m_llama_in_bf16(sft, tmp_path, base_model, record_
     record_property("tokens_per_s", round(tokens_per_s))
     record_property("final_score", final_score)
     record_property("final_heldout_loss", final_loss)
+    record("eval/score", final_score, step=60)
+    record("eval/heldout_loss", final_loss, step=60)
+    record("perf/tokens_per_s", tokens_per_s, step=60)
     assert final_score >= MIN_FINAL_SCORE, note
     assert final_loss <= MAX_FINAL_HELDOUT_LOSS, note
 

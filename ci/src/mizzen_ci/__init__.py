@@ -18,13 +18,23 @@ Invariants:
 - The ``register_*`` functions do nothing at run time.  The registry
   (:mod:`mizzen_ci.registry`) reads the calls from each test file's syntax tree; it never imports
   a test.  Their signatures here are the contract the reader enforces.
+- :func:`register_ci_gate` is the same kind of declaration for the metric gate
+  (:mod:`mizzen_ci.gate`): zero or more module-level calls per test file, one per metric, read from
+  the syntax tree by :mod:`mizzen_ci.gate.declarations`; values are recorded with
+  :func:`mizzen_ci.metrics.record`.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "register_cpu_ci", "register_cuda_ci", "register_gpu_ci"]
+__all__ = [
+    "__version__",
+    "register_ci_gate",
+    "register_cpu_ci",
+    "register_cuda_ci",
+    "register_gpu_ci",
+]
 
 
 def register_cpu_ci(
@@ -82,3 +92,22 @@ def register_gpu_ci(
 
     The arguments are those of :func:`register_cuda_ci`; ``hardware`` may name any generation of
     ``ci/fleet.toml``, NVIDIA or AMD."""
+
+
+def register_ci_gate(
+    *,
+    metric: str,
+    direction: str,
+    tolerance: float,
+    steps: str | list[int] = "last",
+    floor: float = 0.0,
+    enforce: bool = True,
+    reason: str | None = None,
+) -> None:
+    """Declare a metric gate on this test file (a no-op; read statically by the gate).
+
+    ``metric``: a name from ``ci/metrics.toml``; ``direction``: which way is better (``"lower"``
+    for a loss, ``"higher"`` for a score, ``"both"`` for a value that must not drift);
+    ``tolerance``: the band as a fraction of the reference (0.1 = 10 %), widened to the history's
+    noise and to ``floor`` (absolute); ``steps``: ``"last"``, ``"all"`` or a list of steps;
+    ``enforce=False`` (with a ``reason``) reports a failure as a warning."""

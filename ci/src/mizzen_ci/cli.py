@@ -34,7 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mizzen_ci.lazy_imports.cli",
         "check the lazy-import policy (static, runtime)",
     ),
-    "history": ("mizzen_ci.history", "durations and flake records: record, merge"),
+    "history": ("mizzen_ci.history", "durations and flake records: record, merge, flakes"),
+    "gate": ("mizzen_ci.gate.cli", "the metric gate: check, ingest, untrust, show"),
 }
 
 

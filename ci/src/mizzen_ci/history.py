@@ -25,9 +25,15 @@ Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m
 
 - ``history record --junit FILE --lane cpu|gpu-ARCH [--arch ARCH] [--job ID] --out STORE``:
   append the per-file records of a junit report;
-- ``history merge --out STORE [--keep N] INPUT…``: the records of every input (files or
-  directories), compacted to the newest ``N`` per (file, arch, passed or not), written atomically
-  to ``STORE``; each bad line of an input is dropped with a line on stderr naming ``path:line``.
+- ``history merge --out STORE [--flakes-out FLAKES] [--keep N] INPUT…``: the records of every
+  input (files or directories), compacted to the newest ``N`` per (file, arch, passed or not),
+  written atomically to ``STORE``; the flake records among them (told apart by their shape:
+  :func:`is_flake_line`) to ``FLAKES`` (default: ``flakes.jsonl`` beside ``STORE``), the newest
+  ``N`` per (file, arch); each bad line of an input is dropped with a line on stderr naming
+  ``path:line``.  A record given twice (a re-uploaded artifact) is kept once.
+- ``history flakes [--top N] [INPUT…]``: the flakiest (file, arch) pairs: retried attempts (flake
+  records) per run (duration records) of each, highest rate first (default inputs: the tree's
+  ``.ci-artifacts/history`` and ``.ci-artifacts/flakes.jsonl``).
 
 Invariants:
 - Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.lane.junit`, the stores with
@@ -45,7 +51,9 @@ Invariants:
   store) with a problem naming ``path:line``, the rule and what was found, and keeps the good
   ones (the planner and the estimator use those, and warn); :func:`load` is the strict form that
   raises :class:`HistoryError` for the first problem.  The flake record is read the same way
-  (:func:`read_flakes`).  No reader skips a line silently.
+  (:func:`read_flakes`, :func:`read_flake_records`).  No reader skips a line silently: a flake
+  record inside a folder of duration stores (the merged history keeps both) is the other kind of
+  record, not a bad line, and only the flake readers read it.
 - Times from junit are checked the same way before they become a record.
 - The estimate of a (file, arch) is the p90 (nearest rank) of its most recent ``RECENT`` *passing*
   durations; with no passing record it is the registration's ``est_time``.  Failed, errored and
@@ -66,7 +74,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .lane.junit import JunitError, read_testcases, testcase_outcome
-from .output import plain
+from .output import plain, text_table
 from .registry.rules import MAX_EST_TIME_SECONDS, shown
 from .sources import read_bytes
 
@@ -379,12 +387,20 @@ def read_stores(
     records: list[Record] = []
     values, problems = read_lines(paths, missing_ok=missing_ok)
     for where, obj in values:
+        if is_flake_line(obj):
+            continue  # the flake record's kind of line (see the module docstring)
         try:
             records.append(_record_from(obj, where))
         except HistoryError as e:
             problems.append(str(e))
     problems.sort(key=_where_order)
     return records, problems
+
+
+def is_flake_line(obj: object) -> bool:
+    """Whether a parsed line has the shape of a flake record (``class`` and ``final``, no
+    ``seconds``) rather than of a duration record."""
+    return isinstance(obj, dict) and "class" in obj and "final" in obj and "seconds" not in obj
 
 
 def _where_order(problem: str) -> tuple[str, int]:
@@ -415,7 +431,7 @@ def compact(records: Iterable[Record], *, keep: int = 50) -> list[Record]:
     """The newest ``keep`` records of each (file, arch, outcome class), oldest first: a bounded
     store that still holds every estimate's inputs."""
     groups: dict[tuple[str, str | None, bool], list[Record]] = {}
-    for r in records:
+    for r in dict.fromkeys(records):  # a record given twice (a re-uploaded artifact) counts once
         groups.setdefault((r.file, r.arch, r.outcome == "passed"), []).append(r)
     kept = [r for rs in groups.values() for r in sorted(rs, key=lambda r: r.when)[-keep:]]
     return sorted(kept, key=lambda r: (r.when, r.file, r.arch or ""))
@@ -486,6 +502,90 @@ def append_flakes(path: Path | str, records: Iterable[FlakeRecord]) -> int:
     return append_jsonl(path, (r.to_json() for r in records))
 
 
+_FLAKE_TEXT = {"file": MAX_PATH_CHARS, "arch": MAX_NAME_CHARS, "class": MAX_NAME_CHARS,
+               "evidence": MAX_LINE_CHARS, "final": MAX_NAME_CHARS, "when": MAX_NAME_CHARS}  # fmt: skip
+
+
+def _flake_from(obj: object, where: str) -> FlakeRecord:
+    if not isinstance(obj, dict):
+        raise HistoryError(f"{where}: a flake record must be a JSON object")
+    values = {}
+    for name, limit in _FLAKE_TEXT.items():
+        value = obj.get(name)
+        if not isinstance(value, str) or len(value) > limit:
+            raise HistoryError(
+                f"{where}: flake record `{name}` must be a string of at most {limit} characters, "
+                f"got {shown(value)}"
+            )
+        values[name] = value
+    job = obj.get("job")
+    if job is not None and not (isinstance(job, str) and len(job) <= MAX_PATH_CHARS):
+        raise HistoryError(f"{where}: flake record `job` must be a string or null")
+    return FlakeRecord(
+        file=values["file"], arch=values["arch"], klass=values["class"],
+        evidence=values["evidence"], final=values["final"], when=values["when"], job=job,
+    )  # fmt: skip
+
+
+def read_flake_records(
+    paths: Iterable[Path | str] | Path | str,
+) -> tuple[list[FlakeRecord], list[str]]:
+    """``(flake records, problems)`` of the flake-shaped lines of the stores at ``paths``
+    (duration lines are the other kind and are left to :func:`read_stores`)."""
+    records: list[FlakeRecord] = []
+    values, problems = read_lines(paths, missing_ok=True)
+    for where, obj in values:
+        if not is_flake_line(obj):
+            continue
+        try:
+            records.append(_flake_from(obj, where))
+        except HistoryError as e:
+            problems.append(str(e))
+    problems.sort(key=_where_order)
+    return records, problems
+
+
+def compact_flakes(records: Iterable[FlakeRecord], *, keep: int = 50) -> list[FlakeRecord]:
+    """The newest ``keep`` flake records of each (file, arch), oldest first; one of each."""
+    groups: dict[tuple[str, str], list[FlakeRecord]] = {}
+    for r in dict.fromkeys(records):
+        groups.setdefault((r.file, r.arch), []).append(r)
+    kept = [r for rs in groups.values() for r in sorted(rs, key=lambda r: r.when)[-keep:]]
+    return sorted(kept, key=lambda r: (r.when, r.file, r.arch))
+
+
+@dataclass(frozen=True)
+class FlakeRate:
+    """How often runs of one (file, arch) needed a retry."""
+
+    file: str
+    arch: str
+    runs: int  # duration records of the pair (every run of the file leaves one)
+    retried: int  # flake records of the pair (one per retried attempt)
+
+    @property
+    def rate(self) -> float | None:
+        return self.retried / self.runs if self.runs else None
+
+
+def flake_rates(records: Iterable[Record], flakes: Iterable[FlakeRecord]) -> list[FlakeRate]:
+    """The flake rate of every (file, arch) with a flake record, highest first (a pair with no
+    recorded run sorts by its retries, after those with a rate)."""
+    runs: dict[tuple[str, str | None], int] = {}
+    for r in dict.fromkeys(records):
+        runs[(r.file, r.arch)] = runs.get((r.file, r.arch), 0) + 1
+    retried: dict[tuple[str, str], int] = {}
+    for f in dict.fromkeys(flakes):
+        retried[(f.file, f.arch)] = retried.get((f.file, f.arch), 0) + 1
+    rates = [
+        FlakeRate(file, arch, runs.get((file, arch), 0), n) for (file, arch), n in retried.items()
+    ]
+    return sorted(
+        rates,
+        key=lambda x: (x.rate is None, -(x.rate or 0.0), -x.retried, x.file, x.arch),
+    )
+
+
 def read_flakes(path: Path) -> tuple[dict[tuple[str, str], int], list[str]]:
     """``(retried attempts per (file, arch), problems)`` of the flake record: a line that is not
     a flake record is dropped with a problem naming ``path:line`` (see the module docstring)."""
@@ -516,16 +616,55 @@ def read_flakes(path: Path) -> tuple[dict[tuple[str, str], int], list[str]]:
 
 def write(path: Path | str, records: Iterable[Record]) -> int:
     """Replace the store at ``path`` with ``records`` (atomically: temporary file + rename)."""
+    return write_lines(path, (r.to_json() for r in records))
+
+
+def write_lines(path: Path | str, lines: Iterable[str]) -> int:
+    """Replace the JSON-lines file at ``path`` with ``lines`` (temporary file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    records = list(records)
+    lines = list(lines)
     try:
-        tmp.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return len(records)
+    return len(lines)
+
+
+def _flakes(args: argparse.Namespace) -> int:
+    if not 1 <= args.top <= 10_000:
+        print("history flakes: --top must be 1-10000", file=sys.stderr)
+        return 2
+    inputs = args.inputs
+    if not inputs:
+        from .fleet import find_repo_root
+
+        root = find_repo_root()
+        inputs = [root / ".ci-artifacts" / "history", root / ".ci-artifacts" / "flakes.jsonl"]
+    records, problems = read_stores(inputs, missing_ok=True)
+    flakes, flake_problems = read_flake_records(inputs)
+    for problem in sorted([*problems, *flake_problems], key=_where_order):
+        print(plain(f"history: dropped {problem}"), file=sys.stderr)
+    rates = flake_rates(records, flakes)[: args.top]
+    if args.json:
+        rows = [
+            {"file": r.file, "arch": r.arch, "runs": r.runs, "retried": r.retried, "rate": r.rate}
+            for r in rates
+        ]
+        print(json.dumps({"flakes": rows}, indent=2))
+        return 0
+    if not rates:
+        print(f"history flakes: no flake record in {len(records)} run(s)")
+        return 0
+    table = [
+        (r.file, r.arch, r.runs or "-", r.retried, "-" if r.rate is None else f"{r.rate:.0%}")
+        for r in rates
+    ]
+    print(text_table(("file", "arch", "runs", "retried", "rate"), table))
+    print(f"\n{len(rates)} flaky (file, arch) pair(s) over {len(records)} recorded run(s)")
+    return 0
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -538,8 +677,23 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--out", type=Path, required=True, help="the JSON-lines store to append to")
     merge = sub.add_parser("merge", help="merge stores into one, newest records kept")
     merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument(
+        "--flakes-out",
+        type=Path,
+        help="where the flake records go (default: OUT's folder/flakes.jsonl)",
+    )
     merge.add_argument("--keep", type=int, default=50)
     merge.add_argument("inputs", nargs="+", type=Path, help="stores: files or directories")
+    flakes = sub.add_parser("flakes", help="the flakiest (file, arch) pairs, with their rates")
+    flakes.add_argument("--top", type=int, default=20, help="pairs to list (default %(default)s)")
+    flakes.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    flakes.add_argument(
+        "inputs",
+        nargs="*",
+        type=Path,
+        help="stores: files or directories (default: .ci-artifacts/history and "
+        ".ci-artifacts/flakes.jsonl of the tree)",
+    )
 
 
 def run(command: str, args: argparse.Namespace) -> int:
@@ -548,12 +702,22 @@ def run(command: str, args: argparse.Namespace) -> int:
             records = records_from_junit(args.junit, arch=args.arch, lane=args.lane, job=args.job)
             n = append(args.out, records)
             print(f"history: {n} record(s) from {args.junit} appended to {args.out}")
+        elif args.history_command == "flakes":
+            return _flakes(args)
         else:
             records, problems = read_stores(args.inputs, missing_ok=True)
-            for problem in problems:
+            flakes, flake_problems = read_flake_records(args.inputs)
+            for problem in sorted([*problems, *flake_problems], key=_where_order):
                 print(plain(f"history: dropped {problem}"), file=sys.stderr)
             n = write(args.out, compact(records, keep=args.keep))
-            print(f"history: {n} record(s) from {len(args.inputs)} input(s) written to {args.out}")
+            flakes_out = args.flakes_out or args.out.with_name("flakes.jsonl")
+            m = write_lines(
+                flakes_out, (f.to_json() for f in compact_flakes(flakes, keep=args.keep))
+            )
+            print(
+                f"history: {n} record(s) from {len(args.inputs)} input(s) written to {args.out}, "
+                f"{m} flake record(s) to {flakes_out}"
+            )
     except HistoryError as e:
         print(plain(f"history: {e}"), file=sys.stderr)
         return 1

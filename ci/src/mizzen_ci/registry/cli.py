@@ -1,7 +1,8 @@
 """The registry's commands: ``mizzen-ci validate`` and ``mizzen-ci list``.
 
 Invariants:
-- ``validate`` prints every violation of the run (``file:line: [rule] message. Fix: …``), also as
+- ``validate`` checks the metric gates' declarations and ``ci/quarantine.toml`` too
+  (:mod:`mizzen_ci.gate.validation`); it prints every violation of the run (``file:line: [rule] message. Fix: …``), also as
   GitHub ``::error`` annotations under Actions, and exits 1 when there is any.
 - What it prints for people goes through :func:`mizzen_ci.output.plain` (the table renderer
   escapes every cell); ``--json`` is JSON (``json.dumps`` escapes every control character).
@@ -33,6 +34,10 @@ def run(command: str, args: argparse.Namespace) -> int:
     root, fleet = root_and_fleet(args)
     registry = read_registry(root, fleet)
     if command == "validate":
+        from ..gate.validation import gate_violations  # the metric gates' declarations too
+
+        registered = (r.path for r in registry.registrations)
+        registry.violations.extend(gate_violations(root, fleet, registered))
         return _validate(registry)
     return _list(registry, fleet, args)
 

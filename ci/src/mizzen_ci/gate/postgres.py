@@ -1,0 +1,145 @@
+"""The PostgreSQL backend of the metric store, for teams: the URL (``postgresql://…``) comes from
+``--store`` or ``$MIZZEN_METRICS_STORE``; the driver is ``psycopg`` (3.x), the optional extra
+``mizzen-ci[postgres]``, imported inside this module's functions only.
+
+Invariants:
+- The URL is never shown: messages, ``repr()`` and errors use
+  :func:`~mizzen_ci.gate.redact.redact_url`, and a driver's message goes through
+  :func:`~mizzen_ci.gate.redact.redact_text` with the URL's password and query masked.
+- A read-only store runs every transaction read-only (``default_transaction_read_only``);
+  statements are bounded by ``statement_timeout`` (:data:`STATEMENT_MS`), connecting by
+  :data:`CONNECT_SECONDS`.
+- The schema is created once, under an advisory lock (two writers starting together do not
+  race), and its version checked on every open; the tables are those of :mod:`.store`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+
+from .redact import redact_text, redact_url, url_secrets
+from .sql import SqlStore
+from .store import SCHEMA_VERSION, StoreError
+
+CONNECT_SECONDS = 10
+STATEMENT_MS = 60_000
+_LOCK_KEY = 0x6D697A7A656E  # "mizzen": the advisory lock of schema creation
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS mizzen_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS runs ("
+    " id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " test TEXT NOT NULL, arch TEXT NOT NULL, pool TEXT NOT NULL, commit_sha TEXT NOT NULL,"
+    " pr BIGINT, event TEXT NOT NULL, trusted BOOLEAN NOT NULL,"
+    " attempt INTEGER NOT NULL, created TIMESTAMPTZ NOT NULL, source TEXT NOT NULL,"
+    " UNIQUE (source, test, arch, attempt))",
+    "CREATE TABLE IF NOT EXISTS metric_values ("
+    " run BIGINT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,"
+    " metric TEXT NOT NULL, step BIGINT NOT NULL, value DOUBLE PRECISION,"
+    " kind TEXT NOT NULL CHECK (kind IN ('finite', 'nan', 'inf', '-inf')),"
+    " PRIMARY KEY (run, metric, step))",
+    "CREATE INDEX IF NOT EXISTS runs_recent_trusted ON runs (test, arch, created) WHERE trusted",
+)
+
+
+class PostgresStore(SqlStore):
+    def __init__(self, url: str, *, readonly: bool = False):
+        self.readonly = readonly
+        self.shown = redact_url(url)
+        self._secrets = url_secrets(url)
+        try:
+            import psycopg
+        except ImportError:
+            raise StoreError(
+                f"{self.shown}: the PostgreSQL metric store needs psycopg; install "
+                "`mizzen-ci[postgres]` (psycopg[binary])"
+            ) from None
+        self._errors = psycopg.Error
+        try:
+            self.conn = psycopg.connect(url, connect_timeout=CONNECT_SECONDS, autocommit=True)
+        except psycopg.Error as e:
+            raise StoreError(
+                f"{self.shown}: cannot connect to the metric store: {self._said(e)}"
+            ) from None
+        except Exception as e:  # a malformed URL: psycopg raises ProgrammingError or ValueError
+            raise StoreError(
+                f"{self.shown}: not a usable PostgreSQL URL ({type(e).__name__}); write "
+                "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+            ) from None
+        try:
+            self._execute(f"SET statement_timeout = {int(STATEMENT_MS)}")
+            if readonly:
+                self._execute("SET default_transaction_read_only = on")
+            else:
+                with self._transaction():
+                    self._execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
+                    for statement in SCHEMA:
+                        self._execute(statement)
+                    self._execute(
+                        "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?)"
+                        " ON CONFLICT (key) DO NOTHING",
+                        (SCHEMA_VERSION,),
+                    )
+            self._check_schema()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _said(self, error: BaseException) -> str:
+        return redact_text(str(error).strip() or type(error).__name__, self._secrets)
+
+    def _check_schema(self) -> None:
+        tables = {
+            r[0]
+            for r in self._query(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema ="
+                " current_schema() AND table_type = 'BASE TABLE'"
+            )
+        }
+        if not {"mizzen_meta", "runs", "metric_values"} <= tables:
+            raise StoreError(
+                f"{self.shown}: no mizzen metric store here (tables mizzen_meta, runs and "
+                "metric_values missing); a writer (`mizzen-ci gate ingest`) creates them"
+            )
+        version = self._query("SELECT value FROM mizzen_meta WHERE key = 'schema'")
+        if [tuple(r) for r in version] != [(SCHEMA_VERSION,)]:
+            raise StoreError(
+                f"{self.shown}: metric store schema {str(version[:1])[:40]}, this mizzen-ci "
+                f"reads schema {SCHEMA_VERSION}; use the mizzen-ci that wrote it"
+            )
+
+    def _run(self, sql: str, params: tuple):
+        try:
+            return self.conn.execute(sql.replace("?", "%s"), params)
+        except self._errors as e:
+            raise StoreError(f"{self.shown}: {self._said(e)}") from None
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        cursor = self._run(sql, params)
+        try:
+            return cursor.fetchall() if cursor.description is not None else []
+        except self._errors as e:
+            raise StoreError(f"{self.shown}: {self._said(e)}") from None
+
+    def _execute(self, sql: str, params: tuple = ()) -> int:
+        return self._run(sql, params).rowcount
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        if self.conn.info.transaction_status != 0:  # already inside one (IDLE == 0)
+            yield
+            return
+        try:
+            with self.conn.transaction():
+                yield
+        except self._errors as e:
+            raise StoreError(f"{self.shown}: {self._said(e)}") from None
+
+    def _created_param(self, created: str) -> object:
+        return datetime.fromisoformat(created)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()

@@ -1,0 +1,207 @@
+"""The metric history store: one interface, two backends (SQLite, PostgreSQL), one schema.
+
+Schema (the same tables in both; ``metric_values`` because ``values`` is an SQL keyword)::
+
+    runs(id, test, arch, pool, commit_sha, pr, event, trusted, attempt, created, source)
+        UNIQUE (source, test, arch, attempt)          -- the natural key of a run
+        INDEX runs_recent_trusted (test, arch, created) WHERE trusted
+    metric_values(run -> runs.id, metric, step, value, kind)
+        PRIMARY KEY (run, metric, step)
+    mizzen_meta(key, value)                           -- schema = SCHEMA_VERSION
+
+"Recent trusted values of (test, arch, metric, step)" is one walk of ``runs_recent_trusted``
+newest first, probing ``metric_values``' primary key for (metric, step).  ``kind`` is ``finite``
+(``value`` holds it) or ``nan``/``inf``/``-inf`` (``value`` is NULL): a non-finite value is kept as
+what it was, in both backends alike.
+
+Invariants:
+- Writes are idempotent: a run is stored with all its values in one transaction, or not at all
+  when its natural key (the run key of the artefact, test, arch, attempt) is already there, so a
+  re-uploaded or re-merged artefact never counts twice (:meth:`MetricStore.add_run` says which).
+- Only trusted runs feed a reference (:meth:`MetricStore.history`); :meth:`MetricStore.mark_untrusted`
+  takes runs out of every later reference without deleting them.
+- Everything read back is untrusted input (a store file from a cache, a shared database): every
+  row is checked and bounded (:func:`checked_value`); a bad row is dropped with a problem naming
+  its run id, never used and never a traceback.  Reads are bounded (``LIMIT``), and each backend
+  bounds a query's time.
+- Every error is a :class:`StoreError` whose message shows the store only through
+  :func:`~mizzen_ci.gate.redact.redact_url` (a password never appears in a message, a ``repr()``
+  or a log line).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .artefacts import MAX_KEY_CHARS, NONFINITE, valid_test_path
+
+SCHEMA_VERSION = "1"
+STORE_ENV = "MIZZEN_METRICS_STORE"
+DEFAULT_STORE = Path(".ci-artifacts") / "history" / "metrics.sqlite"
+MAX_WINDOW = 1000
+MAX_STEPS_READ = 10_000
+EVENTS = ("push", "schedule", "workflow_dispatch", "pull_request", "merge_group", "local")
+TRUSTED_EVENTS = ("push", "schedule", "workflow_dispatch", "local")
+KINDS = ("finite", "nan", "inf", "-inf")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened, read or written; the message says which store (redacted),
+    what failed and the fix."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run of one test file on one arch, as the store keeps it."""
+
+    test: str
+    arch: str
+    pool: str
+    commit: str
+    pr: int | None
+    event: str
+    trusted: bool
+    attempt: int
+    created: str  # ISO-8601 UTC
+    source: str  # the run key of the artefact
+
+
+@dataclass(frozen=True)
+class StoredValue:
+    """One value of a (test, arch, metric, step) series, with the run it came from."""
+
+    value: float
+    created: str
+    commit: str
+    source: str
+    run_id: int
+
+
+def kind_of(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return "finite"
+
+
+def checked_value(row: tuple, run_id: object) -> StoredValue:
+    """A ``(value, kind, created, commit_sha, source, run id)`` row as a :class:`StoredValue`;
+    :class:`ValueError` naming what is wrong (see the module docstring)."""
+    value, kind, created, commit, source, rid = row
+    if kind not in KINDS:
+        raise ValueError(f"run {run_id}: kind {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
+    if kind == "finite":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"run {run_id}: a finite value that is not a number")
+        if not (isinstance(value, float) and math.isfinite(value)) and not (
+            isinstance(value, int) and abs(value) <= 2**63
+        ):
+            raise ValueError(f"run {run_id}: a finite value that is not finite")
+        number = float(value)
+    elif value is not None:
+        raise ValueError(f"run {run_id}: a {kind} value with a number beside it")
+    else:
+        number = NONFINITE[kind]
+    if isinstance(created, datetime):
+        created = created.astimezone(UTC).isoformat(timespec="microseconds")
+    if not (isinstance(created, str) and len(created) <= 40):
+        raise ValueError(f"run {run_id}: `created` is not a time")
+    if not (isinstance(commit, str) and len(commit) <= 64):
+        raise ValueError(f"run {run_id}: `commit_sha` is not a commit")
+    if not (isinstance(source, str) and len(source) <= MAX_KEY_CHARS):
+        raise ValueError(f"run {run_id}: `source` is not a run key")
+    if isinstance(rid, bool) or not isinstance(rid, int):
+        raise ValueError(f"run {run_id}: the id is not an integer")
+    return StoredValue(number, created, commit, source, rid)
+
+
+def check_run(run: RunInfo) -> None:
+    """Refuse a run that the schema could not hold faithfully (bounded text, known event)."""
+    problems = []
+    if not valid_test_path(run.test):
+        problems.append(f"test {run.test[:80]!r} is not a test file path")
+    for name in ("arch", "pool", "commit", "source"):
+        value = getattr(run, name)
+        if not (isinstance(value, str) and 0 < len(value) <= MAX_KEY_CHARS and value.isprintable()):
+            problems.append(
+                f"{name} {str(value)[:80]!r} is not 1-{MAX_KEY_CHARS} printable characters"
+            )
+    if run.event not in EVENTS:
+        problems.append(f"event {run.event[:40]!r} is not one of {', '.join(EVENTS)}")
+    if run.trusted and run.event not in TRUSTED_EVENTS:
+        problems.append(f"a {run.event} run is never trusted")
+    if not (type(run.attempt) is int and 1 <= run.attempt <= 1000):
+        problems.append("attempt is not an integer from 1 to 1000")
+    if run.pr is not None and not (type(run.pr) is int and 1 <= run.pr <= 10**9):
+        problems.append("pr is not a pull-request number")
+    if problems:
+        raise StoreError("refused run: " + "; ".join(problems))
+
+
+class MetricStore(ABC):
+    """The interface every backend implements (see the module docstring)."""
+
+    #: the store as it may be shown (:func:`~mizzen_ci.gate.redact.redact_url`)
+    shown: str
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.shown}>"
+
+    @abstractmethod
+    def add_run(self, run: RunInfo, values: Mapping[tuple[str, int], float]) -> bool:
+        """Store ``run`` with its ``{(metric, step): value}`` in one transaction; False when its
+        natural key is already stored (nothing is written then)."""
+
+    @abstractmethod
+    def history(
+        self,
+        test: str,
+        arch: str,
+        metric: str,
+        step: int,
+        *,
+        limit: int,
+        exclude_source: str | None = None,
+    ) -> tuple[list[StoredValue], list[str]]:
+        """The newest ``limit`` trusted values of the series, newest first, leaving out the run
+        ``exclude_source`` (the run being judged); and the problems of dropped rows."""
+
+    @abstractmethod
+    def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
+        """The steps at which the newest trusted run that recorded ``metric`` recorded it."""
+
+    @abstractmethod
+    def mark_untrusted(
+        self,
+        *,
+        commit: str | None = None,
+        source: str | None = None,
+        test: str | None = None,
+        arch: str | None = None,
+    ) -> int:
+        """Mark the runs matching every given field untrusted; the number of runs changed."""
+
+    @abstractmethod
+    def count_runs(self, *, trusted: bool | None = None) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def store_url(given: str | None, root: Path) -> str:
+    """The store to use: ``--store``, else ``$MIZZEN_METRICS_STORE``, else the SQLite file of the
+    tree's history folder (:data:`DEFAULT_STORE`)."""
+    return given or os.environ.get(STORE_ENV) or str(Path(root) / DEFAULT_STORE)
