@@ -145,7 +145,8 @@ def main() -> int:
             bases.append(base)
             colds.append(cold)
         base, cold = statistics.median(bases), statistics.median(colds)
-        warm = statistics.median(plan_once(root, cache)[0] for _ in range(3))
+        warms = [plan_once(root, cache)[0] for _ in range(3)]
+        warm = statistics.median(warms)
         assert parsed_by_a_plan(root, cache) == 0, "the warm plan parsed files: no cache hit"
         cli = statistics.median(cli_once(root, cache) for _ in range(3))
         n_tests = sum(len(j["tests"]) for j in plan["jobs"])
@@ -162,7 +163,8 @@ def main() -> int:
             tgt = f"{target:.1f} s" if target else "-"
             print(f"{label:34} {secs:8.2f} {secs / base:11.2f} {tgt:>8}")
         print(f"\nruns: baseline {' '.join(f'{b:.2f}' for b in bases)}; "
-              f"cold {' '.join(f'{c:.2f}' for c in colds)}")  # fmt: skip
+              f"cold {' '.join(f'{c:.3f}' for c in colds)}; "
+              f"warm {' '.join(f'{w:.3f}' for w in warms)}")  # fmt: skip
         print(f"machine: {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f} "
               "(the figures scale with it; compare the ratios)")  # fmt: skip
     finally:
