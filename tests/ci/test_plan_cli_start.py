@@ -63,6 +63,7 @@ OWN_ARGUMENT = {
     "list": "--lane",
     "plan": "--budget-minutes",
     "comment": "--body-file",
+    "fastfail": "--started-by",
     "gpu-lane": "arch",
     "lazy-imports": "--static",
     "history": "record",

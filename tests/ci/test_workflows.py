@@ -20,7 +20,7 @@ import yaml
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.plan import Job, Plan, PlannedTest, SelectionSummary
 from mizzen_ci.plan.cli import matrix
-from mizzen_ci.plan.request import TRUSTED_ASSOCIATIONS
+from mizzen_ci.plan.request import BYPASS_FASTFAIL, TRUSTED_ASSOCIATIONS, Inputs, fast_fail
 
 register_cpu_ci(est_time=3, labels=["ci"])
 
@@ -77,6 +77,11 @@ STATUS_WRITERS = {("gpu.yml", "report")} | {
 }
 
 
+# The one other write: the comment workflow's reply to an accepted command, posted by a job that
+# checks out and runs no code (it downloads the reply the parse job wrote and posts it).
+REPLY_WRITER = ("comment.yml", "reply")
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_least_privilege_and_no_expression_inside_scripts(path):
     wf = yaml.safe_load(path.read_text())
@@ -87,6 +92,9 @@ def test_least_privilege_and_no_expression_inside_scripts(path):
         writes = {k for k, v in perms.items() if v != "read"}
         if (path.name, job_id) in STATUS_WRITERS:
             assert writes == {"statuses"} and perms["statuses"] == "write", (path.name, job_id)
+        elif (path.name, job_id) == REPLY_WRITER:
+            assert perms == {"pull-requests": "write"}  # nothing else, not even contents
+            assert not any("actions/checkout@" in st.get("uses", "") for st in job["steps"])
         else:
             assert not writes, f"{path.name}: job {job_id} asks to write {sorted(writes)}"
         if "statuses" in writes and "steps" in job:
@@ -329,3 +337,166 @@ def test_every_lane_job_stamps_and_uploads_its_metrics(workflow, job_id):
     )
     assert upload["if"] == "always()" and upload["with"]["path"] == ".ci-artifacts/metrics/"
     assert upload["with"]["name"] == "metrics-${{ matrix.id }}"
+
+
+# -- fast-fail: on pull requests the GPU jobs wait for the cheap checks and the CPU lane ---------
+
+
+def test_the_plan_job_hands_the_fast_fail_decision_to_the_gpu_jobs():
+    gpu = load("gpu.yml")
+    plan = gpu["jobs"]["plan"]
+    assert plan["outputs"]["fast_fail"] == "${{ steps.plan.outputs.fast_fail }}"
+    # the wait runs only when the trusted plan says so (a missing answer waits: != 'false')
+    wait = gpu["jobs"]["fastfail"]
+    assert wait["needs"] == "plan"
+    assert "needs.plan.outputs.fast_fail != 'false'" in wait["if"]
+    # the GPU jobs need the wait, and start without it only when the plan does not fast-fail
+    job = gpu["jobs"]["gpu"]
+    assert set(job["needs"]) == {"plan", "fastfail"}
+    cond = " ".join(job["if"].split())
+    assert cond.startswith("!cancelled() && needs.plan.result == 'success'")
+    assert (
+        "(needs.plan.outputs.fast_fail == 'false' || (needs.fastfail.result == 'success' "
+        "&& needs.fastfail.outputs.verdict == 'pass'))"
+    ) in cond
+    assert wait["outputs"]["verdict"] == "${{ steps.wait.outputs.verdict }}"
+    # no gate of GPU metrics that were never made
+    assert "needs.gpu.result != 'skipped'" in gpu["jobs"]["gate"]["if"]
+
+
+def test_the_fast_fail_wait_is_the_trusted_judge_over_the_cpu_run_of_the_planned_head():
+    gpu = load("gpu.yml")
+    wait = gpu["jobs"]["fastfail"]
+    assert wait["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "read"}
+    assert HOSTED.match(wait["runs-on"]) and wait["cache-mode"] == "none"
+    (checkout,) = (st for st in wait["steps"] if "actions/checkout@" in st.get("uses", ""))
+    assert checkout["with"] == {"path": "trusted", "persist-credentials": False}  # no ref: ours
+    step = next(st for st in wait["steps"] if st.get("id") == "wait")
+    env, run = step["env"], step["run"]
+    assert env["PYTHONPATH"] == "trusted/ci/src"
+    assert env["SHA"] == "${{ needs.plan.outputs.sha }}"  # the planned (pinned) head
+    assert "python3 -S -m mizzen_ci fastfail --plan plan.json" in run
+    # the CPU workflow's pull-request runs of exactly that head, and the pull request as it is now
+    assert '"repos/$REPO/actions/workflows/pr.yml/runs?head_sha=$SHA&event=pull_request' in run
+    assert 'gh api "repos/$REPO/pulls/$NUMBER"' in run
+    assert '"--started-by=$STARTED_BY"' in run and "'comment' || 'event'" in env["STARTED_BY"]
+    assert 'if [ "$verdict" = fail ]; then exit 1; fi' in run
+    assert "$SECONDS" in run and int(env["WAIT_MINUTES"]) < wait["timeout-minutes"]
+    # the policy's job names are pr.yml's: the checks and the CPU lanes it judges exist there
+    pr = load("pr.yml")
+    assert {"checks", "plan", "lanes", "gate", "ci"} <= set(pr["jobs"])
+    # the status says why the GPU jobs did not run
+    report = gpu["jobs"]["report"]
+    assert "fastfail" in report["needs"]
+    assert report["steps"][0]["env"]["VERDICT"] == "${{ needs.fastfail.outputs.verdict }}"
+    assert '[ "$FASTFAIL" != success ] && [ "$FASTFAIL" != skipped ]' in report["steps"][0]["run"]
+    assert '[ "$VERDICT" = superseded ]; then state=pending' in report["steps"][0]["run"]
+
+
+def test_the_bypass_label_reaches_the_planner_from_event_data_only():
+    step = plan_step(load("gpu.yml"))
+    # pull_request_target's labels, or a comment run's: the labels of the event's issue
+    assert step["env"]["LABELS"] == (
+        "${{ inputs.labels || join(github.event.pull_request.labels.*.name, ',') }}"
+    )
+    assert '"--label=$LABELS"' in step["run"]
+    call = load("comment.yml")["jobs"]["gpu"]
+    assert call["with"]["labels"] == "${{ join(github.event.issue.labels.*.name, ',') }}"
+    assert fast_fail(Inputs(labels=(BYPASS_FASTFAIL,)))[0] is False
+    assert fast_fail(Inputs())[0] is True
+
+
+def test_nightly_and_weekly_runs_never_wait_for_cpu_results():
+    wf = load("nightly.yml")
+    call = wf["jobs"]["gpu"]
+    assert "needs" not in call  # the GPU side does not wait for the CPU side (`run`)
+    assert call["with"]["event"] == "${{ github.event_name }}"  # schedule or workflow_dispatch
+    for event in ("schedule", "workflow_dispatch"):
+        for cadence in ("nightly", "weekly"):
+            assert fast_fail(Inputs(event=event, cadence=cadence))[0] is False
+    # gpu.yml's fast-fail job asks for reads only: the caller grants them, nothing more
+    assert call["permissions"] == {
+        "contents": "read", "statuses": "write", "actions": "read", "pull-requests": "read"
+    }  # fmt: skip
+    # pushes to main (gpu.yml's own trigger) never wait either
+    assert fast_fail(Inputs(event="push"))[0] is False
+
+
+# -- /rerun-failed and /rerun-test through the comment workflow ---------------------------------
+
+
+def test_rerun_commands_reach_the_trusted_planner():
+    wf = load("comment.yml")
+    parse = wf["jobs"]["parse"]
+    assert "contains(github.event.comment.body, '/rerun-')" in parse["if"]
+    read = next(st for st in parse["steps"] if st.get("id") == "read")
+    assert '"--github-output=$GITHUB_OUTPUT"' in read["run"]  # run= and rerun_failed=
+    (checkout,) = (st for st in parse["steps"] if "actions/checkout@" in st.get("uses", ""))
+    assert "ref" not in checkout["with"]  # the default branch's planner, never the PR's
+    # the plan is made in gpu.yml by the trusted planner, from the comment as data
+    call = wf["jobs"]["gpu"]
+    assert call["uses"] == "$/.github/workflows/gpu.yml"
+    assert call["with"]["comment_body"] == "${{ github.event.comment.body }}"
+    assert call["with"]["sha"] == "${{ needs.parse.outputs.sha }}"
+
+
+def test_rerun_failed_reads_the_last_gpu_run_of_the_pinned_head_as_data():
+    wf = load("comment.yml")
+    parse = wf["jobs"]["parse"]
+    last = next(st for st in parse["steps"] if st.get("id") == "last")
+    assert "steps.read.outputs.rerun_failed == 'true'" in last["if"]
+    assert last["env"]["SHA"] == "${{ steps.pin.outputs.sha }}"  # the head pinned at comment time
+    assert last["env"]["RUNS"] == (
+        "${{ github.server_url }}/${{ github.repository }}/actions/runs/"
+    )
+    run = last["run"]
+    # the run linked by the head's mizzen/gpu status, posted by this repository's Actions token
+    assert 'gh api "repos/$REPO/commits/$SHA/status"' in run
+    assert '.context == "mizzen/gpu" and .creator.login == "github-actions[bot]"' in run
+    assert 'id=${url#"$RUNS"}' in run and "^[0-9]{1,20}$" in run
+    assert ".github/workflows/gpu.yml" in run and ".github/workflows/comment.yml" in run
+    assert 'gh run download "$id" --repo "$REPO" --pattern \'history-*\'' in run
+    assert {"actions": "read", "statuses": "read"}.items() <= parse["permissions"].items()
+    assert parse["outputs"]["last_run"] == "${{ steps.last.outputs.artifact }}"
+    upload = next(
+        st for st in parse["steps"] if st.get("with", {}).get("name") == "last-run-history"
+    )
+    assert upload["if"] == "steps.last.outputs.artifact != ''"
+    # gpu.yml downloads it and hands it to the planner, which validates every record
+    call = wf["jobs"]["gpu"]
+    assert call["with"]["failed_from_artifact"] == "${{ needs.parse.outputs.last_run }}"
+    gpu = load("gpu.yml")
+    assert "failed_from_artifact" in triggers(gpu)["workflow_call"]["inputs"]
+    download = next(
+        st for st in gpu["jobs"]["plan"]["steps"]
+        if st.get("with", {}).get("name") == "${{ inputs.failed_from_artifact }}"
+    )  # fmt: skip
+    assert download["if"] == "inputs.failed_from_artifact != ''"
+    assert download["uses"].startswith("actions/download-artifact@")
+    step = plan_step(gpu)
+    assert download["with"]["path"] == "last-run" and "--failed-from=last-run" in step["run"]
+    assert step["env"]["FAILED_FROM"] == "${{ inputs.failed_from_artifact }}"
+
+
+def test_the_reply_acknowledges_accepted_commands_and_links_the_run_it_started():
+    wf = load("comment.yml")
+    parse = wf["jobs"]["parse"]
+    write = next(st for st in parse["steps"] if "--reply reply.md" in st.get("run", ""))
+    assert write["if"] == "steps.read.outputs.run == 'true'"
+    assert write["env"]["RUN_URL"] == (
+        "${{ github.server_url }}/${{ github.repository }}/actions/runs/${{ github.run_id }}"
+    )
+    assert write["env"]["SHA"] == "${{ steps.pin.outputs.sha }}"
+    assert write["env"]["PYTHONPATH"] == "ci/src"  # the default branch's mizzen_ci escapes it
+    assert '"--run-url=$RUN_URL" "--head=$SHA"' in write["run"]
+    assert '"--last-run=$LAST_RUN"' in write["run"]
+    reply = wf["jobs"]["reply"]
+    assert reply["needs"] == "parse" and reply["if"] == "needs.parse.outputs.run == 'true'"
+    uses = [st.get("uses", "") for st in reply["steps"]]
+    assert [u.split("@")[0] for u in uses if u] == ["actions/download-artifact"]
+    post = reply["steps"][-1]
+    assert post["env"]["NUMBER"] == "${{ github.event.issue.number }}"
+    assert (
+        'gh api --method POST "repos/$REPO/issues/$NUMBER/comments" -F body=@reply.md'
+        in post["run"]
+    )

@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("mizzen_ci.registry.cli", "list registered tests with their derived runner pool"),
     "plan": ("mizzen_ci.plan.cli", "plan the CI jobs for a change (default: the working tree)"),
     "comment": ("mizzen_ci.plan.cli", "the commands of a pull-request comment, as JSON"),
+    "fastfail": (
+        "mizzen_ci.plan.fastfail",
+        "whether a pull request's GPU jobs may start (its cheap checks and CPU lane)",
+    ),
     "gpu-lane": ("mizzen_ci.lane.cli", "run a GPU lane here: every ARCH test, leased and packed"),
     "lazy-imports": (
         "mizzen_ci.lazy_imports.cli",

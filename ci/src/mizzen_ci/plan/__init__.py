@@ -5,7 +5,8 @@ from git), :mod:`.path_rules` (what a changed path means), :mod:`.impact` (which
 reaches), :mod:`.dispatch` (on which arches and pools a test runs), :mod:`.selection` (what runs
 and why everything else does not), :mod:`.packing` (tests into jobs of one pool), :mod:`.jobs`
 (the job records), :mod:`.pipeline` (all of it: :func:`~.pipeline.build_plan`), :mod:`.report`
-(terminal and Markdown), :mod:`.cli` (``mizzen-ci plan``).  :mod:`.model` holds the plan's records,
+(terminal and Markdown), :mod:`.cli` (``mizzen-ci plan``), :mod:`.fastfail` (``mizzen-ci
+fastfail``: may a pull request's GPU jobs start, judged from its CPU run).  :mod:`.model` holds the plan's records,
 which the lanes and ``noxfile.py`` read.  ``index/`` holds the speed-only caches (skippable on a
 first read: the plan is the same without them).
 

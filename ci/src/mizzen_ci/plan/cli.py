@@ -8,8 +8,9 @@ event, the range, the labels and the trust facts (``--fork``/``--same-repo``,
 
 Outputs: ``--output plan.json`` (the plan, see :mod:`mizzen_ci.plan.model`), ``--summary FILE``
 (Markdown appended, e.g. ``$GITHUB_STEP_SUMMARY``), ``--github-output FILE`` (appends
-``matrix=<json>``, ``jobs=<n>``, ``sha=<head>`` and ``blocked=<n>`` (GPU test runs waiting for an
-approval) for a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs
+``matrix=<json>``, ``jobs=<n>``, ``sha=<head>``, ``blocked=<n>`` (GPU test runs waiting for an
+approval) and ``fast_fail=true|false`` (whether the GPU jobs wait for the cheap checks and the CPU
+lane) for a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs
 of that kind of runner), ``--json`` (the plan on stdout instead of the table).
 
 Invariants:
@@ -21,13 +22,19 @@ Invariants:
 - Exit 0 when a plan was made; 1 when it was made but the registry has violations (written,
   annotated and printed first: CI fails on what it cannot trust); 2 for bad input.
 - ``comment`` prints, as JSON, the commands the body holds (whole lines only) and whether the
-  association may give them; it exits 0 either way (the JSON says), 2 for bad input.
+  association may give them; it exits 0 either way (the JSON says), 2 for bad input.  With
+  ``--github-output FILE`` it appends ``run=true|false`` (accepted) and ``rerun_failed=true|false``
+  (an accepted ``/rerun-failed``: the workflow fetches the last run's records); with ``--reply
+  FILE --run-url URL --head SHA [--last-run URL]`` it writes the Markdown reply that
+  acknowledges accepted commands: what was accepted (escaped), the run it started, the head it is
+  pinned to and, for ``/rerun-failed``, the run whose failures it reruns.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +78,15 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     if command == "comment":
         parser.add_argument("--body-file", type=Path, required=True, help="the comment's text")
         parser.add_argument("--association", required=True, help="the commenter's association")
+        parser.add_argument("--github-output", type=Path, help="append run=… and rerun_failed=…")
+        parser.add_argument("--reply", type=Path, help="write the acknowledging reply here")
+        parser.add_argument("--run-url", help="with --reply: the run the commands started")
+        parser.add_argument("--head", help="with --reply: the head SHA the run is pinned to")
+        parser.add_argument(
+            "--last-run",
+            default="",
+            help="with --reply: the run whose failures /rerun-failed reruns (empty: none found)",
+        )
         return
     add_root_and_fleet_arguments(parser)
     g = parser.add_argument_group("the event")
@@ -190,20 +206,66 @@ class PlanInputError(ValueError):
     """An input the plan cannot be made from; the message says which and how to fix it."""
 
 
+_RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/[\w.-]+/[\w.-]+/actions/runs/[0-9]+")
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
 def _comment(args: argparse.Namespace) -> int:
     body = _read_comment(args.body_file)
     commands = parse_commands(body)
     association = args.association.upper()
+    accepted = bool(commands) and association in TRUSTED_ASSOCIATIONS
+    rerun_failed = accepted and any(c == "rerun-failed" for c, _ in commands)
+    if args.reply is not None:
+        reply = _reply(args, commands if accepted else [])
     print(
         json.dumps(
             {
                 "commands": [{"command": c, "args": a} for c, a in commands],
                 "association": association,
-                "accepted": bool(commands) and association in TRUSTED_ASSOCIATIONS,
+                "accepted": accepted,
             }
         )
     )
+    if args.github_output:
+        with args.github_output.open("a", encoding="utf-8") as f:
+            f.write(f"run={str(accepted).lower()}\nrerun_failed={str(rerun_failed).lower()}\n")
+    if args.reply is not None:
+        args.reply.write_text(reply, encoding="utf-8")
     return 0
+
+
+def _reply(args: argparse.Namespace, commands: list[tuple[str, list[str]]]) -> str:
+    """The Markdown reply acknowledging ``commands`` (accepted ones only; nothing to say
+    otherwise): every value from the comment is escaped, the URLs and the SHA are checked."""
+    if not commands:
+        raise PlanInputError("--reply: the comment holds no accepted command to acknowledge")
+    for name, value in (("--run-url", args.run_url), ("--last-run", args.last_run or None)):
+        if value is not None and not _RUN_URL.fullmatch(value):
+            raise PlanInputError(f"{name}: not the URL of a workflow run: {output.plain(value)}")
+    if not args.run_url:
+        raise PlanInputError("--reply needs --run-url (the run the commands started)")
+    if not (args.head and _SHA.fullmatch(args.head)):
+        raise PlanInputError("--reply needs --head, the 40-hex-digit SHA the run is pinned to")
+    shown = ", ".join(output.markdown_code(" ".join(["/" + c, *a])) for c, a in commands)
+    lines = [
+        f"Accepted {shown}: started {args.run_url} at `{args.head[:12]}` (the head of this pull "
+        "request when the comment was read; a later push needs a new command). The default "
+        "branch's planner makes the plan: its summary lists anything it refused.",
+    ]
+    if any(c == "rerun-failed" for c, _ in commands):
+        if args.last_run:
+            lines.append(
+                f"`/rerun-failed` reruns the GPU test files that failed in {args.last_run} "
+                "(the last GPU run reported on this head); CPU lanes are rerun with "
+                "*Re-run failed jobs* on the pull request's `pr` run."
+            )
+        else:
+            lines.append(
+                "`/rerun-failed`: no GPU run with test records was found for this head, so it "
+                "reruns nothing (the plan says so)."
+            )
+    return "\n\n".join(lines) + "\n"
 
 
 def _read_comment(path: Path) -> str:
@@ -300,6 +362,7 @@ def _plan(args: argparse.Namespace) -> int:
             f.write(f"jobs={len(chosen['include'])}\n")
             f.write(f"sha={plan.head or ''}\n")
             f.write(f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n")
+            f.write(f"fast_fail={str(plan.fast_fail).lower()}\n")
     for w in plan.warnings:
         output.emit("warning", w, title="mizzen plan")
     for e in plan.errors:

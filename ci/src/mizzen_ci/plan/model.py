@@ -21,7 +21,8 @@ The plan JSON (``version`` 1; fields may be added, never renamed)::
      "capacity": [{"arch": "hopper", "lane": "gpu-hopper", "pools": [...], "tests": n,
                    "makespan_seconds": ..., "bound_seconds": ..., "vendor": "nvidia"}],
      "not_scheduled": [{"file": ..., "arch": ..., "code": ..., "reason": ...}],
-     "warnings": [...], "errors": [...]}
+     "warnings": [...], "errors": [...],
+     "fast_fail": true, "fast_fail_reason": "pull request: GPU jobs wait for ..."}
 
 A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``); its
 ``est_seconds`` include its pool's set-up, and its tests' ``start_seconds`` count from the job's
@@ -32,7 +33,10 @@ commit the plan is for: the lanes check out exactly that commit (an approval hol
 ``vendor`` (jobs, pools, capacity) is the GPU vendor of the arch (``nvidia``, ``amd``; ``null``
 for the CPU pool), a field added after version 1: a plan written without it reads as ``null``.
 ``fleet`` names the table the pools and ``runs_on`` labels came from (for a pull request: the base
-revision's, never the change's); ``approval`` says what approved an untrusted author's head.  A job's tests
+revision's, never the change's); ``approval`` says what approved an untrusted author's head.
+``fast_fail`` (added after version 1; a plan without it reads as ``false``) says whether the GPU
+jobs wait for the cheap checks and the CPU lane of the head to pass, ``fast_fail_reason`` why or
+why not (:func:`mizzen_ci.plan.request.fast_fail`).  A job's tests
 are listed in their planned start order (longest first): the lanes run them so.  CPU jobs have
 ``arch: null``, ``lane: "cpu"`` and ``gpus: 1``.
 
@@ -219,6 +223,8 @@ class Plan(_Record):
     )
     warnings: list[str] = field(default_factory=list, metadata=_read("texts", list))
     errors: list[str] = field(default_factory=list, metadata=_read("texts", list))
+    fast_fail: bool = field(default=False, metadata=_read("added_flag"))
+    fast_fail_reason: str | None = field(default=None, metadata=_read("added_text"))
 
     def to_json(self) -> dict:
         return {"version": PLAN_VERSION, **super().to_json()}
@@ -302,6 +308,12 @@ class _Reader:
         if key not in self.data:
             return None
         return self.opt_text(key)
+
+    def added_flag(self, key: str) -> bool:
+        """A flag added after version 1: absent in older plans (``False``), else true or false."""
+        if key not in self.data:
+            return False
+        return self.flag(key)
 
     def flag(self, key: str) -> bool:
         value = self._get(key)

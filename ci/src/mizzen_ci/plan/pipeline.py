@@ -92,6 +92,8 @@ def build_plan(
         not_scheduled=sorted(not_scheduled, key=lambda n: (n.file, n.arch or "")),
         warnings=[*request.warnings, *selection_warnings],
         errors=[str(v) for v in registry.violations],
+        fast_fail=request.fast_fail,
+        fast_fail_reason=request.fast_fail_reason,
     )
     if not change.usable:
         plan.warnings.append(f"selecting everything: {change.reason}")

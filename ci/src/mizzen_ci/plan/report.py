@@ -143,7 +143,10 @@ def provenance(plan: Plan) -> str:
     else:
         trust = "untrusted author: hosted CPU jobs only"
     head = (plan.head or "?")[:12] + (" + working tree" if plan.worktree else "")
-    return f"head {head}; pools and runner labels from {plan.fleet}; {trust}"
+    line = f"head {head}; pools and runner labels from {plan.fleet}; {trust}"
+    if plan.fast_fail_reason:
+        line += f"; fast-fail {'on' if plan.fast_fail else 'off'}: {plan.fast_fail_reason}"
+    return line
 
 
 def reason_counts(plan: Plan) -> list[tuple[str, int]]:

@@ -4,7 +4,9 @@ Vocabulary (names of labels and commands live here and nowhere else):
 
 - PR labels: ``run-ci-<label>`` runs the GPU tests carrying that domain label, ``run-ci-all``
   every GPU test, ``run-on-<arch>`` adds that GPU generation for tests that declare it,
-  ``ok-to-test`` approves the GPU jobs of an untrusted author's head (see below).
+  ``ok-to-test`` approves the GPU jobs of an untrusted author's head (see below),
+  ``bypass-fastfail`` lets a pull request's GPU jobs start without waiting for its cheap checks
+  and CPU lane (the fast-fail policy, below).
 - Comment commands: a whole line of the comment ``/run-ci <label> [<label> …]``,
   ``/run-ci all``, ``/run-on <arch> [<arch> …]``, ``/rerun-failed`` (the test files that
   failed in the pull request's last run, as ``--failed-from`` history records of that run say)
@@ -38,6 +40,12 @@ Invariants:
   with triage rights), or a comment command from a trusted association.  The caller pins the run
   to that head (the plan's ``head``); a later push needs a new approval.
 - Comment commands from untrusted associations are ignored, with a warning in the plan.
+- Fast-fail (:func:`fast_fail`): a pull request's GPU jobs wait for the cheap checks and the CPU
+  lane of the same head to pass (GPU minutes are the expensive ones), unless the pull request
+  carries ``bypass-fastfail``.  A label is trusted as GitHub records it: only a user with triage
+  rights or more can add one, and nothing in a pull request's files or commits can; the bypass
+  saves waiting, it approves nothing (an untrusted head still needs ``ok-to-test`` or a
+  comment command).  Pushes, merge queues, nightly and weekly runs never wait.
 - Unknown labels, arches and commands never select anything silently: each is a warning, with
   the code points of any character outside printable ASCII (a look-alike is shown as such).
 """
@@ -57,6 +65,7 @@ RUN_CI_PREFIX = "run-ci-"
 RUN_CI_ALL = "run-ci-all"
 RUN_ON_PREFIX = "run-on-"
 OK_TO_TEST = "ok-to-test"
+BYPASS_FASTFAIL = "bypass-fastfail"
 COMMANDS = ("run-ci", "run-on", "rerun-failed", "rerun-test")
 _COMMAND = re.compile(r"/(run-ci|run-on|rerun-failed|rerun-test)(?:[ \t]+(.*))?")
 _TEST_PATH = re.compile(r"tests/(?:[A-Za-z0-9_.-]+/)*test_[A-Za-z0-9_]*\.py")
@@ -112,6 +121,23 @@ class Request:
     warnings: tuple[str, ...] = field(default=())
     #: rerun commands: {test file: why}; the plan is these files only.  None: no rerun command
     rerun: dict[str, str] | None = None
+    #: whether the GPU jobs wait for the cheap checks and the CPU lane to pass, and why (or why not)
+    fast_fail: bool = False
+    fast_fail_reason: str = ""
+
+
+def fast_fail(inputs: Inputs) -> tuple[bool, str]:
+    """Whether the GPU jobs of ``inputs``' run wait for the cheap checks and the CPU lane of the
+    same head (see the module docstring), and the reason, as the plan states it."""
+    if inputs.event != "pull_request":
+        what = inputs.cadence or inputs.event
+        return False, f"{what} runs never fast-fail: GPU jobs do not wait for the CPU results"
+    if BYPASS_FASTFAIL in inputs.labels:
+        return False, f"the `{BYPASS_FASTFAIL}` label: GPU jobs start without waiting"
+    return True, (
+        "pull request: GPU jobs wait for the cheap checks and the CPU lane of this head to pass "
+        f"(a maintainer's `{BYPASS_FASTFAIL}` label skips the wait)"
+    )
 
 
 def is_trusted(inputs: Inputs) -> bool:
@@ -161,6 +187,7 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         asks.rerun = None
     trusted = is_trusted(inputs)
     approval = None if trusted else _approval(inputs)
+    waits, why_waits = fast_fail(inputs)
     scheduled = inputs.event in ("schedule", "workflow_dispatch")
     if scheduled:
         mode = Mode.ALL if cadence == "weekly" else (Mode.EXPLICIT if asks.arches else Mode.AUTO)
@@ -182,6 +209,8 @@ def build_request(inputs: Inputs, fleet: Fleet) -> Request:
         approval=approval,
         warnings=tuple(asks.warnings),
         rerun=asks.rerun,
+        fast_fail=waits,
+        fast_fail_reason=why_waits,
     )
 
 
