@@ -342,6 +342,7 @@ def test_done_when_hopper_and_cdna3_in_one_declaration(tmp_path, make_repo, mizz
         "gpu-lane", "cdna3", *lane_args, site=True, inherit_env=True, timeout=240,
         env={
             **{v: "" for v in ("CI",)},
+            **{v: None for v in PINNING},  # the CPU lane's CUDA_VISIBLE_DEVICES='' is not ours
             "PATH": mi300x_host,
             "LANE_TRACE": str(root / "trace"),
             "MIZZEN_COMPILE_CACHE_DIR": str(tmp_path / "compile-cache"),
