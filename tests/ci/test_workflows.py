@@ -329,6 +329,18 @@ def test_the_history_cache_is_restored_where_the_nightly_job_saves_it_outside_th
     assert "tree/.ci-artifacts" not in (WORKFLOWS / "gpu.yml").read_text()
 
 
+def test_the_merge_queue_gate_reads_the_quarantine_list_of_its_base_too():
+    # a merge group's commit holds the change itself: its working tree's quarantine.toml would
+    # let a change quarantine its own regression on the way into main
+    gate = load("pr.yml")["jobs"]["gate"]
+    run = runs_of(load("pr.yml"), "gate")
+    assert '"$EVENT" = merge_group' in run and '"--quarantine-rev=$QUEUE_BASE"' in run
+    step = next(st for st in gate["steps"] if "gate check" in st.get("run", ""))
+    assert step["env"]["QUEUE_BASE"] == "${{ github.event.merge_group.base_sha }}"
+    checkout = next(st for st in gate["steps"] if "checkout@" in st.get("uses", ""))
+    assert "merge_group" in str(checkout["with"]["fetch-depth"])  # the whole history there
+
+
 def test_a_failing_gate_fails_ci_and_the_gpu_status():
     pr, gpu = load("pr.yml"), load("gpu.yml")
     ci = pr["jobs"]["ci"]
