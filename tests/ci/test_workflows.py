@@ -312,6 +312,35 @@ def test_the_gate_judges_every_lane_read_only_with_the_bases_quarantine():
     assert "ref" not in trusted["with"]  # the default branch's own gate
 
 
+def test_the_history_cache_is_restored_where_the_nightly_job_saves_it_outside_the_tree():
+    # actions/cache derives a cache's version from the `path` string: a restore whose path is
+    # not the save's never hits.  And a restore under the pull request's checkout (`tree/`)
+    # would leave whatever the pull request committed there (a metrics.sqlite, durations) to be
+    # read as the trusted history whenever the cache does not overwrite it.
+    (save,) = (st for _, st in steps(load("nightly.yml")) if "cache/save@" in st.get("uses", ""))
+    saved = save["with"]["path"]
+    for path in FILES:
+        for job_id, step in steps(yaml.safe_load(path.read_text())):
+            if "cache/restore@" in step.get("uses", ""):
+                assert step["with"]["path"] == saved, (path.name, job_id)
+    gpu = load("gpu.yml")
+    assert re.search(rf"--history[ =]{re.escape(saved)}\b", runs_of(gpu, "plan"))
+    assert f"--store {saved}/metrics.sqlite" in runs_of(gpu, "gate")
+    assert "tree/.ci-artifacts" not in (WORKFLOWS / "gpu.yml").read_text()
+
+
+def test_the_merge_queue_gate_reads_the_quarantine_list_of_its_base_too():
+    # a merge group's commit holds the change itself: its working tree's quarantine.toml would
+    # let a change quarantine its own regression on the way into main
+    gate = load("pr.yml")["jobs"]["gate"]
+    run = runs_of(load("pr.yml"), "gate")
+    assert '"$EVENT" = merge_group' in run and '"--quarantine-rev=$QUEUE_BASE"' in run
+    step = next(st for st in gate["steps"] if "gate check" in st.get("run", ""))
+    assert step["env"]["QUEUE_BASE"] == "${{ github.event.merge_group.base_sha }}"
+    checkout = next(st for st in gate["steps"] if "checkout@" in st.get("uses", ""))
+    assert "merge_group" in str(checkout["with"]["fetch-depth"])  # the whole history there
+
+
 def test_a_failing_gate_fails_ci_and_the_gpu_status():
     pr, gpu = load("pr.yml"), load("gpu.yml")
     ci = pr["jobs"]["ci"]

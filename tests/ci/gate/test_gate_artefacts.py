@@ -94,6 +94,9 @@ HOSTILE = [
     ('{"v": 1, "test": "tests/test_x.py", "arch": "cpu", "metric": "m", "step": 1, "value": "NaN"}', "must be a number or"),
     ('{"v": 1, "test": "tests/test_x.py", "arch": "cpu", "metric": "m", "step": 1, "value": 1, "run": "", "when": "x"}', "`run` must be"),
     ('{"v": 1, "test": "tests/test_x.py", "arch": "cpu", "metric": "m", "step": 1, "value": 1, "run": "r", "when": "2026-12-01"}', "`when` must be"),
+    # valid ISO-8601 times whose UTC form is out of range: no OverflowError traceback
+    ('{"v": 1, "test": "tests/test_x.py", "arch": "cpu", "metric": "m", "step": 1, "value": 1, "run": "r", "when": "9999-12-31T23:59:59-23:59"}', "`when` must be"),
+    ('{"v": 1, "test": "tests/test_x.py", "arch": "cpu", "metric": "m", "step": 1, "value": 1, "run": "r", "when": "0001-01-01T00:00:00+23:59"}', "`when` must be"),
     ("{" * 100000, "over"),
     ("not json", "not JSON"),
     ('{"v": 1, "n": ' + "9" * 5000 + "}", "not usable JSON"),

@@ -237,3 +237,31 @@ def test_untrust_takes_a_commits_runs_out_of_the_reference(tree, mizzen_ci, poin
     assert "improved" in loss_row() and "0.3 vs 0.6 ±" in loss_row()  # commit b's runs only
     assert "5 run(s) marked untrusted" in mizzen_ci(*untrust, "b" * 40).stdout
     assert "cold start: 0 of 5" in loss_row()  # no trusted history left
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://mizzen:s3cretpw@127.0.0.1:1/db",  # SQLAlchemy's spelling
+        "POSTGRESQL://mizzen:s3cretpw@127.0.0.1:1/db",  # libpq reads the scheme in any case
+        "mysql://mizzen:s3cretpw@127.0.0.1:1/db",
+    ],
+)
+def test_a_store_url_never_shows_its_password_whatever_its_scheme(
+    tree, mizzen_ci, points, write_points, url
+):
+    artefact = this_run(tree, points, write_points, loss=0.3)
+    runs = [
+        check(mizzen_ci, tree, "--store", url, "--summary", str(tree / "summary.md"), cwd=tree),
+        mizzen_ci("gate", "show", "--root", str(tree), "--store", url, "--test", TEST,
+                  "--metric", "eval/heldout_loss", cwd=tree),
+        mizzen_ci("gate", "ingest", "--root", str(tree), "--store", url, "--trusted",
+                  "--event", "push", "--commit", "a" * 40, str(artefact), cwd=tree),
+    ]  # fmt: skip
+    for out in runs:
+        assert out.returncode == 2, (out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr
+        assert "s3cretpw" not in out.stdout + out.stderr
+    summary = tree / "summary.md"
+    assert not summary.exists() or "s3cretpw" not in summary.read_text()
+    assert not [p for p in tree.rglob("*") if "s3cretpw" in str(p)]  # no folder named after it

@@ -177,6 +177,26 @@ def test_crafted_rows_are_dropped_with_a_problem_and_views_are_refused(tmp_path)
         open_store(str(path), readonly=True)
 
 
+def test_stored_values_beyond_what_an_artefact_may_hold_are_dropped(tmp_path):
+    # ±1e308 in the history would make the MAD (and so the band) infinite: everything passes
+    from mizzen_ci.gate.judge import decide
+
+    path = tmp_path / "metrics.sqlite"
+    with open_store(str(path)) as store:
+        for i in range(6):
+            store.add_run(run(f"r{i}", t(i + 1)), {("eval/loss", 60): 1.0})
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE metric_values SET value = 1e308 WHERE run IN (1, 2, 3)")
+    conn.execute("UPDATE metric_values SET value = -1e308 WHERE run IN (4, 5)")
+    conn.commit()
+    with open_store(str(path), readonly=True) as store:
+        values, problems = store.history(TEST, "cpu", "eval/loss", 60, limit=10)
+    assert [v.source for v in values] == ["r5"] and len(problems) == 5, problems
+    assert all("within" in p for p in problems)
+    history = [v.value for v in values] * 5
+    assert decide(1e6, history, direction="lower", tolerance=0.1, floor=0.0).status == "fail"
+
+
 def test_a_wrong_schema_version_is_refused(tmp_path):
     path = tmp_path / "metrics.sqlite"
     open_store(str(path)).close()

@@ -118,9 +118,12 @@ def valid_when(value: object) -> bool:
         return False
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        if parsed.tzinfo is None:
+            return False
+        parsed.astimezone(UTC)  # what utc_iso does: a year-1 or year-9999 time can overflow
+    except (ValueError, OverflowError):
         return False
-    return parsed.tzinfo is not None
+    return True
 
 
 def utc_iso(when: str) -> str:

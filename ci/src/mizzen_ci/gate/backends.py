@@ -6,13 +6,20 @@ Invariants:
   chooses (the backends import the interface, so the choice lives outside it).
 - A backend module is imported only when its URL is opened: the PostgreSQL driver is loaded by
   nothing else.
+- A URL with any other ``scheme://`` (``postgresql+psycopg://``, ``POSTGRESQL://``, ``mysql://``)
+  is a :class:`~.store.StoreError` (shown redacted), never a SQLite file of that name: a mistyped
+  URL must not become "no store, every gate inactive", nor a folder named after its password.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
-from .store import MetricStore
+from .redact import redact_url
+from .store import MetricStore, StoreError
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def is_postgres(url: str) -> bool:
@@ -23,6 +30,12 @@ def open_store(url: str, *, readonly: bool = False) -> MetricStore | None:
     """The store at ``url``: ``postgresql://…`` (or ``postgres://…``) is PostgreSQL, anything
     else a SQLite file (``sqlite:///abs``, ``sqlite:rel`` or a path).  ``readonly``: never
     writes (a pull request's gate); a missing SQLite file is then ``None`` (no history)."""
+    scheme = _SCHEME.match(url)
+    if scheme is not None and scheme[1] not in ("postgresql", "postgres", "sqlite"):
+        raise StoreError(
+            f"{redact_url(url)}: not a metric store URL (scheme {scheme[1][:20]!r}); write "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (lowercase scheme) or a SQLite file path"
+        )
     if is_postgres(url):
         from .postgres import PostgresStore
 

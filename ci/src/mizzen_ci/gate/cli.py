@@ -33,6 +33,7 @@ from .check import Settings, run_gate, targets_from_plan, targets_from_points
 from .declarations import read_declarations
 from .judge import DEFAULT_K, DEFAULT_MIN_HISTORY, DEFAULT_WINDOW, robust_band
 from .quarantine import read_revision, read_tree
+from .redact import redact_url
 from .store import EVENTS, MAX_WINDOW, RunInfo, StoreError, store_url
 from .vocabulary import load_vocabulary
 
@@ -194,7 +195,9 @@ def _check(root: Path, args: argparse.Namespace) -> int:
         if store is not None:
             store.close()
     if store is None:
-        result.notes.insert(0, f"no metric store at {url}: no history, every gate is inactive")
+        result.notes.insert(
+            0, f"no metric store at {redact_url(url)}: no history, every gate is inactive"
+        )
     result.errors += [str(v) for v in declarations.violations]
     result.problems[:0] = problems
     if not targets:
@@ -306,7 +309,7 @@ def _show(root: Path, args: argparse.Namespace) -> int:
     url = store_url(args.store, root)
     store = open_store(url, readonly=True)
     if store is None:
-        raise GateInputError(f"no metric store at {url}")
+        raise GateInputError(f"no metric store at {redact_url(url)}")
     try:
         step = args.step
         if step is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..sources import kind_of
+from .redact import redact_url
 from .sql import SqlStore
 from .store import SCHEMA_VERSION, StoreError
 
@@ -60,7 +61,7 @@ class SqliteStore(SqlStore):
     def __init__(self, path: Path | str, *, readonly: bool = False):
         self.path = Path(path)
         self.readonly = readonly
-        self.shown = str(self.path)
+        self.shown = redact_url(str(self.path))
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .artefacts import MAX_KEY_CHARS, NONFINITE, valid_test_path
+from .artefacts import MAX_ABS_VALUE, MAX_KEY_CHARS, NONFINITE, valid_test_path
 
 SCHEMA_VERSION = "1"
 STORE_ENV = "MIZZEN_METRICS_STORE"
@@ -105,6 +105,8 @@ def checked_value(row: tuple, run_id: object) -> StoredValue:
         ):
             raise ValueError(f"run {run_id}: a finite value that is not finite")
         number = float(value)
+        if not -MAX_ABS_VALUE <= number <= MAX_ABS_VALUE:  # what an artefact may hold
+            raise ValueError(f"run {run_id}: a finite value not within ±{MAX_ABS_VALUE:g}")
     elif value is not None:
         raise ValueError(f"run {run_id}: a {kind} value with a number beside it")
     else:
