@@ -18,11 +18,11 @@ is the checkout's committed ``HEAD`` (``git archive``), with each copy's ``*/src
    changed (:data:`REGRESSION`: LoRA adapts the attention projections only by default, as peft
    does for Llama, instead of every linear layer).  The e2e runs there once (its own assertions
    are reported: they may pass, which is the point of the gate), and ``mizzen-ci gate check
-   --quarantine-rev <base>`` judges it against the store: it must exit 1 with the held-out loss
+   --base-rev <base>`` judges it against the store: it must exit 1 with the held-out loss
    row ``FAIL``.
 3. *Quarantine*: main lands a ``ci/quarantine.toml`` entry for (the e2e, cpu); the check with
-   ``--quarantine-rev main`` must exit 0 with the row a ``warning`` and the entry listed.  The
-   same entry written by the pull request itself (``--quarantine-rev <base>``) must still fail.
+   ``--base-rev main`` must exit 0 with the row a ``warning`` and the entry listed.  The
+   same entry written by the pull request itself (``--base-rev <base>``) must still fail.
 4. *Statistics*: a seeded noisy synthetic history (``random.Random(0)``, 12 trusted runs around
    the measured per-step medians, 5 % relative noise, one outlier run) in a second store; the
    PR's values must fail against it and a trusted run's values pass, with the reference and band
@@ -207,12 +207,10 @@ def quarantine_entry(reason: str, today: dt.date) -> str:
 def gate_check(tree: Path, store: Path, metrics: Path, rev: str, summary: Path):
     p = mizzen_ci(
         tree, "gate", "check", "--root", str(tree), "--store", str(store), "--test", TEST,
-        "--arch", ARCH, "--metrics", str(metrics), "--quarantine-rev", rev,
+        "--arch", ARCH, "--metrics", str(metrics), "--base-rev", rev,
         "--summary", str(summary), check=False,
     )  # fmt: skip
-    print(
-        f"$ mizzen-ci gate check --test {TEST} --quarantine-rev {rev[:12]}  → exit {p.returncode}"
-    )
+    print(f"$ mizzen-ci gate check --test {TEST} --base-rev {rev[:12]}  → exit {p.returncode}")
     print(p.stdout.rstrip())
     errors = [ln for ln in p.stderr.splitlines() if ln.strip()]
     if errors:

@@ -295,14 +295,14 @@ def test_the_gate_judges_every_lane_read_only_with_the_bases_quarantine():
         assert "python3 -S -m mizzen_ci gate check" in run and f"--lanes {lanes}" in run
         assert "gate ingest" not in run
         assert '"--summary=$GITHUB_STEP_SUMMARY"' in run
-        assert 'if [ "$EVENT" = pull_request ]' in run and "--quarantine-rev=" in run
+        assert 'if [ "$EVENT" = pull_request ]' in run and "--base-rev=" in run
         assert "needs.plan.outputs.jobs != '0'" in gate["if"] and "always()" in gate["if"]
         downloads = [st for st in gate["steps"] if "download-artifact@" in st.get("uses", "")]
         assert any(st["with"].get("pattern") == "metrics-*" for st in downloads)
         (cache,) = (st for st in gate["steps"] if "cache/restore@" in st.get("uses", ""))
         store = re.search(r"--store (\S+)", run).group(1)
         assert store.startswith(cache["with"]["path"] + "/")  # the store rides in the history cache
-    assert "--quarantine-rev=HEAD^1" in runs_of(pr, "gate")  # the merge commit's base
+    assert "--base-rev=HEAD^1" in runs_of(pr, "gate")  # the merge commit's base
     step = next(st for st in gpu["jobs"]["gate"]["steps"] if "gate check" in st.get("run", ""))
     assert step["env"]["PYTHONPATH"] == "trusted/ci/src" and "--root tree" in step["run"]
     assert step["env"]["BASE"] == "${{ inputs.base || github.event.pull_request.base.sha }}"
@@ -334,7 +334,7 @@ def test_the_merge_queue_gate_reads_the_quarantine_list_of_its_base_too():
     # let a change quarantine its own regression on the way into main
     gate = load("pr.yml")["jobs"]["gate"]
     run = runs_of(load("pr.yml"), "gate")
-    assert '"$EVENT" = merge_group' in run and '"--quarantine-rev=$QUEUE_BASE"' in run
+    assert '"$EVENT" = merge_group' in run and '"--base-rev=$QUEUE_BASE"' in run
     step = next(st for st in gate["steps"] if "gate check" in st.get("run", ""))
     assert step["env"]["QUEUE_BASE"] == "${{ github.event.merge_group.base_sha }}"
     checkout = next(st for st in gate["steps"] if "checkout@" in st.get("uses", ""))

@@ -127,12 +127,12 @@ def test_a_quarantine_from_the_base_turns_the_failure_into_a_warning(
 ):
     this_run(tree, points, write_points, loss=0.325 * 1.3)
     (tree / "ci" / "quarantine.toml").write_text(QUARANTINE)  # the change adds it: not trusted
-    out = check(mizzen_ci, tree, "--quarantine-rev", "HEAD")
+    out = check(mizzen_ci, tree, "--base-rev", "HEAD")
     assert out.returncode == 1, out.stdout
     git(tree, "add", "-A")
     git(tree, "commit", "-qm", "quarantine on the base")
     summary = tree / "summary.md"
-    out = check(mizzen_ci, tree, "--quarantine-rev", "HEAD", "--summary", str(summary))
+    out = check(mizzen_ci, tree, "--base-rev", "HEAD", "--summary", str(summary))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "metric gate passed: 1 warning, 2 pass" in out.stdout
     assert (
@@ -142,7 +142,7 @@ def test_a_quarantine_from_the_base_turns_the_failure_into_a_warning(
     md = summary.read_text()
     assert "| WARNING |" in md and "fix in \\#130 \\<b\\>" in md and "<b>" not in md
     # expired: a failure again, and every summary says to remove the entry
-    out = check(mizzen_ci, tree, "--quarantine-rev", "HEAD", "--today", "2027-01-01")
+    out = check(mizzen_ci, tree, "--base-rev", "HEAD", "--today", "2027-01-01")
     assert out.returncode == 1 and "expired quarantine (since 2026-12-31" in out.stdout
 
 
@@ -200,7 +200,7 @@ def test_bad_input_is_one_line_and_exit_2(tree, mizzen_ci, points, write_points)
     (tree / "ci" / "quarantine.toml").write_text("[[quarantine]]\nfile = 3\n")
     out = check(mizzen_ci, tree)
     assert out.returncode == 2 and "quarantine list cannot be used" in out.stderr
-    out = check(mizzen_ci, tree, "--quarantine-rev=--output=/tmp/x")
+    out = check(mizzen_ci, tree, "--base-rev=--output=/tmp/x")
     assert out.returncode == 2 and "not a revision" in out.stderr
     out = mizzen_ci("gate", "ingest", "--root", str(tree), "--store", str(tree / "s.sqlite"),
                     "--trusted", "--event", "push", "--commit", "; rm -rf /", str(tree))  # fmt: skip
@@ -265,3 +265,46 @@ def test_a_store_url_never_shows_its_password_whatever_its_scheme(
     summary = tree / "summary.md"
     assert not summary.exists() or "s3cretpw" not in summary.read_text()
     assert not [p for p in tree.rglob("*") if "s3cretpw" in str(p)]  # no folder named after it
+
+
+LOOSENED = DECLARED.replace(
+    'register_ci_gate(metric="eval/heldout_loss", direction="lower", tolerance=0.1, floor=0.02)',
+    'register_ci_gate(metric="eval/heldout_loss", direction="lower", tolerance=10, enforce=False,'
+    ' reason="noisy")',
+)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(LOOSENED, id="loosened-and-unenforced"),
+        pytest.param(
+            DECLARED.splitlines(True)[0] + DECLARED.splitlines(True)[2], id="gates-deleted"
+        ),
+    ],
+)
+def test_a_change_cannot_loosen_or_drop_its_own_gate(
+    tree, history, mizzen_ci, points, write_points, change
+):
+    this_run(tree, points, write_points, loss=0.325 * 1.3)
+    (tree / TEST).write_text(change)  # the pull request's version of the test file
+    alone = check(mizzen_ci, tree, "--test", TEST)
+    assert alone.returncode == 0, alone.stdout + alone.stderr  # its own gates would let it pass
+    out = check(mizzen_ci, tree, "--test", TEST, "--base-rev", "HEAD")
+    assert out.returncode == 1, out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if "eval/heldout_loss" in line)
+    assert "FAIL" in row
+    assert "the base's applies" in out.stdout
+
+
+def test_a_gate_the_change_adds_applies_at_once(tree, history, mizzen_ci, points, write_points):
+    this_run(tree, points, write_points, loss=0.325)
+    added = DECLARED + (
+        'register_ci_gate(metric="perf/tokens_per_s", direction="higher", tolerance=0.5,'
+        ' enforce=False, reason="shared hosts")\n'
+    )
+    (tree / TEST).write_text(added)
+    out = check(mizzen_ci, tree, "--test", TEST, "--base-rev", "HEAD")
+    assert "perf/tokens_per_s" in out.stdout, out.stdout + out.stderr
+    assert "the base's applies" not in out.stdout
+    assert out.returncode == 0, out.stdout + out.stderr  # not enforced: a warning, not a failure

@@ -2,8 +2,9 @@
 
 - ``gate check``: the verdict table of the gates of the tests that ran (``--plan plan.json
   --lanes cpu|gpu``: the plan's jobs; ``--test FILE [--arch A]``; default: every gated test with
-  artefacts) against the store, read-only.  ``--quarantine-rev BASE`` reads the quarantine list
-  from the base revision (pull requests).  Exit 1 when an enforced, unquarantined gate fails or
+  artefacts) against the store, read-only.  ``--base-rev BASE`` (pull requests, merge groups)
+  reads the quarantine list and the gates of every test file the base has from the base: a change
+  can neither quarantine nor loosen its own regression.  Exit 1 when an enforced, unquarantined gate fails or
   a declaration is broken.
 - ``gate ingest``: store the runs of metric artefacts (``--trusted`` only for pushes to main,
   schedules and local histories; a pull request's values are never trusted).  Idempotent.
@@ -27,10 +28,11 @@ from pathlib import Path
 
 from .. import output
 from ..fleet import find_repo_root
+from ..registry.rules import shown
 from .artefacts import CPU_ARCH, Point, default_dir, read_points, valid_key, valid_test_path
 from .backends import open_store
 from .check import Settings, run_gate, targets_from_plan, targets_from_points
-from .declarations import read_declarations
+from .declarations import held_to_base, read_declarations
 from .judge import DEFAULT_K, DEFAULT_MIN_HISTORY, DEFAULT_WINDOW, robust_band
 from .quarantine import read_revision, read_tree
 from .redact import redact_url
@@ -68,8 +70,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     )
     check.add_argument("--arch", help=f"with --test: the arch (default: {CPU_ARCH})")
     check.add_argument(
-        "--quarantine-rev",
-        help="read ci/quarantine.toml from this revision (a pull request's base)",
+        "--base-rev",
+        help="the trusted revision of a pull request or merge group (its base): ci/quarantine.toml "
+        "and the gates of the test files it has are read from it",
     )
     check.add_argument(
         "--summary", type=Path, help="append the Markdown table to this file ($GITHUB_STEP_SUMMARY)"
@@ -155,6 +158,22 @@ def _check(root: Path, args: argparse.Namespace) -> int:
         )
     vocabulary = load_vocabulary(root)
     declarations = read_declarations(root, vocabulary)
+    held_notes: list[str] = []
+    if args.base_rev is not None:
+        rev = args.base_rev
+        if not rev or rev.startswith("-") or not rev.isprintable() or len(rev) > 256:
+            raise GateInputError(
+                f"--base-rev {shown(rev)}: not a revision; pass a commit, e.g. --base-rev HEAD^1"
+            )
+        from ..plan.change import GitError
+
+        try:
+            declarations, held_notes = held_to_base(root, args.base_rev, vocabulary, declarations)
+        except GitError as e:
+            raise GateInputError(
+                f"the gates of the base {shown(args.base_rev)} cannot be read ({e}); fetch the "
+                "base (fetch-depth: 0)"
+            ) from None
     points, problems = read_points(args.metrics or [default_dir(root)])
     if args.plan is not None:
         from ..plan import Plan, PlanError
@@ -171,8 +190,8 @@ def _check(root: Path, args: argparse.Namespace) -> int:
         targets = [(t, args.arch or CPU_ARCH) for t in args.test]
     else:
         targets = targets_from_points(points, declarations)
-    if args.quarantine_rev:
-        entries, q_problems, _ = read_revision(root, args.quarantine_rev)
+    if args.base_rev:
+        entries, q_problems, _ = read_revision(root, args.base_rev)
     else:
         entries, q_problems = read_tree(root)
     if q_problems:
@@ -198,6 +217,7 @@ def _check(root: Path, args: argparse.Namespace) -> int:
         result.notes.insert(
             0, f"no metric store at {redact_url(url)}: no history, every gate is inactive"
         )
+    result.notes.extend(held_notes)
     result.errors += [str(v) for v in declarations.violations]
     result.problems[:0] = problems
     if not targets:

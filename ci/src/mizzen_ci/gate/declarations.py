@@ -14,6 +14,10 @@ Invariants:
   width from 0 to :data:`MAX_FLOOR`, not both 0 (a band of width 0 fails on any noise); ``steps``
   is ``"last"``, ``"all"`` or 1-:data:`MAX_STEPS` distinct integers from 0 to :data:`MAX_STEP`;
   ``metric`` is a name of ``ci/metrics.toml``; ``enforce=False`` needs a ``reason``.
+- A change cannot weaken its own gates: :func:`held_to_base` judges a pull request (or a merge
+  group) by the gates its base revision declares for every file the base has (a gate the change
+  loosens, un-enforces or deletes still applies as the base wrote it, and the result says so); a
+  gate the change adds for a metric the base's file does not gate applies as written.
 - Only files whose bytes spell ``register_ci_gate`` are parsed; the tree is walked for nested
   uses only when the name is spelled more often than the top-level calls and imports explain.
 """
@@ -393,3 +397,49 @@ def read_declarations(
         if gates:
             found.gates[rel] = gates
     return found
+
+
+MAX_BASE_FILES = 10_000  # test files with gates read from a base revision
+
+
+def held_to_base(
+    root: Path, rev: str, vocabulary: Vocabulary, tree: Declarations
+) -> tuple[Declarations, list[str]]:
+    """The gates to judge a change by: ``tree``'s (the change's), with every gate of a file the
+    base revision ``rev`` declares taken from the base instead; ``(declarations, notes)``, a note
+    for each gate the change altered or dropped.  The base's own declaration errors are not the
+    change's (the base was checked when it landed): such a file keeps the change's gates.
+    :class:`~mizzen_ci.plan.change.GitError` when the revision cannot be read."""
+    from ..plan.change import GitError, file_at, files_containing
+
+    held = Declarations(dict(tree.gates), list(tree.violations))
+    notes: list[str] = []
+    paths = files_containing(root, rev, GATE_FUNCTION, TESTS_DIR)
+    for rel in sorted(paths)[:MAX_BASE_FILES]:
+        if not rel.endswith(".py"):
+            continue
+        try:
+            source = file_at(root, rev, rel)
+        except GitError:
+            continue  # not UTF-8 at the base: it declared nothing readable
+        base_gates, violations = file_gates(source, rel, vocabulary)
+        if violations or not base_gates:
+            continue
+        base_by_metric = {g.metric: g for g in base_gates}
+        mine = {g.metric: g for g in tree.gates.get(rel, [])}
+        for metric, gate in base_by_metric.items():
+            if metric not in mine:
+                notes.append(f"{rel}: the change drops the gate on {metric}; the base's applies")
+            elif _terms(mine[metric]) != _terms(gate):
+                notes.append(
+                    f"{rel}:{mine[metric].line}: the change alters the gate on {metric}; the "
+                    "base's applies until it lands"
+                )
+        added = [g for m, g in mine.items() if m not in base_by_metric]
+        held.gates[rel] = [*base_gates, *added]
+    return held, notes
+
+
+def _terms(gate: Gate) -> tuple:
+    """What a gate decides with (its line number aside)."""
+    return (gate.metric, gate.direction, gate.tolerance, gate.steps, gate.floor, gate.enforce)

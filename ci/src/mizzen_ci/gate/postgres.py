@@ -103,12 +103,7 @@ class PostgresStore(SqlStore):
                 f"{self.shown}: no mizzen metric store here (tables mizzen_meta, runs and "
                 "metric_values missing); a writer (`mizzen-ci gate ingest`) creates them"
             )
-        version = self._query("SELECT value FROM mizzen_meta WHERE key = 'schema'")
-        if [tuple(r) for r in version] != [(SCHEMA_VERSION,)]:
-            raise StoreError(
-                f"{self.shown}: metric store schema {str(version[:1])[:40]}, this mizzen-ci "
-                f"reads schema {SCHEMA_VERSION}; use the mizzen-ci that wrote it"
-            )
+        self._require_schema()
 
     def _run(self, sql: str, params: tuple):
         try:

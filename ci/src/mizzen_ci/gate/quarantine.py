@@ -173,7 +173,7 @@ def read_revision(root: Path, rev: str) -> tuple[list[Entry], list[Problem], str
                     f"{shown(rev)}:{name}",
                     1,
                     "not a revision",
-                    "pass a commit, e.g. --quarantine-rev HEAD^1",
+                    "pass a commit, e.g. --base-rev HEAD^1",
                 )
             ],
             name,
@@ -188,7 +188,7 @@ def read_revision(root: Path, rev: str) -> tuple[list[Entry], list[Problem], str
                     f"{rev}:{name}",
                     1,
                     f"the revision cannot be read ({e})",
-                    "fetch the base (fetch-depth: 0) or pass --quarantine-rev",
+                    "fetch the base (fetch-depth: 0) or pass --base-rev",
                 )
             ],
             f"{rev}:{name}",

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from .store import (
     MAX_STEPS_READ,
     MAX_WINDOW,
+    SCHEMA_VERSION,
     MetricStore,
     RunInfo,
     StoredValue,
@@ -65,6 +66,15 @@ class SqlStore(MetricStore):
 
     @abstractmethod
     def _created_param(self, created: str) -> object: ...
+
+    def _require_schema(self) -> None:
+        """Refuse a store whose schema version is not the one this mizzen-ci reads."""
+        version = self._query("SELECT value FROM mizzen_meta WHERE key = 'schema'")
+        if [tuple(r) for r in version] != [(SCHEMA_VERSION,)]:
+            raise StoreError(
+                f"{self.shown}: metric store schema {str(version[:1])[:40]}, this mizzen-ci "
+                f"reads schema {SCHEMA_VERSION}; use the mizzen-ci that wrote it"
+            )
 
     def _writable(self) -> None:
         if self.readonly:

@@ -126,12 +126,7 @@ class SqliteStore(SqlStore):
                 f"{self.shown}: not a mizzen metric store (tables mizzen_meta, runs and "
                 "metric_values missing or not tables); point --store at the store file"
             )
-        version = self._query("SELECT value FROM mizzen_meta WHERE key = 'schema'")
-        if [tuple(r) for r in version] != [(SCHEMA_VERSION,)]:
-            raise StoreError(
-                f"{self.shown}: metric store schema {str(version[:1])[:40]}, this mizzen-ci "
-                f"reads schema {SCHEMA_VERSION}; use the mizzen-ci that wrote it"
-            )
+        self._require_schema()
 
     def _run(self, sql: str, params: tuple):
         self._deadline = time.monotonic() + QUERY_SECONDS

@@ -126,6 +126,21 @@ def resolve(root: Path, rev: str) -> str:
     return _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
 
 
+def files_containing(root: Path, rev: str, text: str, under: str) -> list[str]:
+    """The paths under the folder ``under`` whose content at revision ``rev`` contains ``text``
+    (``git grep -l -F``, no pathspec magic); :class:`GitError` when the revision is missing."""
+    sha = resolve(root, rev)
+    run = _git_start(root, "grep", "-l", "-z", "-F", "-e", text, sha, "--", f":(literal){under}/")
+    try:
+        out = run.result()
+    except GitError:
+        if run.proc.returncode == 1:  # git grep: nothing matched
+            return []
+        raise
+    prefix = f"{sha}:"
+    return [p[len(prefix) :] for p in out.split("\0") if p.startswith(prefix)]
+
+
 def file_at(root: Path, rev: str, path: str) -> str:
     """The text of ``path`` as revision ``rev`` has it (``git show REV:PATH``); :class:`GitError`
     when the revision or the file is missing, or the file is not UTF-8 text."""
