@@ -25,7 +25,7 @@ from urllib.parse import quote
 from ..sources import kind_of
 from .redact import redact_url
 from .sql import SqlStore
-from .store import SCHEMA_VERSION, StoreError
+from .store import StoreError
 
 MAX_STORE_BYTES = 4 * 1024**3
 QUERY_SECONDS = 60.0
@@ -98,14 +98,7 @@ class SqliteStore(SqlStore):
             self._execute("PRAGMA trusted_schema = OFF")
             self._execute("PRAGMA foreign_keys = ON")
             if not readonly:
-                with self._transaction():
-                    for statement in SCHEMA:
-                        self._execute(statement)
-                    self._execute(
-                        "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?)"
-                        " ON CONFLICT (key) DO NOTHING",
-                        (SCHEMA_VERSION,),
-                    )
+                self._create_schema(SCHEMA)
             self._check_schema()
         except BaseException:
             self.conn.close()
