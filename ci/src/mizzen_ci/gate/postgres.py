@@ -68,16 +68,10 @@ class PostgresStore(SqlStore):
                 f"{self.shown}: not a usable PostgreSQL URL ({type(e).__name__}); write "
                 "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
             ) from None
-        try:
-            self._execute(f"SET statement_timeout = {int(STATEMENT_MS)}")
-            if readonly:
-                self._execute("SET default_transaction_read_only = on")
-            else:
-                self._create_schema(SCHEMA)
-            self._check_schema()
-        except BaseException:
-            self.conn.close()
-            raise
+        settings = (f"SET statement_timeout = {int(STATEMENT_MS)}",)
+        if readonly:
+            settings += ("SET default_transaction_read_only = on",)
+        self._open(settings, SCHEMA)
 
     def _lock_schema(self) -> None:
         self._execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))

@@ -68,6 +68,23 @@ class SqlStore(MetricStore):
     @abstractmethod
     def _created_param(self, created: str) -> object: ...
 
+    @abstractmethod
+    def _check_schema(self) -> None:
+        """Refuse what is not a mizzen metric store (its tables), then :meth:`_require_schema`."""
+
+    def _open(self, settings: tuple[str, ...], schema: tuple[str, ...]) -> None:
+        """Run the connection's ``settings``, create ``schema`` unless the store is read-only,
+        and check the store's schema; the store is closed when any of it fails."""
+        try:
+            for statement in settings:
+                self._execute(statement)
+            if not self.readonly:
+                self._create_schema(schema)
+            self._check_schema()
+        except BaseException:
+            self.close()
+            raise
+
     def _create_schema(self, schema: tuple[str, ...]) -> None:
         """Run the ``CREATE … IF NOT EXISTS`` statements ``schema`` and record
         :data:`~.store.SCHEMA_VERSION` (kept where one is recorded), in one transaction that first

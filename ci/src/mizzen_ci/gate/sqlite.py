@@ -94,15 +94,7 @@ class SqliteStore(SqlStore):
         except sqlite3.Error as e:
             raise StoreError(f"{self.shown}: cannot open the metric store: {e}") from None
         self.conn.set_progress_handler(self._over_time, 10_000)
-        try:
-            self._execute("PRAGMA trusted_schema = OFF")
-            self._execute("PRAGMA foreign_keys = ON")
-            if not readonly:
-                self._create_schema(SCHEMA)
-            self._check_schema()
-        except BaseException:
-            self.conn.close()
-            raise
+        self._open(("PRAGMA trusted_schema = OFF", "PRAGMA foreign_keys = ON"), SCHEMA)
 
     def _over_time(self) -> int:
         return 1 if self._deadline and time.monotonic() > self._deadline else 0
