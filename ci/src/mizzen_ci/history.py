@@ -68,7 +68,7 @@ import math
 import os
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -384,17 +384,38 @@ def read_stores(
 ) -> tuple[list[Record], list[str]]:
     """``(records, problems)``: every good record of the stores, in file order, and one problem
     per dropped line or unreadable store (see the module docstring)."""
-    records: list[Record] = []
+    return read_parsed(  # a flake line is the flake record's kind (see the module docstring)
+        paths,
+        _record_from,
+        HistoryError,
+        missing_ok=missing_ok,
+        keep=lambda obj: not is_flake_line(obj),
+    )
+
+
+def read_parsed[T](
+    paths: Iterable[Path | str] | Path | str,
+    parse: Callable[[object, str], T],
+    refused: type[Exception],
+    *,
+    missing_ok: bool = False,
+    keep: Callable[[object], bool] = lambda obj: True,
+) -> tuple[list[T], list[str]]:
+    """``(items, problems)``: ``parse(value, where)`` of every line of the stores
+    (:func:`read_lines`) that ``keep`` takes, in file order; a line that cannot be read, or that
+    ``parse`` refuses by raising ``refused``, is a problem (its message), the problems in path and
+    line order."""
+    items: list[T] = []
     values, problems = read_lines(paths, missing_ok=missing_ok)
     for where, obj in values:
-        if is_flake_line(obj):
-            continue  # the flake record's kind of line (see the module docstring)
+        if not keep(obj):
+            continue
         try:
-            records.append(_record_from(obj, where))
-        except HistoryError as e:
+            items.append(parse(obj, where))
+        except refused as e:
             problems.append(str(e))
     problems.sort(key=_where_order)
-    return records, problems
+    return items, problems
 
 
 def is_flake_line(obj: object) -> bool:
@@ -532,17 +553,7 @@ def read_flake_records(
 ) -> tuple[list[FlakeRecord], list[str]]:
     """``(flake records, problems)`` of the flake-shaped lines of the stores at ``paths``
     (duration lines are the other kind and are left to :func:`read_stores`)."""
-    records: list[FlakeRecord] = []
-    values, problems = read_lines(paths, missing_ok=True)
-    for where, obj in values:
-        if not is_flake_line(obj):
-            continue
-        try:
-            records.append(_flake_from(obj, where))
-        except HistoryError as e:
-            problems.append(str(e))
-    problems.sort(key=_where_order)
-    return records, problems
+    return read_parsed(paths, _flake_from, HistoryError, missing_ok=True, keep=is_flake_line)
 
 
 def compact_flakes(records: Iterable[FlakeRecord], *, keep: int = 50) -> list[FlakeRecord]:

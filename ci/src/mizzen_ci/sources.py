@@ -13,6 +13,8 @@ Invariants:
   bytes (:data:`MAX_SOURCE_BYTES` for sources).  Every refusal is a :class:`RefusedFile` naming
   the file, what it is and the fix; every other error is an ``OSError`` naming the file.
 - The bytes come with the ``stat`` of the descriptor, taken before reading.
+- :func:`folder_entries` is the walks' listing of a folder: in name order (so a walk's result does
+  not depend on the file system's order), a folder that cannot be listed passed over.
 - :class:`ConfigError` is the one error for an unusable ``pyproject.toml`` table (the registry's
   excludes, the workspace members): every command prints it as one line, never a traceback.
 """
@@ -52,6 +54,15 @@ class RefusedFile(OSError):
 
     def __str__(self) -> str:
         return f"{self.filename}: {self.strerror}; fix: {self.fix}"
+
+
+def folder_entries(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+    """The entries of the folder ``path`` in name order (every walk's one order); none when it
+    cannot be listed (vanished, unreadable): the walks that use this pass such a folder over."""
+    try:
+        return sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return []
 
 
 def kind_of(mode: int) -> str:

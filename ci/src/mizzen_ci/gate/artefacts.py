@@ -190,17 +190,9 @@ def point_from(obj: object, where: str) -> Point:
 def read_points(paths: Iterable[Path | str] | Path | str) -> tuple[list[Point], list[str]]:
     """``(points, problems)`` of the artefacts at ``paths`` (files, or directories of
     ``*.jsonl``); a missing path is no artefact (a lane that recorded nothing)."""
-    from ..history import _where_order, read_lines  # the bounded reader of every store
+    from ..history import read_parsed  # the bounded reader of every store
 
-    points: list[Point] = []
-    values, problems = read_lines(paths, missing_ok=True)
-    for where, obj in values:
-        try:
-            points.append(point_from(obj, where))
-        except ArtefactError as e:
-            problems.append(str(e))
-    problems.sort(key=_where_order)
-    return points, problems
+    return read_parsed(paths, point_from, ArtefactError, missing_ok=True)
 
 
 def default_dir(root: Path) -> Path:

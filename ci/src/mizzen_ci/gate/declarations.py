@@ -33,8 +33,8 @@ from pathlib import Path
 from .. import register_ci_gate
 from ..registry.discover import TESTS_DIR, discover, registry_excludes
 from ..registry.model import RuleBroken, Violation
-from ..registry.rules import MAX_REASON_CHARS, shown
-from ..registry.syntax import REQUIRED, _literal, _signature_table
+from ..registry.rules import MAX_REASON_CHARS, bound_arguments, shown
+from ..registry.syntax import _literal, _signature_table
 from ..sources import PARSE_ERRORS, read_bytes
 from .vocabulary import Vocabulary
 
@@ -223,8 +223,7 @@ def _read_call(
             f"{GATE_FUNCTION} takes keyword arguments only, got {len(call.args)} positional",
             'write each argument as name=value, e.g. metric="eval/score"',
         )
-    given: dict[str, tuple[object, int]] = {}
-    unreadable: set[str] = set()
+    given: dict[str, tuple[object, int] | None] = {}  # None: unreadable (reported)
     unpacked = False
     for kw in call.keywords:
         line = kw.value.lineno
@@ -232,7 +231,7 @@ def _read_call(
             unpacked = True
             bad("not-literal", "`**` argument", "write each keyword argument out", line)
             continue
-        if kw.arg in given or kw.arg in unreadable:
+        if kw.arg in given:
             bad("duplicate-argument", f"`{kw.arg}` is given twice", "give it once", line)
             continue
         if kw.arg not in PARAMS:
@@ -242,29 +241,21 @@ def _read_call(
                 f"use only {', '.join(PARAMS)}",
                 line,
             )
-            unreadable.add(kw.arg)
+            given[kw.arg] = None
             continue
         try:
             given[kw.arg] = (_literal(kw.value, kw.arg), line)
         except RuleBroken as b:
             bad(b.rule, b.message, b.fix, line)
-            unreadable.add(kw.arg)
-    values: dict[str, object] = {}
-    for name, default in PARAMS.items():
-        if name in unreadable:
-            continue
-        if name not in given:
-            if default is REQUIRED:
-                if not unpacked:
-                    bad("missing-argument", f"{GATE_FUNCTION} needs `{name}`", f"add `{name}=...`")
-            else:
-                values[name] = default if not isinstance(default, list) else tuple(default)
-            continue
-        value, line = given[name]
-        try:
-            values[name] = VALIDATORS[name](value, vocabulary)
-        except RuleBroken as b:
-            bad(b.rule, b.message, b.fix, line)
+            given[kw.arg] = None
+
+    def missing(name: str) -> None:
+        if not unpacked:
+            bad("missing-argument", f"{GATE_FUNCTION} needs `{name}`", f"add `{name}=...`")
+
+    values = bound_arguments(
+        PARAMS, given, lambda name, value: VALIDATORS[name](value, vocabulary), bad, missing
+    )
     if not errors:
         if values["tolerance"] == 0 and values["floor"] == 0:
             bad(

@@ -21,7 +21,7 @@ from datetime import datetime
 
 from .redact import redact_text, redact_url, url_secrets
 from .sql import SqlStore
-from .store import SCHEMA_VERSION, StoreError
+from .store import StoreError
 
 CONNECT_SECONDS = 10
 STATEMENT_MS = 60_000
@@ -68,24 +68,13 @@ class PostgresStore(SqlStore):
                 f"{self.shown}: not a usable PostgreSQL URL ({type(e).__name__}); write "
                 "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
             ) from None
-        try:
-            self._execute(f"SET statement_timeout = {int(STATEMENT_MS)}")
-            if readonly:
-                self._execute("SET default_transaction_read_only = on")
-            else:
-                with self._transaction():
-                    self._execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
-                    for statement in SCHEMA:
-                        self._execute(statement)
-                    self._execute(
-                        "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?)"
-                        " ON CONFLICT (key) DO NOTHING",
-                        (SCHEMA_VERSION,),
-                    )
-            self._check_schema()
-        except BaseException:
-            self.conn.close()
-            raise
+        settings = (f"SET statement_timeout = {int(STATEMENT_MS)}",)
+        if readonly:
+            settings += ("SET default_transaction_read_only = on",)
+        self._open(settings, SCHEMA)
+
+    def _lock_schema(self) -> None:
+        self._execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
 
     def _said(self, error: BaseException) -> str:
         return redact_text(str(error).strip() or type(error).__name__, self._secrets)

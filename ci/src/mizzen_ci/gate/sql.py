@@ -17,14 +17,11 @@ from collections.abc import Iterator, Mapping
 
 from .store import (
     MAX_STEPS_READ,
-    MAX_WINDOW,
     SCHEMA_VERSION,
     MetricStore,
     RunInfo,
-    StoredValue,
     StoreError,
     check_run,
-    checked_value,
     kind_of,
 )
 
@@ -47,6 +44,10 @@ NEWEST_RUN_WITH = (
     " ORDER BY r.created DESC, r.id DESC LIMIT 1"
 )
 STEPS_OF = "SELECT step FROM metric_values WHERE run = ? AND metric = ? ORDER BY step LIMIT ?"
+SET_SCHEMA_VERSION = (
+    "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING"
+)
+COLUMNS = {"commit": "commit_sha", "source": "source", "test": "test", "arch": "arch"}
 
 
 class SqlStore(MetricStore):
@@ -66,6 +67,38 @@ class SqlStore(MetricStore):
 
     @abstractmethod
     def _created_param(self, created: str) -> object: ...
+
+    @abstractmethod
+    def _check_schema(self) -> None:
+        """Refuse what is not a mizzen metric store (its tables), then :meth:`_require_schema`."""
+
+    def _open(self, settings: tuple[str, ...], schema: tuple[str, ...]) -> None:
+        """Run the connection's ``settings``, create ``schema`` unless the store is read-only,
+        and check the store's schema; the store is closed when any of it fails."""
+        try:
+            for statement in settings:
+                self._execute(statement)
+            if not self.readonly:
+                self._create_schema(schema)
+            self._check_schema()
+        except BaseException:
+            self.close()
+            raise
+
+    def _create_schema(self, schema: tuple[str, ...]) -> None:
+        """Run the ``CREATE … IF NOT EXISTS`` statements ``schema`` and record
+        :data:`~.store.SCHEMA_VERSION` (kept where one is recorded), in one transaction that first
+        takes :meth:`_lock_schema`."""
+        with self._transaction():
+            self._lock_schema()
+            for statement in schema:
+                self._execute(statement)
+            self._execute(SET_SCHEMA_VERSION, (SCHEMA_VERSION,))
+
+    def _lock_schema(self) -> None:
+        """Keep two writers that open the store together from creating the schema at once; none
+        is needed where the transaction itself excludes other writers (SQLite's ``BEGIN
+        IMMEDIATE``)."""
 
     def _require_schema(self) -> None:
         """Refuse a store whose schema version is not the one this mizzen-ci reads."""
@@ -109,25 +142,10 @@ class SqlStore(MetricStore):
                 )
         return True
 
-    def history(
-        self,
-        test: str,
-        arch: str,
-        metric: str,
-        step: int,
-        *,
-        limit: int,
-        exclude_source: str | None = None,
-    ) -> tuple[list[StoredValue], list[str]]:
-        limit = max(1, min(int(limit), MAX_WINDOW))
-        rows = self._query(HISTORY, (test, arch, metric, step, exclude_source or "", limit))
-        good, problems = [], []
-        for row in rows[:limit]:
-            try:
-                good.append(checked_value(tuple(row), row[5] if len(row) > 5 else "?"))
-            except (ValueError, TypeError) as e:
-                problems.append(f"{self.shown}: dropped a stored value of {metric}@{step}: {e}")
-        return good, problems
+    def _history_rows(
+        self, series: tuple[str, str, str, int], limit: int, exclude_source: str
+    ) -> list[tuple]:
+        return self._query(HISTORY, (*series, exclude_source, limit))
 
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
         rows = self._query(NEWEST_RUN_WITH, (test, arch, metric))
@@ -136,19 +154,11 @@ class SqlStore(MetricStore):
         steps = self._query(STEPS_OF, (rows[0][0], metric, MAX_STEPS_READ))
         return tuple(s for (s,) in steps[:MAX_STEPS_READ] if type(s) is int and 0 <= s <= 10**9)
 
-    def mark_untrusted(
-        self,
-        *,
-        commit: str | None = None,
-        source: str | None = None,
-        test: str | None = None,
-        arch: str | None = None,
-    ) -> int:
+    def _mark_untrusted(self, match: Mapping[str, str]) -> int:
         self._writable()
-        given = [(c, v) for c, v in (("commit_sha", commit), ("source", source)) if v]
-        if not given:
+        if "commit" not in match and "source" not in match:
             raise StoreError("mark_untrusted needs a commit or a run key (source)")
-        given += [(c, v) for c, v in (("test", test), ("arch", arch)) if v]
+        given = [(COLUMNS[field], value) for field, value in match.items()]
         where = " AND ".join(f"{column} = ?" for column, _ in given)
         with self._transaction():
             return self._execute(

@@ -25,7 +25,7 @@ from urllib.parse import quote
 from ..sources import kind_of
 from .redact import redact_url
 from .sql import SqlStore
-from .store import SCHEMA_VERSION, StoreError
+from .store import StoreError
 
 MAX_STORE_BYTES = 4 * 1024**3
 QUERY_SECONDS = 60.0
@@ -94,22 +94,7 @@ class SqliteStore(SqlStore):
         except sqlite3.Error as e:
             raise StoreError(f"{self.shown}: cannot open the metric store: {e}") from None
         self.conn.set_progress_handler(self._over_time, 10_000)
-        try:
-            self._execute("PRAGMA trusted_schema = OFF")
-            self._execute("PRAGMA foreign_keys = ON")
-            if not readonly:
-                with self._transaction():
-                    for statement in SCHEMA:
-                        self._execute(statement)
-                    self._execute(
-                        "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?)"
-                        " ON CONFLICT (key) DO NOTHING",
-                        (SCHEMA_VERSION,),
-                    )
-            self._check_schema()
-        except BaseException:
-            self.conn.close()
-            raise
+        self._open(("PRAGMA trusted_schema = OFF", "PRAGMA foreign_keys = ON"), SCHEMA)
 
     def _over_time(self) -> int:
         return 1 if self._deadline and time.monotonic() > self._deadline else 0

@@ -161,7 +161,6 @@ class MetricStore(ABC):
         """Store ``run`` with its ``{(metric, step): value}`` in one transaction; False when its
         natural key is already stored (nothing is written then)."""
 
-    @abstractmethod
     def history(
         self,
         test: str,
@@ -174,12 +173,28 @@ class MetricStore(ABC):
     ) -> tuple[list[StoredValue], list[str]]:
         """The newest ``limit`` trusted values of the series, newest first, leaving out the run
         ``exclude_source`` (the run being judged); and the problems of dropped rows."""
+        limit = max(1, min(int(limit), MAX_WINDOW))
+        rows = self._history_rows((test, arch, metric, step), limit, exclude_source or "")
+        good, problems = [], []
+        for row in rows[:limit]:
+            try:
+                good.append(checked_value(tuple(row), row[5] if len(row) > 5 else "?"))
+            except (ValueError, TypeError) as e:
+                problems.append(f"{self.shown}: dropped a stored value of {metric}@{step}: {e}")
+        return good, problems
+
+    @abstractmethod
+    def _history_rows(
+        self, series: tuple[str, str, str, int], limit: int, exclude_source: str
+    ) -> list[tuple]:
+        """The rows ``(value, kind, created, commit, source, run id)`` of :meth:`history`, as
+        stored (:meth:`history` checks them): at most ``limit``, none of the run
+        ``exclude_source`` (``""``: none left out)."""
 
     @abstractmethod
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
         """The steps at which the newest trusted run that recorded ``metric`` recorded it."""
 
-    @abstractmethod
     def mark_untrusted(
         self,
         *,
@@ -189,6 +204,13 @@ class MetricStore(ABC):
         arch: str | None = None,
     ) -> int:
         """Mark the runs matching every given field untrusted; the number of runs changed."""
+        fields = {"commit": commit, "source": source, "test": test, "arch": arch}
+        return self._mark_untrusted({f: v for f, v in fields.items() if v})
+
+    @abstractmethod
+    def _mark_untrusted(self, match: Mapping[str, str]) -> int:
+        """:meth:`mark_untrusted` of the fields given (``commit``, ``source``, ``test``,
+        ``arch``, in that order); refused without a commit or a source."""
 
     @abstractmethod
     def count_runs(self, *, trusted: bool | None = None) -> int: ...

@@ -103,19 +103,14 @@ class ReachIndex:
         """The index of ``{node: entry}``."""
         index = cls()
         for node, entry in nodes.items():
-            index.add(node, *entry)
+            index.add(node, entry)
         return index
 
-    def add(
-        self,
-        node: str,
-        names: Iterable[str],
-        parents: Iterable[str],
-        paths: Iterable[str] = (),
-        wild: tuple[str, ...] = (),
-    ) -> None:
-        """Record that ``node`` names ``names`` (distinct) whose strict prefixes are ``parents``,
-        has the path literals ``paths`` and the fail-open packages ``wild``."""
+    def add(self, node: str, entry: Entry) -> None:
+        """Record ``node``'s ``entry`` ``(names, parents, paths, wild)``: it names ``names``
+        (distinct) whose strict prefixes are ``parents``, has the path literals ``paths`` and the
+        fail-open packages ``wild``."""
+        names, parents, paths, wild = entry
         list_under(self.named, node, names)
         list_under(self.under, node, parents)
         if paths:
@@ -124,15 +119,9 @@ class ReachIndex:
             self.wild[node] = wild
             self._wild_by_top = None
 
-    def remove(
-        self,
-        node: str,
-        names: Iterable[str],
-        parents: Iterable[str],
-        paths: Iterable[str] = (),
-        wild: tuple[str, ...] = (),
-    ) -> None:
-        """Undo :meth:`add` of the same arguments."""
+    def remove(self, node: str, entry: Entry) -> None:
+        """Undo :meth:`add` of the same ``node`` and ``entry``."""
+        names, parents, paths, wild = entry
         for table, keys in ((self.named, names), (self.under, parents), (self.paths, paths)):
             for k in keys:
                 nodes = table.get(k)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sources import ConfigError, read_bytes
+from ..sources import ConfigError, folder_entries, read_bytes
 
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 
@@ -52,11 +52,7 @@ def iter_source_modules(source_dir: Path | str) -> Iterator[tuple[str, Path]]:
 def source_files(source_dir: Path | str) -> Iterator[tuple[str, str]]:
     """(module name, file path as a string) of every package and module below one ``sys.path``
     entry, sorted by name at each level; no ``Path`` objects (cheap on thousands of files)."""
-    try:
-        entries = sorted(os.scandir(source_dir), key=lambda e: e.name)
-    except OSError:
-        return
-    for e in entries:
+    for e in folder_entries(source_dir):
         if e.name.startswith(".") or e.name in _SKIP_DIRS:
             continue
         if e.is_dir():
@@ -69,11 +65,7 @@ def source_files(source_dir: Path | str) -> Iterator[tuple[str, str]]:
 
 def _package_files(name: str, path: str) -> Iterator[tuple[str, str]]:
     yield name, os.path.join(path, "__init__.py")
-    try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
-    except OSError:
-        return
-    for e in entries:
+    for e in folder_entries(path):
         n = e.name
         if n.startswith(".") or n in _SKIP_DIRS:
             continue
@@ -144,11 +136,7 @@ def locate_packages(root: Path, names: Iterable[str], max_depth: int = 4) -> dic
     stack = [(root, 0)]
     while stack:
         d, depth = stack.pop()
-        try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
-        except OSError:
-            continue
-        for e in entries:
+        for e in folder_entries(d):
             if not e.is_dir() or e.name.startswith(".") or e.name in _TREE_SKIP:
                 continue
             if os.path.exists(os.path.join(e.path, "pyvenv.cfg")):

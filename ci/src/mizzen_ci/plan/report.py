@@ -14,6 +14,7 @@ constant text.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..fleet import CPU_LANE, VENDORS
@@ -116,6 +117,21 @@ def _arch_rows(plan: Plan) -> list[tuple]:
     ]
 
 
+def _tables(part: Plan, table: Callable[[Sequence[str], list[tuple]], str]) -> list[str]:
+    """The job, pool and capacity tables of one group, those it has, drawn by ``table``
+    (:func:`~mizzen_ci.output.text_table` or :func:`~mizzen_ci.output.markdown_table`), each
+    followed by a blank line."""
+    out: list[str] = []
+    for headers, rows, present in (
+        (JOB_HEADERS, _job_rows, part.jobs),
+        (POOL_HEADERS, _pool_rows, part.pools),
+        (ARCH_HEADERS, _arch_rows, part.capacity),
+    ):
+        if present:
+            out += [table(headers, rows(part)), ""]
+    return out
+
+
 def headline(plan: Plan) -> str:
     n_tests = sum(len(j.tests) for j in plan.jobs)
     what = plan.event + (f" ({plan.cadence})" if plan.cadence else "")
@@ -158,12 +174,7 @@ def terminal(plan: Plan, *, verbose: bool = False) -> str:
     if plan.jobs:
         for heading, part in groups(plan):
             out += [plain(_group_line(heading, part)), ""]
-            if part.jobs:
-                out += [text_table(JOB_HEADERS, _job_rows(part)), ""]
-            if part.pools:
-                out += [text_table(POOL_HEADERS, _pool_rows(part)), ""]
-            if part.capacity:
-                out += [text_table(ARCH_HEADERS, _arch_rows(part)), ""]
+            out += _tables(part, text_table)
         if verbose:
             rows = [
                 (j.id, t.file, t.num_gpus or "-", _minutes(t.est_seconds), t.why)
@@ -204,12 +215,7 @@ def markdown(plan: Plan) -> str:
     if plan.jobs:
         for heading, part in groups(plan):
             out += [f"### {markdown_text(_group_line(heading, part))}", ""]
-            if part.jobs:
-                out += [markdown_table(JOB_HEADERS, _job_rows(part)), ""]
-            if part.pools:
-                out += [markdown_table(POOL_HEADERS, _pool_rows(part)), ""]
-            if part.capacity:
-                out += [markdown_table(ARCH_HEADERS, _arch_rows(part)), ""]
+            out += _tables(part, markdown_table)
         rows = [
             (j.id, Code(t.file), t.num_gpus or "-", _minutes(t.est_seconds), t.why)
             for j in plan.jobs

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sources import ConfigError, RefusedFile, kind_of, read_bytes
+from ..sources import ConfigError, RefusedFile, folder_entries, kind_of, read_bytes
 from .model import Violation
 
 TESTS_DIR = "tests"
@@ -250,11 +250,7 @@ class _Walk:
         stack = [(path, rel + "/")]
         while stack:
             d, rel_dir = stack.pop()
-            try:
-                entries = sorted(os.scandir(d), key=lambda e: e.name)
-            except OSError:
-                continue
-            for e in entries:
+            for e in folder_entries(d):
                 sub = rel_dir + e.name
                 if self.excluded(sub):
                     continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..fleet import VENDORS, Fleet
 from .model import Registration, RuleBroken, Violation
@@ -250,6 +250,36 @@ VALIDATORS: dict[str, Callable] = {
 }
 
 
+def bound_arguments(
+    params: Mapping[str, object],
+    given: Mapping[str, tuple[object, int] | None],
+    check: Callable[[str, object], object],
+    bad: Callable[[str, str, str, int], None],
+    missing: Callable[[str], None],
+) -> dict[str, object]:
+    """The argument values of a statically read call, in the order of ``params`` (``{name:
+    default or REQUIRED}``): one given as ``(value, line)`` is what ``check(name, value)``
+    returns (a :class:`RuleBroken` it raises goes to ``bad`` at that line), one given as None
+    (unreadable, already reported) is left out, one not given is its default (a list as a tuple),
+    or, where it is required, left to ``missing(name)``."""
+    values: dict[str, object] = {}
+    for name, default in params.items():
+        if name not in given:
+            if default is REQUIRED:
+                missing(name)
+            else:
+                values[name] = default if not isinstance(default, list) else tuple(default)
+            continue
+        if given[name] is None:  # already reported
+            continue
+        value, line = given[name]
+        try:
+            values[name] = check(name, value)
+        except RuleBroken as b:
+            bad(b.rule, b.message, b.fix, line)
+    return values
+
+
 def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Violation]]:
     """The rules that need the fleet (and the path) over a :class:`CallSyntax`: the
     registration's field values in order (None on error) and the errors."""
@@ -261,27 +291,21 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
 
     params = SIGNATURES[fname][1]
     given = {name: ((value, line) if ok else None) for name, value, line, ok in given_items}
-    values: dict[str, object] = {}
-    for name, default in params.items():
-        if name not in given:
-            if default is REQUIRED and not unpacked:  # after * or ** the reader cannot know
-                rule = "hardware-required" if name == "hardware" else "missing-argument"
-                fix = (
-                    f"add `hardware=[...]` with the GPU generations it supports ({', '.join(fleet.arch_names)})"
-                    if name == "hardware"
-                    else f"add `{name}=...`"
-                )
-                bad(rule, f"{fname} needs `{name}`", fix)
-            elif default is not REQUIRED:
-                values[name] = default
-            continue
-        if given[name] is None:  # already reported
-            continue
-        value, line = given[name]
-        try:
-            values[name] = VALIDATORS[name](value, fleet)
-        except RuleBroken as b:
-            bad(b.rule, b.message, b.fix, line)
+
+    def missing(name: str) -> None:
+        if unpacked:  # after * or ** the reader cannot know
+            return
+        rule = "hardware-required" if name == "hardware" else "missing-argument"
+        fix = (
+            f"add `hardware=[...]` with the GPU generations it supports ({', '.join(fleet.arch_names)})"
+            if name == "hardware"
+            else f"add `{name}=...`"
+        )
+        bad(rule, f"{fname} needs `{name}`", fix)
+
+    values = bound_arguments(
+        params, given, lambda name, value: VALIDATORS[name](value, fleet), bad, missing
+    )
 
     backend = BACKEND_OF[fname]
     if "hardware" in values:

@@ -299,7 +299,7 @@ def _build_index(
     loaded = LazyReach.from_data(cache.section(_REACH_SECTION)) if with_reach else None
     fresh = LazyReach(ReachIndex(), PendingNodes()) if with_reach and loaded is None else None
     answers: dict[str, tuple] = {}
-    # graph node -> (package, (names, parents) or None, its words if it was not parsed or None)
+    # graph node -> (package, its Entry or None, its words if it was not parsed or None)
     nodes: dict[str, tuple] = {}
     # Each value is used as soon as it is ready: on a cold run this overlaps the parse workers.
     for i, (kept, extra) in results:
@@ -312,7 +312,7 @@ def _build_index(
             nodes[key] = (package, extra, kept)
             if fresh is not None:
                 if extra is not None:
-                    fresh.index.add(key, *extra)
+                    fresh.index.add(key, extra)
                 elif kept is not None:
                     fresh.pending.add(key, *kept)
 
@@ -383,20 +383,20 @@ def _update_reach(
                 facts = cache.facts_of(old[0])
                 if facts is None:  # the old names are unknown: build afresh
                     break
-                index.remove(key, *_entry(key, facts, old[1][0]))
+                index.remove(key, _entry(key, facts, old[1][0]))
             if key in nodes:
                 package, extra, spelled = nodes[key]
                 if spelled is not None:
                     pending.add(key, *spelled)
                 else:
                     sha = cache.sha_of(key)
-                    index.add(key, *(extra or _entry(key, cache.facts_of(sha), package)))
+                    index.add(key, extra or _entry(key, cache.facts_of(sha), package))
         else:
             return loaded, bool(changed)
         fresh = LazyReach(ReachIndex(), PendingNodes())
         for key, (_, extra, spelled) in nodes.items():
             if extra is not None:
-                fresh.index.add(key, *extra)
+                fresh.index.add(key, extra)
             elif spelled is not None:
                 fresh.pending.add(key, *spelled)
     for key, (package, extra, spelled) in nodes.items():

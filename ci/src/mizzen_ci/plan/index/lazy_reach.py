@@ -73,7 +73,7 @@ class LazyReach:
         resolved = self.resolve(nodes)
         for node in nodes:
             self.pending.remove(node)
-            self.index.add(node, *resolved[node])
+            self.index.add(node, resolved[node])
         self.modified = True
 
     def completed(self) -> ReachIndex:
@@ -90,7 +90,7 @@ class LazyReach:
             assert self.resolve is not None, "pending nodes and no way to parse them"
             resolved = self.resolve(pending)
             for node in pending:
-                full.add(node, *resolved[node])
+                full.add(node, resolved[node])
         return full
 
     def to_data(self) -> tuple:
