@@ -17,30 +17,7 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=25, labels=["ci"])
 
-FLEET = """\
-labels = ["ci", "lora"]
-
-[[arch]]
-name = "hopper"
-vendor = "nvidia"
-compute_capabilities = ["9.0"]
-
-[cpu_pool]
-name = "cpu-hosted"
-runs_on = ["ubuntu-24.04"]
-runners = 2
-job_setup_s = 60
-
-[[pool]]
-name = "h200-2gpu"
-arch = "hopper"
-gpu = "H200"
-gpus_per_runner = 2
-runners = 1
-runs_on = ["self-hosted", "h200"]
-runner_group = "mizzen-h200"
-job_setup_s = 300
-"""
+FLEET = (Path(__file__).parent / "fixtures" / "plan" / "small_fleet.toml").read_text()
 # What a hostile head makes of the table: hosted jobs on GPU machines, GPU jobs elsewhere.
 HOSTILE_FLEET = FLEET.replace(
     'runs_on = ["self-hosted", "h200"]\nrunner_group = "mizzen-h200"',
