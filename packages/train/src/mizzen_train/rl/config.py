@@ -24,7 +24,6 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass
-from pathlib import Path
 from typing import Any
 
 from mizzen_train.runplan import EnginesNeeded, engines_needed
@@ -35,6 +34,7 @@ from mizzen_train.sft.config import (
     EvaluatorConfig,
     ModelConfig,
     RunConfig,
+    RunLayout,
     build_section,
     check_adapter_training,
     check_eval,
@@ -118,7 +118,7 @@ class RlTenantConfig(AdapterTrainingConfig):
 
 
 @dataclass(frozen=True)
-class RlConfig:
+class RlConfig(RunLayout):
     run: RunConfig
     model: ModelConfig
     rollout: RolloutSection
@@ -128,31 +128,8 @@ class RlConfig:
     source: str = ""
 
     @property
-    def evaluators(self) -> tuple[EvaluatorConfig, ...]:
-        return tuple(self.eval.evaluators) if self.eval is not None else ()
-
-    @property
     def engines_needed(self) -> EnginesNeeded:
         return engines_needed(train_needs_engines=True, eval_needs_engines=bool(self.evaluators))
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.run.dir)
-
-    @property
-    def snapshot_root(self) -> Path | None:
-        if self.eval is None:
-            return None
-        path = Path(self.eval.snapshot_dir)
-        return path if path.is_absolute() else self.run_dir / path
-
-    def eval_points(self) -> list[int]:
-        if self.eval is None:
-            return []
-        points = list(range(self.eval.interval, self.run.steps + 1, self.eval.interval))
-        if not points or points[-1] != self.run.steps:
-            points.append(self.run.steps)
-        return points
 
     def active(self, step: int) -> list[RlTenantConfig]:
         """The tenants that train at ``step`` (joined, not yet left), in table order."""

@@ -198,26 +198,16 @@ class EvalConfig:
     evaluators: tuple = opt((), kind="evaluators", help="[[eval.evaluators]] tables")
 
 
-@dataclass(frozen=True)
-class SftConfig:
+class RunLayout:
+    """What a run's configuration derives from its ``run`` and ``eval`` sections, for SFT and RL
+    alike: the run directory, the snapshot root and the eval points."""
+
     run: RunConfig
-    model: ModelConfig
-    data: DataConfig
-    tenants: tuple[TenantConfig, ...]
     eval: EvalConfig | None
-    source: str = ""
 
     @property
     def evaluators(self) -> tuple[EvaluatorConfig, ...]:
         return tuple(self.eval.evaluators) if self.eval is not None else ()
-
-    @property
-    def engines_needed(self) -> EnginesNeeded:
-        """Derived once from the configuration; SFT trains without engines."""
-        return engines_needed(
-            train_needs_engines=False,
-            eval_needs_engines=any(e.kind == "generate" for e in self.evaluators),
-        )
 
     @property
     def run_dir(self) -> Path:
@@ -238,6 +228,24 @@ class SftConfig:
         if not points or points[-1] != self.run.steps:
             points.append(self.run.steps)
         return points
+
+
+@dataclass(frozen=True)
+class SftConfig(RunLayout):
+    run: RunConfig
+    model: ModelConfig
+    data: DataConfig
+    tenants: tuple[TenantConfig, ...]
+    eval: EvalConfig | None
+    source: str = ""
+
+    @property
+    def engines_needed(self) -> EnginesNeeded:
+        """Derived once from the configuration; SFT trains without engines."""
+        return engines_needed(
+            train_needs_engines=False,
+            eval_needs_engines=any(e.kind == "generate" for e in self.evaluators),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (tuples as lists), as run.json stores them."""
