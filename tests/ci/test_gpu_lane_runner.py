@@ -344,6 +344,54 @@ def test_gpus_leased_by_another_lane_are_not_used_and_waiting_too_long_is_a_leas
     assert "another lane" in wide["summary"]
 
 
+SHARE = ", shares_gpu=True"
+SLOW_WORK = WORK.replace("time.sleep(0.4)", "time.sleep(2.0)")
+
+
+def test_sharing_files_run_together_on_one_gpu_and_split_its_gpu_seconds(tmp_path, make_repo, lane):
+    files = {
+        "tests/gpu/test_s1.py": HEAD + cuda(9, extra=SHARE) + SLOW_WORK,
+        "tests/gpu/test_s2.py": HEAD + cuda(8, extra=SHARE) + SLOW_WORK,
+        "tests/gpu/test_s3.py": HEAD + cuda(7, extra=SHARE) + SLOW_WORK,
+        "tests/gpu/test_alone.py": HEAD + cuda(6) + SLOW_WORK,
+    }
+    root = make_repo(tmp_path / "shared", files)
+    out = lane(root, fake_gpus=1)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 of them sharing GPUs, up to 4 per GPU" in out.stdout
+    runs = {r["file"]: r for r in traces(root)}
+    sharing = [runs[f"test_s{k}.py"] for k in (1, 2, 3)]
+    assert all(r["gpus"] == ["FAKE-0"] for r in runs.values())
+    latest_start = max(r["start"] for r in sharing)
+    assert all(r["end"] > latest_start for r in sharing), "the three never ran at once"
+    for r in sharing:  # the exclusive file had the GPU to itself
+        assert_no_gpu_shared([runs["test_alone.py"], r])
+    summary = json.loads((root / ".ci-artifacts" / "gpu-hopper" / "summary.json").read_text())
+    by_file = {f["file"]: f for f in summary["files"]}
+    walls = {f: by_file[f]["attempts"][0]["seconds"] for f in by_file}
+    # the GPU's time is split between the files holding it: the sharing files' GPU-seconds sum
+    # to about the span they held the GPU for, well under the sum of their walls
+    shared_sum = sum(by_file[f"tests/gpu/test_s{k}.py"]["gpu_seconds"] for k in (1, 2, 3))
+    assert shared_sum < 0.7 * sum(walls[f"tests/gpu/test_s{k}.py"] for k in (1, 2, 3))
+    assert by_file["tests/gpu/test_alone.py"]["gpu_seconds"] == pytest.approx(
+        walls["tests/gpu/test_alone.py"], abs=1e-3
+    )
+    assert summary["gpu_seconds"] == pytest.approx(
+        shared_sum + by_file["tests/gpu/test_alone.py"]["gpu_seconds"], abs=1e-2
+    )
+    text = (root / ".ci-artifacts" / "gpu-hopper" / "summary.txt").read_text()
+    assert "1 (0, shared)" in text and "3 file(s) shared a GPU" in text
+
+    # --gpu-seats 1: the same files one at a time, each charged its whole wall time
+    root = make_repo(tmp_path / "alone", files)
+    out = lane(root, "--gpu-seats", "1", fake_gpus=1)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert_no_gpu_shared(traces(root))
+    assert "shared" not in (root / ".ci-artifacts" / "gpu-hopper" / "summary.txt").read_text()
+    out = lane(root, "--gpu-seats", "5", fake_gpus=1)
+    assert out.returncode == 2 and "--gpu-seats must be from 1 to 4" in out.stderr
+
+
 def test_the_planted_repository_fails_its_skip_and_refuses_its_blackwell_file(
     tmp_path, lane, repo_root, ci_fixtures
 ):

@@ -115,3 +115,20 @@ def test_a_lease_passed_to_a_child_outlives_the_parents_copy(tmp_path: Path, pro
     again = leases.try_acquire(["gpu-a"], 1)
     assert again is not None and again.keys == ("gpu-a",)
     again.release()
+
+
+def test_a_shared_lease_holds_its_gpu_until_its_last_handle_is_released(tmp_path: Path):
+    leases = LeaseDir(tmp_path)
+    lease = leases.try_acquire(["gpu-a"], 1)
+    assert lease is not None
+    first, second = lease.share(), lease.share()
+    lease.release()
+    first.release()
+    first.release()  # a handle's second release is a no-op, not another holder's
+    assert leases.try_acquire(["gpu-a"], 1) is None
+    second.release()
+    again = leases.try_acquire(["gpu-a"], 1)
+    assert again is not None
+    again.release()
+    with pytest.raises(ValueError, match="cannot be shared"):
+        second.share()

@@ -1,4 +1,5 @@
-"""The GPU packer: side by side by num_gpus, longest first, never two files on one GPU."""
+"""The GPU packer: side by side by num_gpus, longest first, never two files on one GPU unless both
+share it (``shares_gpu``, up to the seats of a GPU)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,112 @@ def test_property_every_file_placed_no_gpu_shared_longest_first(raw, host):
     items = [PackItem(f"tests/t{i}.py", min(n, host), est) for i, (n, est) in enumerate(raw)]
     gpus = [f"gpu{i}" for i in range(host)]
     check_schedule(items, gpus, simulate(items, gpus))
+
+
+def check_sharing(items: list[PackItem], gpus: list[str], seats: int, slots: list[Slot]) -> None:
+    """Every file placed once; at any instant a GPU holds one exclusive file or at most
+    ``seats`` sharing ones, never both; a sharing file took a free GPU only when no GPU held by
+    sharing files had a seat left."""
+    assert sorted(s.item.key for s in slots) == sorted(i.key for i in items)
+    sharing = {i.key for i in items if i.shares_gpu and seats > 1}
+    for s in slots:
+        assert len(set(s.gpus)) == s.item.num_gpus and set(s.gpus) <= set(gpus)
+    for t in sorted({s.start for s in slots}):
+        for g in gpus:
+            on = [s for s in slots if g in s.gpus and s.start <= t < s.end]
+            shared = [s for s in on if s.item.key in sharing]
+            assert len(shared) == len(on) or len(on) <= 1, (t, g, on)
+            assert len(shared) <= seats, (t, g, shared)
+        for s in (s for s in slots if s.start == t and s.item.key in sharing):
+            (g,) = s.gpus
+
+            def sharers_before(h: str, s: Slot = s, t: float = t) -> int:
+                """Sharing files on ``h`` the moment before ``s`` started (same-time starts go
+                longest first)."""
+                return sum(
+                    1
+                    for o in slots
+                    if h in o.gpus
+                    and o.item.key in sharing
+                    and o is not s
+                    and o.end > t
+                    and (o.start < t or longest_first_key(o.item) < longest_first_key(s.item))
+                    and o.start <= t
+                )
+
+            if sharers_before(g):
+                assert sharers_before(g) < seats
+                continue  # it joined GPU g
+            joinable = [h for h in gpus if 0 < sharers_before(h) < seats]
+            assert not joinable, f"{s.item.key} took free GPU {g} while {joinable} had a seat"
+
+
+def test_sharing_files_run_side_by_side_on_one_gpu_and_exclusive_ones_alone():
+    items = [
+        PackItem("tests/e2e_a.py", 1, 100, shares_gpu=True),
+        PackItem("tests/e2e_b.py", 1, 90, shares_gpu=True),
+        PackItem("tests/alone.py", 1, 80),
+        PackItem("tests/small.py", 1, 10, shares_gpu=True),
+        PackItem("tests/tiny.py", 1, 5, shares_gpu=True),
+    ]
+    slots = simulate(items, ["g0"], seats=4)
+    check_sharing(items, ["g0"], 4, slots)
+    at = {s.item.key: s.start for s in slots}
+    # the four sharing files start at once; the exclusive one waits for the GPU to be free
+    assert at == {
+        "tests/e2e_a.py": 0, "tests/e2e_b.py": 0, "tests/small.py": 0, "tests/tiny.py": 0,
+        "tests/alone.py": 100,
+    }  # fmt: skip
+    assert max(s.end for s in slots) == 180  # exclusive, the same files take 285
+    assert max(s.end for s in simulate(items, ["g0"], seats=1)) == 285
+    # on two GPUs, sharing files fill the GPU sharing files hold; the other stays free
+    slots = simulate(items, ["g0", "g1"], seats=4)
+    check_sharing(items, ["g0", "g1"], 4, slots)
+    assert {s.gpus for s in slots if s.item.shares_gpu} == {("g0",)}
+    assert next(s for s in slots if s.item.key == "tests/alone.py").gpus == ("g1",)
+
+
+def test_a_sharing_file_needs_one_gpu_and_seats_are_at_least_one():
+    with pytest.raises(PackingError, match="needs exactly 1"):
+        GpuPacker([PackItem("tests/two.py", 2, 1, shares_gpu=True)], ["g0", "g1"])
+    for seats in (0, True, 1.5):
+        with pytest.raises(PackingError, match="seats per GPU"):
+            GpuPacker([], ["g0"], seats=seats)
+
+
+def test_a_shared_gpu_is_free_again_only_when_its_last_sharing_file_finished():
+    packer = GpuPacker(
+        [PackItem("tests/a.py", 1, 9, shares_gpu=True), PackItem("tests/b.py", 1, 8, True),
+         PackItem("tests/x.py", 1, 1)], ["g0"], seats=2,
+    )  # fmt: skip
+    assert [(i.key, g) for i, g in packer.start_ready()] == [
+        ("tests/a.py", ("g0",)),
+        ("tests/b.py", ("g0",)),
+    ]
+    assert packer.sharers("g0") == 2 and packer.free == ()
+    assert packer.finish("tests/a.py") == ()
+    assert packer.start_ready() == []  # x needs g0 to itself
+    assert packer.finish("tests/b.py") == ("g0",)
+    assert [i.key for i, _ in packer.start_ready()] == ["tests/x.py"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    raw=st.lists(
+        st.tuples(st.integers(1, 4), st.floats(0.5, 500, allow_nan=False), st.booleans()),
+        min_size=1,
+        max_size=30,
+    ),
+    host=st.sampled_from([1, 2, 4]),
+    seats=st.sampled_from([1, 2, 4]),
+)
+def test_property_sharing_never_overfills_a_gpu_nor_mixes_exclusive_files(raw, host, seats):
+    items = [
+        PackItem(f"tests/t{i}.py", 1 if share else min(n, host), est, share)
+        for i, (n, est, share) in enumerate(raw)
+    ]
+    gpus = [f"gpu{i}" for i in range(host)]
+    slots = simulate(items, gpus, seats=seats)
+    check_sharing(items, gpus, seats, slots)
+    if seats == 1:
+        check_schedule(items, gpus, slots)  # no seats: exactly the exclusive schedule

@@ -37,7 +37,7 @@ def expected_bad_errors() -> set[tuple[str, int, str]]:
 
 
 EXPECTED_BAD = expected_bad_errors()
-assert len(EXPECTED_BAD) == 36, "one row per bad fixture file (two rules share none)"
+assert len(EXPECTED_BAD) == 38, "one row per bad fixture file (two rules share none)"
 
 
 def test_every_bad_fixture_fails_with_its_rule_at_its_line():
@@ -68,6 +68,7 @@ def test_good_fixtures_pass_with_defaults_filled_in():
         "tests/test_disabled.py",
         "tests/test_gpu_attribute.py",
         "tests/test_gpu_rdma.py",
+        "tests/test_gpu_shares.py",
     ]
     assert regs["tests/test_cpu_minimal.py"] == Registration(
         path="tests/test_cpu_minimal.py", line=3, backend="cpu", est_time=5.0
@@ -81,6 +82,8 @@ def test_good_fixtures_pass_with_defaults_filled_in():
         3,
     )
     assert regs["tests/test_gpu_attribute.py"].num_gpus == 1  # default from the signature
+    assert regs["tests/test_gpu_shares.py"].shares_gpu is True
+    assert not any(r.shares_gpu for p, r in regs.items() if p != "tests/test_gpu_shares.py")
     assert regs["tests/test_gpu_rdma.py"].needs == ("rdma",)
     assert regs["tests/test_disabled.py"].disabled == "waiting on upstream fix"
     assert not regs["tests/test_disabled.py"].enabled
@@ -101,6 +104,7 @@ def test_rules_are_derived_from_the_register_signatures():
         "nightly",
         "disabled",
         "watches",
+        "shares_gpu",
     }
 
 

@@ -66,12 +66,16 @@ def register_cuda_ci(
     nightly: bool = False,
     disabled: str | None = None,
     watches: list[str] | tuple[str, ...] = (),
+    shares_gpu: bool = False,
 ) -> None:
     """Declare this test file for the GPU lanes of ``hardware``, NVIDIA generations only (a no-op;
     read statically).  A test that also runs on AMD GPUs uses :func:`register_gpu_ci`.
 
     ``hardware``: the NVIDIA generations it supports (from ``ci/fleet.toml``); ``num_gpus``: how
-    many it needs; ``needs``: capabilities such as ``rdma``; the other arguments as for
+    many it needs; ``needs``: capabilities such as ``rdma``; ``shares_gpu=True`` (one GPU only):
+    the file uses at most a quarter of the smallest GPU of its generations (memory and compute)
+    and runs correctly beside other such files, so a lane may run up to four of them on one GPU
+    at once (``mizzen-ci gpu-lane --gpu-seats``); the other arguments as for
     :func:`register_cpu_ci`."""
 
 
@@ -85,6 +89,7 @@ def register_gpu_ci(
     nightly: bool = False,
     disabled: str | None = None,
     watches: list[str] | tuple[str, ...] = (),
+    shares_gpu: bool = False,
 ) -> None:
     """Declare this test file for the GPU lanes of ``hardware``, whatever their vendor (a no-op;
     read statically): ``hardware=["hopper", "cdna3"]`` runs on H200s by default and on MI300Xs

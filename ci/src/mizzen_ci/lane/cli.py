@@ -16,6 +16,8 @@ Invariants:
   the lane.  A lane with nothing to run fails: running nothing is not a pass.
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
+- Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
+  :data:`DEFAULT_GPU_SEATS`, at most that) at once on one GPU; the others have theirs alone.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -41,6 +43,9 @@ from .runner import GpuLaneRunner, RunnerConfig
 from .selection import select
 
 ARTIFACTS = Path(".ci-artifacts")
+#: Files registered with ``shares_gpu=True`` run up to this many at once on one GPU: the
+#: registration promises a quarter of the smallest GPU of its generations.
+DEFAULT_GPU_SEATS = 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,6 +103,14 @@ def lane_parser() -> argparse.ArgumentParser:
         default=120.0,
         metavar="S",
         help="per-file timeout floor in seconds (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gpu-seats",
+        type=int,
+        default=DEFAULT_GPU_SEATS,
+        metavar="N",
+        help="files registered with shares_gpu=True run up to N at once on one GPU; 1: every "
+        "file has its GPUs to itself (default %(default)s)",
     )
     parser.add_argument(
         "--retries",
@@ -158,6 +171,11 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.retries < 0 or args.timeout_factor <= 0 or args.min_timeout < 0:
         raise LaneRefusal("--retries must be ≥ 0, --timeout-factor > 0, --min-timeout ≥ 0")
+    if not 1 <= args.gpu_seats <= DEFAULT_GPU_SEATS:
+        raise LaneRefusal(
+            f"--gpu-seats must be from 1 to {DEFAULT_GPU_SEATS} (a sharing file is promised a "
+            f"quarter of its GPU), got {args.gpu_seats}"
+        )
     arch = args.arch
     name = lane_name(arch)
     gpus, hardware_note = lane_gpus(fleet, arch, args.fake_gpus)
@@ -180,6 +198,11 @@ def _run(args: argparse.Namespace) -> int:
         + (f", {len(sel.disabled)} disabled" if sel.disabled else "")
         + (f", {len(sel.broken)} registry error(s)" if sel.broken else "")
         + (f" (job {args.job})" if args.job else "")
+        + (
+            f", {sharing} of them sharing GPUs, up to {args.gpu_seats} per GPU"
+            if (sharing := sum(f.shares_gpu for f in sel.runnable)) and args.gpu_seats > 1
+            else ""
+        )
         + f"; reports in {report_dir}"
     )
     print(plain(f"mizzen {name}: {cache.describe()}"))
@@ -200,6 +223,7 @@ def _run(args: argparse.Namespace) -> int:
         pythonpath=tuple(str(d) for d in workspace_source_dirs(root) if d.is_dir()),
         pytest_args=tuple(args.pytest_arg),
         compile_cache=cache,
+        gpu_seats=args.gpu_seats,
     )
     progress = Progress(total=len(sel.runnable), gpus=len(gpus))
     runner = GpuLaneRunner(config, progress)

@@ -79,17 +79,32 @@ def default_lease_dir() -> Path:
 
 
 class Lease:
-    """GPUs held by this process (and whoever it passes :attr:`fds` to) until :meth:`release`."""
+    """GPUs held by this process (and whoever it passes :attr:`fds` to) until :meth:`release`.
+
+    :meth:`share` makes another handle of the same lease (for a file sharing the GPU): each
+    handle is released once (again is a no-op), and the descriptors close when the last is."""
 
     def __init__(self, keys: tuple[str, ...], fds: tuple[int, ...]):
         self.keys = keys
         self.fds = fds
         self._released = False
+        self._handles = [1]  # live handles of these descriptors, shared with every share()
+
+    def share(self) -> Lease:
+        if self._released:
+            raise ValueError(f"{self!r} is released; a released lease cannot be shared")
+        other = Lease(self.keys, self.fds)
+        other._handles = self._handles
+        self._handles[0] += 1
+        return other
 
     def release(self) -> None:
         if self._released:
             return
         self._released = True
+        self._handles[0] -= 1
+        if self._handles[0]:
+            return
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

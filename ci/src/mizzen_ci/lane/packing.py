@@ -6,8 +6,11 @@ planner's pool packer (:mod:`mizzen_ci.plan.packing`) simulates its jobs with it
 :class:`PackItem` and :class:`Slot` types.
 
 Invariants:
-- A GPU is given to at most one running file at any instant; a file gets exactly ``num_gpus``
-  distinct GPUs, all of them free when it starts.
+- A GPU is given to at most one running file at any instant, except that up to ``seats`` files
+  that declared ``shares_gpu`` (one GPU each) may hold the same GPU together; a file gets exactly
+  ``num_gpus`` distinct GPUs, all of them free when it starts (a sharing file: one that is free or
+  held by fewer than ``seats`` sharing files only).  A sharing file joins a GPU other sharing
+  files hold before it takes a free one, so exclusive files keep the most free GPUs.
 - Pending files are considered longest first (estimate descending, then more GPUs, then path);
   each time GPUs free up, every pending file that fits starts, in that order (a shorter file may
   fill GPUs a longer, wider one cannot use yet: backfill).
@@ -30,11 +33,13 @@ class PackingError(ValueError):
 
 @dataclass(frozen=True)
 class PackItem:
-    """One test file to place: a key (its path), how many GPUs, and its estimated seconds."""
+    """One test file to place: a key (its path), how many GPUs, its estimated seconds, and
+    whether it may share its one GPU with other such files (``register_*_ci(shares_gpu=True)``)."""
 
     key: str
     num_gpus: int
     est_seconds: float
+    shares_gpu: bool = False
 
     @property
     def gpu_seconds(self) -> float:
@@ -64,16 +69,22 @@ def take_first(item: PackItem, free: tuple[str, ...]) -> tuple[str, ...] | None:
 
 
 class GpuPacker:
-    """Online longest-first packing of items onto a fixed list of GPUs."""
+    """Online longest-first packing of items onto a fixed list of GPUs, each with ``seats`` seats
+    for files that share a GPU (1: every file has its GPUs to itself)."""
 
-    def __init__(self, items: Iterable[PackItem], gpus: Sequence[str]):
+    def __init__(self, items: Iterable[PackItem], gpus: Sequence[str], *, seats: int = 1):
         if len(set(gpus)) != len(gpus):
             raise PackingError(f"GPU list names a GPU twice: {list(gpus)}")
+        if isinstance(seats, bool) or not isinstance(seats, int) or seats < 1:
+            raise PackingError(f"seats per GPU must be an integer of at least 1, got {seats!r}")
         self.gpus = tuple(gpus)
+        self.seats = seats
         self._order = {g: i for i, g in enumerate(self.gpus)}
         self._pending: list[PackItem] = []
         self._free: list[str] = list(self.gpus)
+        self._sharers: dict[str, int] = {}  # GPU -> sharing files on it (not in _free while > 0)
         self._running: dict[str, tuple[str, ...]] = {}
+        self._sharing: set[str] = set()  # keys of the running items that share their GPU
         for item in items:
             self.add(item)
 
@@ -82,6 +93,10 @@ class GpuPacker:
         if item.num_gpus < 1 or item.num_gpus > len(self.gpus):
             raise PackingError(
                 f"{item.key} needs {item.num_gpus} GPU(s); this host has {len(self.gpus)}"
+            )
+        if item.shares_gpu and item.num_gpus != 1:
+            raise PackingError(
+                f"{item.key} shares a GPU, so it needs exactly 1, not {item.num_gpus}"
             )
         if item.key in self._running or any(p.key == item.key for p in self._pending):
             raise PackingError(f"{item.key} is already queued or running")
@@ -100,24 +115,45 @@ class GpuPacker:
     def free(self) -> tuple[str, ...]:
         return tuple(self._free)
 
+    def sharers(self, gpu: str) -> int:
+        """How many running sharing files hold ``gpu`` (0: free, or held by an exclusive file)."""
+        return self._sharers.get(gpu, 0)
+
     def done(self) -> bool:
         return not self._pending and not self._running
 
+    def _joinable(self) -> list[str]:
+        """GPUs held by sharing files with a seat left, in host order."""
+        return sorted(
+            (g for g, n in self._sharers.items() if 0 < n < self.seats),
+            key=self._order.__getitem__,
+        )
+
     def start_ready(self, acquire: Acquire = take_first) -> list[tuple[PackItem, tuple[str, ...]]]:
-        """Start every pending item that fits now, longest first; returns (item, its GPUs)."""
+        """Start every pending item that fits now, longest first; returns (item, its GPUs).
+
+        ``acquire`` is offered, for a sharing item, each GPU it could join (alone) before the
+        free GPUs."""
         started = []
         for item in list(self._pending):
-            if item.num_gpus > len(self._free):
-                continue
-            got = acquire(item, tuple(self._free))
-            if got is None:
-                continue
-            if len(got) != item.num_gpus or not set(got) <= set(self._free):
-                raise PackingError(f"acquire returned {got} for {item.num_gpus} of {self._free}")
-            self._pending.remove(item)
-            self._free = [g for g in self._free if g not in got]
-            self._running[item.key] = tuple(got)
-            started.append((item, tuple(got)))
+            sharing = item.shares_gpu and self.seats > 1
+            offers = [(g,) for g in self._joinable()] if sharing else []
+            if item.num_gpus <= len(self._free):
+                offers.append(tuple(self._free))
+            for offer in offers:
+                got = acquire(item, offer)
+                if got is None:
+                    continue
+                if len(got) != item.num_gpus or not set(got) <= set(offer):
+                    raise PackingError(f"acquire returned {got} for {item.num_gpus} of {offer}")
+                self._pending.remove(item)
+                self._free = [g for g in self._free if g not in got]
+                if sharing:
+                    self._sharers[got[0]] = self._sharers.get(got[0], 0) + 1
+                    self._sharing.add(item.key)
+                self._running[item.key] = tuple(got)
+                started.append((item, tuple(got)))
+                break
         return started
 
     def withdraw(self, key: str) -> PackItem:
@@ -129,16 +165,24 @@ class GpuPacker:
         raise KeyError(key)
 
     def finish(self, key: str) -> tuple[str, ...]:
-        """Mark the running item ``key`` finished; its GPUs are free again."""
+        """Mark the running item ``key`` finished; returns the GPUs that are free again (a shared
+        GPU once its last sharing file finished)."""
         gpus = self._running.pop(key)
+        if key in self._sharing:
+            self._sharing.discard(key)
+            (gpu,) = gpus
+            self._sharers[gpu] -= 1
+            if self._sharers[gpu]:
+                return ()
+            del self._sharers[gpu]
         self._free = sorted([*self._free, *gpus], key=self._order.__getitem__)
         return gpus
 
 
-def simulate(items: Iterable[PackItem], gpus: Sequence[str]) -> list[Slot]:
+def simulate(items: Iterable[PackItem], gpus: Sequence[str], *, seats: int = 1) -> list[Slot]:
     """Run the packer against estimated durations; the schedule the real lane would follow if
-    every file took exactly its estimate."""
-    packer = GpuPacker(items, gpus)
+    every file took exactly its estimate (files sharing a GPU as fast as alone)."""
+    packer = GpuPacker(items, gpus, seats=seats)
     now = 0.0
     running: dict[str, Slot] = {}
     slots: list[Slot] = []

@@ -6,8 +6,9 @@ Invariants:
   GPUs and seconds), not runnable here, disabled, or broken in the registry.
 - Its one table is :data:`COLUMNS` (the text and Markdown renderings and the totals line are
   derived from the same rows).  A file's GPU-seconds are the wall time × GPUs held of every one of
-  its attempts (retries cost GPU time too); its share is of the lane's total, and the files run
-  are listed by share, largest first.  Its compile-cache hits/misses are its final attempt's, as
+  its attempts (retries cost GPU time too), a GPU's time split evenly between the files sharing it
+  at each instant, so the lane's total is the time its GPUs were held; its share is of that
+  total, and the files run are listed by share, largest first.  Its compile-cache hits/misses are its final attempt's, as
   its child counted them (``-``: it never imported torch); the summary names the compile cache
   (or why there is none) and every counts file that was not believed (a warning, not a failure).
 - Every retried attempt goes to the flake record (:mod:`mizzen_ci.history`, keyed by (test file,
@@ -24,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -50,6 +52,7 @@ class SummaryRow:
     gpu_seconds: float | None = None  # None: not run
     share: float | None = None  # of the lane's GPU-seconds, 0..1
     compile_stats: CompileStats | None = None  # None: no counts (torch never imported)
+    shared: bool = False  # its final attempt shared its GPU with other files
 
 
 def _number(x: float | None) -> str:
@@ -73,9 +76,28 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], object]], ...] = (
 )
 
 
-def gpu_seconds(result: FileResult) -> float:
-    """Wall time × GPUs held, summed over every attempt of the file."""
-    return sum(a.seconds * len(a.gpus) for a in result.attempts)
+def charged_seconds(results: Sequence[FileResult]) -> dict[tuple[str, int], float]:
+    """GPU-seconds of every attempt, by (target, attempt number): wall time × GPUs held; while
+    ``k`` attempts that shared a GPU (:attr:`Attempt.shared`) held it together, each is charged
+    ``1/k`` of that GPU's time."""
+    charged: dict[tuple[str, int], float] = {}
+    spans: dict[int, list[tuple[float, float, tuple[str, int]]]] = {}  # GPU -> shared attempts
+    for r in results:
+        for a in r.attempts:
+            key = (r.lane_file.target, a.number)
+            if not a.shared:
+                charged[key] = a.seconds * len(a.gpus)
+                continue
+            charged[key] = 0.0
+            for gpu in a.gpus:
+                spans.setdefault(gpu.index, []).append((a.started, a.started + a.seconds, key))
+    for on_gpu in spans.values():
+        edges = sorted({t for start, end, _ in on_gpu for t in (start, end)})
+        for t0, t1 in itertools.pairwise(edges):
+            holders = [key for start, end, key in on_gpu if start <= t0 and t1 <= end]
+            for key in holders:
+                charged[key] += (t1 - t0) / len(holders)
+    return charged
 
 
 def totals_line(rows: Sequence[SummaryRow]) -> str | None:
@@ -85,7 +107,10 @@ def totals_line(rows: Sequence[SummaryRow]) -> str | None:
     if not run:
         return None
     total = sum(r.gpu_seconds for r in run)
-    text = f"total: {total:.1f} GPU-seconds over {len(run)} file(s) run (wall time × GPUs held)"
+    shared = sum(1 for r in run if r.shared)
+    text = f"total: {total:.1f} GPU-seconds over {len(run)} file(s) run (wall time × GPUs held" + (
+        f"; {shared} file(s) shared a GPU, its time split between them)" if shared else ")"
+    )
     counted = [r.compile_stats for r in run if r.compile_stats is not None]
     if counted:
         stats = sum(counted[1:], counted[0])
@@ -148,13 +173,30 @@ class LaneOutcome:
     in_ci: bool
     compile_cache: CompileCache | None = None
 
+    @functools.cached_property
+    def _charged(self) -> dict[tuple[str, int], float]:
+        return charged_seconds(self.results)
+
+    def gpu_seconds_of(self, result: FileResult) -> float:
+        """The file's GPU-seconds over every attempt (:func:`charged_seconds`)."""
+        return sum(self._charged[(result.lane_file.target, a.number)] for a in result.attempts)
+
     @property
     def gpu_seconds(self) -> float:
-        return sum(gpu_seconds(r) for r in self.results)
+        return sum(self.gpu_seconds_of(r) for r in self.results)
+
+    @property
+    def shared_files(self) -> int:
+        """How many of the files run shared a GPU (in their final attempt)."""
+        return sum(1 for r in self.results if r.attempts and r.final.shared)
 
     def share(self, result: FileResult) -> float | None:
         total = self.gpu_seconds
-        return gpu_seconds(result) / total if total > 0 else None
+        return self.gpu_seconds_of(result) / total if total > 0 else None
+
+    def ordered(self) -> list[FileResult]:
+        """The files run, largest share of the GPU-seconds first (then by path)."""
+        return sorted(self.results, key=lambda r: (-self.gpu_seconds_of(r), r.lane_file.target))
 
     def compile_warnings(self) -> list[str]:
         """Every counts file of this run that was not believed, named by file and attempt."""
@@ -162,15 +204,10 @@ class LaneOutcome:
             f"{r.lane_file.target}"
             + (f" (attempt {a.number})" if len(r.attempts) > 1 else "")
             + f": {a.compile_warning}"
-            for r in outcome_order(self.results)
+            for r in self.ordered()
             for a in r.attempts
             if a.compile_warning
         ]
-
-
-def outcome_order(results: Sequence[FileResult]) -> list[FileResult]:
-    """The files run, largest share of the GPU-seconds first (then by path)."""
-    return sorted(results, key=lambda r: (-gpu_seconds(r), r.lane_file.target))
 
 
 def outcome_text(result: FileResult) -> str:
@@ -207,18 +244,20 @@ def flake_records(outcome: LaneOutcome) -> list[history.FlakeRecord]:
 def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
     """Every file the lane considered, once (see the module docstring)."""
     rows: list[SummaryRow] = []
-    for r in outcome_order(outcome.results):
+    for r in outcome.ordered():
         gpus = r.final.gpus
         rows.append(
             SummaryRow(
                 r.lane_file.target,
-                f"{r.lane_file.num_gpus} ({','.join(str(g.index) for g in gpus) or '-'})",
+                f"{r.lane_file.num_gpus} ({','.join(str(g.index) for g in gpus) or '-'}"
+                + (", shared)" if r.final.shared else ")"),
                 r.final.seconds,
                 outcome_text(r),
                 r.passed,
-                gpu_seconds=gpu_seconds(r),
+                gpu_seconds=outcome.gpu_seconds_of(r),
                 share=outcome.share(r),
                 compile_stats=r.final.compile_stats,
+                shared=r.final.shared,
             )
         )
     for lf, why in outcome.not_runnable:
@@ -277,7 +316,7 @@ def _cost_properties(outcome: LaneOutcome, r: FileResult) -> dict[str, str]:
     torch's own counter names) and the cache it was given."""
     share = outcome.share(r)
     props = {
-        "gpu_seconds": f"{gpu_seconds(r):.3f}",
+        "gpu_seconds": f"{outcome.gpu_seconds_of(r):.3f}",
         **({"gpu_seconds_share": f"{share:.4f}"} if share is not None else {}),
     }
     stats = r.final.compile_stats
@@ -352,7 +391,7 @@ def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dic
                 "num_gpus": r.lane_file.num_gpus,
                 "outcome": r.final.outcome,
                 "summary": outcome_text(r),
-                "gpu_seconds": round(gpu_seconds(r), 3),
+                "gpu_seconds": round(outcome.gpu_seconds_of(r), 3),
                 "share": None if outcome.share(r) is None else round(outcome.share(r), 6),
                 "compile_stats": r.final.compile_stats.as_json()
                 if r.final.compile_stats is not None
@@ -369,7 +408,7 @@ def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dic
                     for a in r.attempts
                 ],
             }
-            for r in outcome_order(outcome.results)
+            for r in outcome.ordered()
         ],
         "gpu_seconds": round(outcome.gpu_seconds, 3),
         "compile_cache": outcome.compile_cache.as_json() if outcome.compile_cache else None,

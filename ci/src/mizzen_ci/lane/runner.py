@@ -9,7 +9,9 @@ Invariants:
   nothing in it can see another GPU, whatever it imports first.
 - A file starts only when the packer (:mod:`.packing`) gives it GPUs *and* their
   leases (:mod:`.leases`) are taken; the lease descriptors go to the process, and the
-  runner drops its copies only after the whole process group is gone.
+  runner drops its copies only after the whole process group is gone.  Files sharing a GPU
+  (``gpu_seats`` > 1) share one lease of it: taken when the first starts, held by the runner
+  and by each of them, and freed when the last one's group is gone.
 - A file's timeout is ``max(min_timeout, estimate × factor)``; on expiry the whole group gets
   SIGTERM, then SIGKILL after a grace period.  When a file's main process exits, whatever it left
   in its group is killed before its GPUs are released.
@@ -58,12 +60,18 @@ CLASSIFY_BYTES = 8 * 1024 * 1024  # of a failed file's log, read for the retry c
 
 @dataclass(frozen=True)
 class LaneFile:
-    """One test file to run: its path, what pytest is given, its GPUs and its estimate."""
+    """One test file to run: its path, what pytest is given, its GPUs, its estimate and whether
+    it may share its GPU (``register_*_ci(shares_gpu=True)``)."""
 
     file: str
     target: str
     num_gpus: int
     est_seconds: float
+    shares_gpu: bool = False
+
+    @property
+    def pack_item(self) -> PackItem:
+        return PackItem(self.target, self.num_gpus, self.est_seconds, self.shares_gpu)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class RunnerConfig:
     pythonpath: tuple[str, ...] = ()
     pytest_args: tuple[str, ...] = ()
     compile_cache: CompileCache | None = None
+    gpu_seats: int = 1  # files that share a GPU, at most, on one GPU (1: no sharing)
 
     def timeout_for(self, est_seconds: float) -> float:
         return max(self.min_timeout_s, est_seconds * self.timeout_factor)
@@ -108,6 +117,8 @@ class Attempt:
     classification: Classification | None = None
     compile_stats: CompileStats | None = None  # None: the child never imported torch
     compile_warning: str | None = None  # why its counts file was not believed
+    started: float = 0.0  # seconds after the lane started
+    shared: bool = False  # ran on a GPU other files could share (``shares_gpu``, seats > 1)
 
 
 @dataclass
@@ -199,6 +210,8 @@ class GpuLaneRunner:
         self.files_dir = config.report_dir / "files"
         self._plugin_args = plugin_args()
         self._running: dict[str, _Running] = {}
+        self._shared: dict[str, Lease] = {}  # GPU -> the runner's lease of a GPU files share
+        self._started_at = time.monotonic()
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -311,7 +324,8 @@ class GpuLaneRunner:
         compile_stats, compile_warning = read_stats(r.stats) if r.stats else (None, None)
         return Attempt(
             number, r.gpus, seconds, outcome, detail, r.log, r.junit, code, counts, classification,
-            compile_stats, compile_warning,
+            compile_stats, compile_warning, started=r.started - self._started_at,
+            shared=r.item.shares_gpu and self.config.gpu_seats > 1,
         )  # fmt: skip
 
     def _finish(self, r: _Running, timed_out: bool) -> None:
@@ -332,17 +346,26 @@ class GpuLaneRunner:
             raise ValueError("a test file is listed twice")
         results = {f.target: FileResult(f) for f in files}
         packer = GpuPacker(
-            [PackItem(f.target, f.num_gpus, f.est_seconds) for f in files],
+            [f.pack_item for f in files],
             [g.lease_key for g in self.config.gpus],
+            seats=self.config.gpu_seats,
         )
         taken: dict[str, Lease] = {}
+        self._started_at = time.monotonic()
 
         def acquire(item: PackItem, free: tuple[str, ...]) -> tuple[str, ...] | None:
+            if item.shares_gpu and free[0] in self._shared:  # join the lease of a shared GPU
+                taken[item.key] = self._shared[free[0]].share()
+                return free
+            what = "files sharing the GPU" if item.shares_gpu else item.key
             lease = self.leases.try_acquire(
-                free, item.num_gpus, holder=f"mizzen {lane_name(self.config.arch)} {item.key}"
+                free, item.num_gpus, holder=f"mizzen {lane_name(self.config.arch)} {what}"
             )
             if lease is None:
                 return None
+            if item.shares_gpu and self.config.gpu_seats > 1:
+                self._shared[lease.keys[0]] = lease  # the runner's handle, until the GPU is free
+                lease = lease.share()
             taken[item.key] = lease
             return lease.keys
 
@@ -373,7 +396,9 @@ class GpuLaneRunner:
                     del self._running[key]
                     timed_out = r.term_sent is not None
                     self._finish(r, timed_out)
-                    packer.finish(key)
+                    for gpu in packer.finish(key):
+                        if gpu in self._shared:  # its last sharing file is gone
+                            self._shared.pop(gpu).release()
                     result = results[key]
                     attempt = self._evaluate(r, len(result.attempts) + 1, code, timed_out)
                     self._record(result, attempt, packer)
@@ -420,7 +445,7 @@ class GpuLaneRunner:
             self.progress.event(
                 f"RETRY {lf.target}: {c.name} ({c.evidence}); attempt {len(result.attempts) + 1}"
             )
-            packer.add(PackItem(lf.target, lf.num_gpus, lf.est_seconds))
+            packer.add(lf.pack_item)
             return
         self.progress.done += 1
         word = {"passed": "PASS", "failed": "FAIL", "timeout": "TIMEOUT"}[attempt.outcome]
@@ -442,6 +467,9 @@ class GpuLaneRunner:
             _kill_group_and_wait(r.proc.pid, 2.0)
             r.lease.release()
         self._running.clear()
+        for lease in self._shared.values():
+            lease.release()
+        self._shared.clear()
 
 
 def _gpu_list(gpus: tuple[Gpu, ...]) -> str:

@@ -188,7 +188,7 @@ def _sort_into(sel: Selection, chosen: list[Chosen], arch: str, host_gpus: int) 
         if not reg.enabled:
             sel.disabled.append(reg)
             continue
-        lf = LaneFile(reg.path, target, reg.num_gpus, est)
+        lf = LaneFile(reg.path, target, reg.num_gpus, est, reg.shares_gpu)
         if reg.num_gpus > host_gpus:
             sel.not_runnable.append(
                 (lf, f"needs {reg.num_gpus} GPUs, this host has {host_gpus} {arch} GPU(s)")

@@ -84,6 +84,7 @@ def lane_row(reg: Registration, fleet: Fleet, lane: str | None) -> dict:
         "est_time": reg.est_time,
         "nightly": reg.nightly,
         "disabled": reg.disabled,
+        "shares_gpu": reg.shares_gpu,
     }
 
 
@@ -117,6 +118,7 @@ def _list(registry: Registry, fleet: Fleet, args: argparse.Namespace) -> int:
                 r["pool"],
                 f"{r['est_time']:g}",
                 ("nightly " if r["nightly"] else "")
+                + ("shares GPU " if r["shares_gpu"] else "")
                 + (f"disabled: {r['disabled']}" if r["disabled"] else ""),
             )
             for r in rows

@@ -62,6 +62,7 @@ class Registration:
     num_gpus: int = 0
     needs: tuple[str, ...] = ()
     watches: tuple[str, ...] = ()  # globs of paths whose change selects this file
+    shares_gpu: bool = False  # may run beside other such files on one GPU (GPU tests, 1 GPU)
 
     def __post_init__(self) -> None:
         if type(self.backend) is not Backend:  # a plain string from a cached row

@@ -238,6 +238,16 @@ def _check_watches(value, fleet: Fleet):
     return globs
 
 
+def _check_shares_gpu(value, fleet: Fleet):
+    if not isinstance(value, bool):
+        raise RuleBroken(
+            "shares-gpu-type",
+            f"`shares_gpu` must be True or False, got {shown(value)}",
+            "write `shares_gpu=True` (or leave it out)",
+        )
+    return value
+
+
 VALIDATORS: dict[str, Callable] = {
     "est_time": _check_est_time,
     "labels": _check_labels,
@@ -247,6 +257,7 @@ VALIDATORS: dict[str, Callable] = {
     "num_gpus": _check_num_gpus,
     "needs": _check_needs,
     "watches": _check_watches,
+    "shares_gpu": _check_shares_gpu,
 }
 
 
@@ -321,6 +332,13 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
 
     if backend.is_gpu:
         arches, n, needs = values["hardware"], values["num_gpus"], set(values["needs"])
+        if values.get("shares_gpu") and n != 1:
+            bad(
+                "shares-gpu",
+                f"`shares_gpu=True` with `num_gpus={n}`: only a one-GPU file can share its GPU",
+                "drop `shares_gpu`, or use `num_gpus=1`",
+                given["shares_gpu"][1],
+            )
         largest = max(fleet.max_gpus(a) for a in arches)
         if largest == 0:
             bad(
@@ -356,6 +374,7 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
             values.get("num_gpus", 0),
             tuple(values.get("needs", ())),
             tuple(values["watches"]),
+            values.get("shares_gpu", False),
         ),
         [],
     )

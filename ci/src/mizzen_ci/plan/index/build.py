@@ -169,7 +169,7 @@ def _derive(fleet: Fleet, key: str, arg: tuple, facts: FileFacts) -> tuple:
 
 # The field types of a registration row (``Registration(*row)``), in order.
 _ROW_TYPES = (
-    str, int, str, (int, float), tuple, bool, (str, type(None)), tuple, int, tuple, tuple
+    str, int, str, (int, float), tuple, bool, (str, type(None)), tuple, int, tuple, tuple, bool
 )  # fmt: skip
 
 
