@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -218,26 +219,36 @@ def _colours_sections(
     }  # fmt: skip
 
 
-def _run_to_completion(config: Path, log: Path, run_dir: Path, *, first_point: int) -> dict:
+def _run_to_completion(
+    config: Path,
+    log: Path,
+    run_dir: Path,
+    *,
+    first_point: int,
+    stop: threading.Event | None = None,
+) -> dict:
     """Run ``mizzen-train sft`` to its end, watching for engine processes before the first
-    eval point; returns the records, the output, the wall time and what it saw."""
+    eval point; returns the records, the output, the wall time and what it saw.  Setting
+    ``stop`` (from another thread) kills the run and fails the call."""
     import time
 
+    stop = stop if stop is not None else threading.Event()
     started = time.monotonic()
     process = _launch_sft(config, log)
     early_engines = []
     try:
-        while process.poll() is None:
+        while process.poll() is None and not stop.is_set():
             step = _max_train_step(_read_sft_metrics(run_dir / "metrics.jsonl"))
             engines = _engine_descendants(process.pid)
             if engines and step < first_point:
                 early_engines.append((step, engines))
-            time.sleep(0.05)
+            stop.wait(0.05)
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(60)
     output = log.read_text()
+    assert not stop.is_set(), "stopped before its end: the run beside it failed"
     assert process.returncode == 0, output[-6000:]
     return {
         "records": _read_sft_metrics(run_dir / "metrics.jsonl"),
@@ -334,10 +345,40 @@ def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int,
     }
 
 
+def _side_by_side(
+    run: tuple[Path, Path, Path],
+    killed: tuple[Path, Path, Path],
+    *,
+    first_point: int,
+    kill_after: int,
+    point: int,
+) -> tuple[dict, dict]:
+    """``_run_to_completion(*run, first_point=...)`` and ``_kill_and_resume(*killed,
+    kill_after=..., point=...)`` at once, each ``(config, log, run_dir)`` its own run: the
+    uninterrupted run (early-engine watch included) in a thread, the kill-and-resume protocol in
+    this one.  Waits for both and returns their two dicts, in that order.  If the protocol fails,
+    the uninterrupted run is killed and the protocol's error raised; if the uninterrupted run
+    fails, its error is raised once the protocol has finished.  For GPU tests, whose runs leave
+    the device idle most of the time; CPU runners (2 cores) run the two helpers one after the
+    other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sft-uninterrupted") as pool:
+        uninterrupted = pool.submit(_run_to_completion, *run, first_point=first_point, stop=stop)
+        try:
+            resumed = _kill_and_resume(*killed, kill_after=kill_after, point=point)
+        except BaseException:
+            stop.set()
+            raise
+        return uninterrupted.result(), resumed
+
+
 @pytest.fixture
 def sft() -> SimpleNamespace:
     """Write SFT configurations, launch ``python -m mizzen_train sft`` subprocesses, read their
-    metrics and find the engine processes they start."""
+    metrics and find the engine processes they start; run the e2e protocols (an uninterrupted
+    run, a killed-and-resumed one, or both at once with ``side_by_side``)."""
     return SimpleNamespace(
         RECORD_KEYS=SFT_RECORD_KEYS,
         write_config=_write_sft_config,
@@ -351,6 +392,7 @@ def sft() -> SimpleNamespace:
         run_to_completion=_run_to_completion,
         check_protocol=_check_protocol,
         kill_and_resume=_kill_and_resume,
+        side_by_side=_side_by_side,
     )
 
 

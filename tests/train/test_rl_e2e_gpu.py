@@ -3,14 +3,16 @@
 The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
-in bf16, with the embedded engine generating on the same GPU.  The same two runs as on the CPU:
-a reference run whose tenants' mean rewards rise to >= 0.8 and whose "fixed" adapter scores low
-on "format"'s task, and a run with NaN advantages for "format" at step 12, SIGKILLed after step
-23 and resumed: "format" is skipped at 12 and keeps its published adapter, every adapter "fixed"
-publishes is byte for byte the reference's, and the resume continues with the checkpoint's
-adapter versions.  Prints (and records as junit properties) the wall time, samples/s and train
-tokens/s.  cuBLAS runs with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``) so the two runs
-compute the same bits.
+in bf16, with the embedded engine generating on the same GPU.  The same two runs as on the CPU,
+at 12 steps instead of 30 (on the H200 both tenants' mean rewards pass 0.9 by step 4): a
+reference run whose tenants' mean rewards rise from < 0.4 to >= 0.8 (mean of the last five steps)
+and whose "fixed" adapter scores low on "format"'s task, and a run with NaN advantages for
+"format" at step 5, SIGKILLed after step 9 and resumed from its step-8 checkpoint (one every 4
+steps): "format" is skipped at 5 and keeps its published adapter, every adapter "fixed" publishes
+is byte for byte the reference's, and the resume continues with the checkpoint's adapter versions
+(8 for "fixed", 7 for "format").  Prints (and records as junit properties) the wall time,
+samples/s and train tokens/s.  cuBLAS runs with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``)
+so the two runs compute the same bits.
 
 Run it on a Hopper host (the image's Python, nothing installed) with the lane:
 ``python3 -m nox -s gpu-hopper -- tests/train/test_rl_e2e_gpu.py``.
@@ -24,7 +26,13 @@ import pytest
 
 from mizzen_ci import register_cuda_ci
 
-register_cuda_ci(est_time=420, hardware=["hopper"], num_gpus=1, labels=["e2e", "train", "rollout"])
+register_cuda_ci(
+    est_time=420,
+    hardware=["hopper"],
+    num_gpus=1,
+    labels=["e2e", "train", "rollout"],
+    shares_gpu=True,
+)
 
 #: ~101M parameters: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
 MODEL = dict(
@@ -34,7 +42,12 @@ MODEL = dict(
     num_attention_heads=12,
     num_key_value_heads=4,
 )
-STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 30, 12, 23, 10
+STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 12, 5, 9, 4
+#: The faulty run resumes from its last checkpoint at or before the kill point, with the adapter
+#: versions of that checkpoint: one per step stepped, so "format" is one behind if it skipped
+#: ``NAN_STEP`` by then.
+RESUME_STEP = KILL_AFTER // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL
+RESUMED_VERSIONS = {"fixed": RESUME_STEP, "format": RESUME_STEP - int(NAN_STEP <= RESUME_STEP)}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +128,7 @@ def test_rl_protocol_on_a_100m_llama_in_bf16(rl, tmp_path, base_model, record_pr
         ), f"fixed's adapter v{version} differs from the reference run's"
     assert faulty["orphans"] == []
     resumed = [r for r in faulty["records"] if r.get("event") == "resumed"]
-    assert len(resumed) == 1 and resumed[0]["from_step"] == 20
-    assert resumed[0]["adapter_versions"] == {"fixed": 20, "format": 19}
-    assert fby["fixed"][21]["adapter_version"] == 20 and fby["format"][21]["adapter_version"] == 19
+    assert len(resumed) == 1 and resumed[0]["from_step"] == RESUME_STEP
+    assert resumed[0]["adapter_versions"] == RESUMED_VERSIONS
+    after_resume = {t: fby[t][RESUME_STEP + 1]["adapter_version"] for t in rl.TENANTS}
+    assert after_resume == RESUMED_VERSIONS
