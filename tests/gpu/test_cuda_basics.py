@@ -11,7 +11,9 @@ import torch
 
 from mizzen_ci import register_cuda_ci
 
-register_cuda_ci(est_time=60, hardware=["hopper", "blackwell"], labels=["gpu-lane"])
+register_cuda_ci(
+    est_time=60, hardware=["hopper", "blackwell"], labels=["gpu-lane"], shares_gpu=True
+)
 
 
 def test_the_gpu_is_of_a_declared_generation():

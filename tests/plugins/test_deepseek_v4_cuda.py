@@ -12,7 +12,11 @@ from mizzen_plugins.deepseek_v4 import DeepSeekV4Attention, DeepSeekV4AttentionC
 from mizzen_plugins.thd import PackedLayout
 
 register_cuda_ci(
-    est_time=110, hardware=["hopper"], num_gpus=1, labels=["attention", "thd", "plugins"]
+    est_time=110,
+    hardware=["hopper"],
+    num_gpus=1,
+    labels=["attention", "thd", "plugins"],
+    shares_gpu=True,
 )
 
 SEED = int.from_bytes(os.urandom(4), "little")  # fresh inputs every run; printed on failure

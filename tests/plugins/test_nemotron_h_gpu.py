@@ -22,7 +22,11 @@ from mizzen_plugins.nemotron_h.scan_backend import scan_backend
 from mizzen_plugins.nemotron_h.ssd import ssd_chunked
 
 register_cuda_ci(
-    est_time=210, hardware=["hopper", "blackwell"], num_gpus=1, labels=["ssm", "plugins"]
+    est_time=210,
+    hardware=["hopper", "blackwell"],
+    num_gpus=1,
+    labels=["ssm", "plugins"],
+    shares_gpu=True,
 )
 
 CUDA = torch.device("cuda")

@@ -12,7 +12,13 @@ import torch
 
 from mizzen_ci import register_cuda_ci
 
-register_cuda_ci(est_time=30, hardware=["hopper"], num_gpus=1, labels=["lora", "train", "megatron"])
+register_cuda_ci(
+    est_time=30,
+    hardware=["hopper"],
+    num_gpus=1,
+    labels=["lora", "train", "megatron"],
+    shares_gpu=True,
+)
 
 GPU_GPT = dict(num_layers=2, hidden_size=128, num_attention_heads=4, vocab_size=256, dtype="bf16")
 
