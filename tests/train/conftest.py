@@ -4,9 +4,10 @@ CPU tests run each scenario on forked gloo ranks started by the root launcher (t
 ``run_ranks`` fixture of ``tests/conftest.py``: ``file://`` rendezvous, one intra-op thread per
 rank, every rank's traceback on failure, the other ranks killed), here with a megatron set-up in
 each rank: the ``torch.cuda`` shim of :mod:`mizzen_train.megatron_on_cpu`, then
-``parallel_state`` with the scenario's TP size.  megatron-core is imported here, before any
-fork, so a rank inherits it and starts in well under a second; the parent pytest process itself
-never touches CUDA.  The builders live in ``slot_kit.py`` (shared with the 2-GPU worker script);
+``parallel_state`` with the scenario's TP size.  megatron-core (and ``slot_kit.py``) is imported
+by the ``kit`` fixture, before any fork, so a rank inherits it and starts in well under a second;
+the parent pytest process itself never touches CUDA.  Nothing here imports megatron at collection:
+the e2e files, whose runs are subprocesses, do not pay its ~16 s import in the pytest process.  The builders live in ``slot_kit.py`` (shared with the 2-GPU worker script);
 GPU test files use them through ``kit`` but never the fork launcher.
 """
 
@@ -21,13 +22,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import megatron.core.distributed  # pre-fork import, see the docstring
-import megatron.core.models.gpt  # noqa: F401  (pre-fork import, see the docstring)
 import pytest
-from megatron.core import parallel_state
 
 
+@functools.cache
 def _load_slot_kit():
+    """``slot_kit.py`` as a module, megatron-core imported with it (the pre-fork import)."""
+    import megatron.core.distributed
+    import megatron.core.models.gpt  # noqa: F401
+
     path = Path(__file__).with_name("slot_kit.py")
     spec = importlib.util.spec_from_file_location("mizzen_tests_train_slot_kit", path)
     module = importlib.util.module_from_spec(spec)
@@ -35,11 +38,10 @@ def _load_slot_kit():
     return module
 
 
-slot_kit = _load_slot_kit()
-
-
 def _megatron_rank_setup(tp: int) -> None:
     """Per-rank set-up after the process group exists: the CPU shim, then TP ``tp``."""
+    from megatron.core import parallel_state
+
     from mizzen_train.megatron_on_cpu import install_megatron_cpu_shim
 
     install_megatron_cpu_shim()
@@ -70,6 +72,7 @@ def kit(run_ranks) -> SimpleNamespace:
             timeout=timeout,
         )
 
+    slot_kit = _load_slot_kit()
     return SimpleNamespace(
         run_ranks=megatron_ranks,
         tiny_batch=slot_kit.tiny_batch,

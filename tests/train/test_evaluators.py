@@ -124,6 +124,12 @@ def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
     with pytest.raises(EvalSkip, match="the eval engine did not start"):
         _generation_evaluator(reward, startup_timeout_s=60).evaluate(Snapshot(60, "t", broken))
 
+    # ``device`` places the engines it starts: "cuda" on this CPU-only host is refused by the
+    # engine, and the point is skipped with the engine's reason
+    on_gpu = _generation_evaluator(reward, device="cuda", startup_timeout_s=60)
+    with pytest.raises(EvalSkip, match=r"(?s)the eval engine did not start.*no CUDA device"):
+        on_gpu.evaluate(Snapshot(80, "t", Path(made["b"]["path"])))
+
 
 async def _healthy(url: str) -> bool:
     from mizzen_rollout.engines import SGLangClient

@@ -3,7 +3,8 @@
 The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
-in bf16, with the embedded engine generating on the same GPU.  The same two runs as on the CPU,
+in bf16, with two embedded engines generating on the same GPU (the router spreads each step's
+64 requests over them) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
 at 12 steps instead of 30 (on the H200 both tenants' mean rewards pass 0.9 by step 4): a
 reference run whose tenants' mean rewards rise from < 0.4 to >= 0.8 (mean of the last five steps)
 and whose "fixed" adapter scores low on "format"'s task, and a run with NaN advantages for
@@ -65,10 +66,10 @@ def base_model(tmp_path_factory):
 
 def _sections(rl, run_dir, base_model):
     sections = rl.sections(run_dir, steps=STEPS, checkpoint_interval=CHECKPOINT_INTERVAL)
-    sections["run"].update(device="cuda", dtype="bf16", threads=4, plot=False)
+    sections["run"].update(device="cuda", dtype="bf16", threads=4, micro_batch_size=32, plot=False)
     sections["model"] = {"path": str(base_model), "tokenizer": "model"}
     del sections["model.tiny"]
-    sections["rollout"].update(engine_device="cuda", engine_threads=4)
+    sections["rollout"].update(engine_device="cuda", engine_threads=4, num_engines=2)
     for tenant in sections["tenants"]:
         tenant.update(lr=5e-3, lora_rank=16, lora_alpha=32.0)
     return sections
@@ -91,6 +92,8 @@ def test_rl_protocol_on_a_100m_llama_in_bf16(rl, tmp_path, base_model, record_pr
     reference, faulty = run["reference"], run["faulty"]
     started = next(r for r in reference["records"] if r.get("event") == "run_started")
     assert started["device"] == "cuda" and started["dtype"] == "bf16"
+    engines = [r for r in reference["records"] if r.get("event") == "engine_started"]
+    assert len(engines) == 2, engines  # both engines served the run
     summary = reference["records"][-1]
     assert summary["kind"] == "summary"
     by = rl.check_run(reference["records"], steps=STEPS)

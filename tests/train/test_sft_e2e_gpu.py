@@ -7,7 +7,9 @@ megatron's forward-backward schedule for 60 steps, evaluating every 20: exactly 
 before the first point.  Beside it, at the same time on the same GPU (``sft.side_by_side``: each
 run is mostly process and engine start-up, the GPU idle most of the time), a second run is
 SIGKILLed after step 30 and resumed: it continues from the step-30 checkpoint and evaluates 40 and
-60 only.  The uninterrupted run's wall time and tokens/s are printed (and recorded as junit
+60 only.  Both evaluators run on the GPU: the loss evaluator in the eval thread, the generate
+evaluator's embedded engine (started per point on the snapshot) with ``device = "cuda"``.  The
+uninterrupted run's wall time and tokens/s are printed (and recorded as junit
 properties); both are measured while the other run shares the GPU, so the tokens/s may be lower
 and the wall time longer than for a run alone on it.  Needs no matplotlib, ray or console scripts.
 
@@ -77,7 +79,7 @@ def _sections(sft, run_dir, base_model, **kwargs):
     del sections["model.tiny"]
     sections["tenants"][0].update(rows=16, lr=2e-3)
     generate, loss = sections["eval.evaluators"]
-    generate.update(engine_threads=4)
+    generate.update(engine_threads=4, device="cuda")
     loss.update(device="cuda")
     return sections
 

@@ -3,8 +3,9 @@
 - :class:`GenerationEvaluator` (``kind = "generate"``, needs an engine): generates on the eval
   set with a rollout engine serving the snapshot and scores the answers with a
   :mod:`mizzen_rollout.rewards` function.  The engines are either embedded engines it starts on
-  the snapshot directory for the point and stops afterwards (``num_engines`` of them: the eval
-  fleet is sized here, from the eval configuration, never from a training rollout fleet), or
+  the snapshot directory for the point and stops afterwards (``num_engines`` of them, on
+  ``device``: the eval fleet is sized and placed here, from the eval configuration, never from a
+  training rollout fleet), or
   running SGLang (or embedded) servers given by URL, which it points at the snapshot with
   ``/update_weights_from_disk`` (the servers must be able to read the snapshot directory).
   An *adapter snapshot* (a PEFT directory, an RL run's) is served as an adapter instead: loaded
@@ -62,6 +63,7 @@ class GenerationEvaluator:
     engine_urls: tuple[str, ...] = ()
     num_engines: int = 1
     engine_threads: int = 1
+    device: str = "cpu"  # where the embedded engines it starts run ("cpu" or "cuda")
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
     concurrency: int = 64
@@ -106,6 +108,7 @@ class GenerationEvaluator:
                     model_path=model_path,
                     num_threads=self.engine_threads,
                     deadline_s=self.startup_timeout_s,
+                    device=self.device,
                     wait=False,
                 )
                 servers.append(server)

@@ -112,6 +112,7 @@ class _RlTrainer(_Trainer):
         self.progress = Progress(config.run.steps, stream=stream, command="rl")
         self.run_dir = config.run_dir
         self.nan_plan = _inject_nan_plan()
+        self.launched: list[Any] = []  # engines spawned before set-up (launch_engines)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -317,9 +318,43 @@ class _RlTrainer(_Trainer):
 
     # -- engines ----------------------------------------------------------------------------
 
+    def launch_engines(self) -> list[Any]:
+        """Spawn the run's embedded engines without waiting for them (none for other engine
+        kinds): :func:`run_rl` calls it before :meth:`setup`, so the engines load while the
+        trainer imports megatron and the base model; :meth:`_start_engines` waits for them.
+        Whoever calls it stops them (:meth:`stop_launched_engines`) if the run ends first."""
+        from mizzen_rollout.engines.launcher import launch_embedded
+
+        rollout = self.config.rollout
+        if rollout.engines != "embedded":
+            return []
+        try:
+            for _ in range(rollout.num_engines):
+                self.launched.append(
+                    launch_embedded(
+                        model_path=str(self.model_dir),
+                        num_threads=rollout.engine_threads,
+                        deadline_s=rollout.startup_timeout_s,
+                        device=self._engine_device(),
+                        wait=False,
+                    )
+                )
+        except BaseException:
+            self.stop_launched_engines()
+            raise
+        return self.launched
+
+    def stop_launched_engines(self) -> None:
+        """Stop engines :meth:`launch_engines` spawned that :meth:`_start_engines` never took
+        over (a set-up that failed)."""
+        for server in self.launched:
+            server.stop()
+            server.cleanup_logs()
+        self.launched = []
+
     def _start_engines(self) -> None:
         from mizzen_rollout.engines import SGLangClient
-        from mizzen_rollout.engines.launcher import LaunchError, launch_embedded
+        from mizzen_rollout.engines.launcher import LaunchError
         from mizzen_rollout.router import EngineRouter
 
         rollout = self.config.rollout
@@ -348,15 +383,8 @@ class _RlTrainer(_Trainer):
             self.dispatch = self.manager
         else:
             try:
-                for _ in range(rollout.num_engines):
-                    server = launch_embedded(
-                        model_path=str(self.model_dir),
-                        num_threads=rollout.engine_threads,
-                        deadline_s=rollout.startup_timeout_s,
-                        device=self._engine_device(),
-                        wait=False,
-                    )
-                    self.servers.append(server)
+                self.servers = self.launched or self.launch_engines()
+                self.launched = []
                 for server in self.servers:
                     server.wait_healthy(rollout.startup_timeout_s)
             except LaunchError:
@@ -874,5 +902,10 @@ def run_rl(config: RlConfig, *, resume: bool = False, stream: TextIO | None = No
     trainer = _RlTrainer(config, resume=resume, stream=stream)
     trainer.validate(device, dtype)
     with _single_rank(device):
-        trainer.setup()
+        trainer.launch_engines()  # they load while set-up imports megatron and the model
+        try:
+            trainer.setup()
+        except BaseException:
+            trainer.stop_launched_engines()
+            raise
         return trainer.train()

@@ -174,7 +174,10 @@ class EvaluatorConfig:
     startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
     request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per request")
     batch_size: int = opt(8, kind="int", low=1, help="loss: examples per forward")
-    device: str = opt("cpu", kind="str", choices=("cpu", "cuda"), help="loss: where it runs")
+    device: str = opt(
+        "cpu", kind="str", choices=("cpu", "cuda"),
+        help="generate: where its embedded engines run; loss: where it runs",
+    )  # fmt: skip
     factory: str = opt("", kind="str", help="python: module:factory building the evaluator")
     options: Mapping = opt({}, kind="table", help="python: keyword arguments of the factory")
 

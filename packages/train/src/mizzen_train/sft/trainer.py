@@ -191,6 +191,7 @@ def _build_evaluator(ev: EvaluatorConfig, index: int, tokenizer, max_positions: 
                 engine_urls=tuple(ev.engine_urls),
                 num_engines=ev.num_engines,
                 engine_threads=ev.engine_threads,
+                device=ev.device,
                 startup_timeout_s=ev.startup_timeout_s,
                 request_timeout_s=ev.request_timeout_s,
             )
