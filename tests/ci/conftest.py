@@ -46,7 +46,7 @@ from types import ModuleType
 
 import pytest
 
-from mizzen_ci.lane.compile_cache import CACHE_VARIABLES
+from mizzen_ci.lane.compile_cache import BYTECODE_SWITCH, CACHE_VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 CI_SRC = REPO / "ci" / "src"
@@ -164,6 +164,7 @@ def lane(mizzen_ci: MizzenCi):
             # torch sets some of these in its own process once it compiles (an earlier test in
             # this worker may have): the lane would take them for the user's
             **{name: None for name, _, _ in CACHE_VARIABLES},
+            BYTECODE_SWITCH: None,  # tests that need it set it
         }
         return mizzen_ci(
             "gpu-lane", arch, "--fake-gpus", str(fake_gpus),

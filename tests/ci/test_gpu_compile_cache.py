@@ -86,13 +86,22 @@ def test_children_get_the_keyed_cache_variables_and_the_dirs_are_private(full_ru
         "TORCHINDUCTOR_CACHE_DIR": str(key / "inductor"),
         "TRITON_CACHE_DIR": str(key / "triton"),
         "CUDA_CACHE_PATH": str(key / "cuda"),
+        "PYTHONPYCACHEPREFIX": str(key / "bytecode"),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
     }
-    assert env["MIZZEN_COMPILE_STATS"].endswith("test_sees_cache_env.py.attempt1.compile.json")
-    for d in (key.parent, key, key / "inductor", key / "triton", key / "cuda"):
+    # the bytecode cache is on in the child's interpreter, and its bytecode went there
+    assert env["PYTHONDONTWRITEBYTECODE"] == ""
+    assert (env["sys.pycache_prefix"], env["sys.dont_write_bytecode"]) == (
+        str(key / "bytecode"),
+        False,
+    )
+    assert any((key / "bytecode").rglob("*.cpython-*.pyc"))
+    assert "lifted" not in out.stdout
+    for d in (key.parent, key, key / "inductor", key / "triton", key / "cuda", key / "bytecode"):
         st = d.lstat()
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700, d
+    assert env["MIZZEN_COMPILE_STATS"].endswith("test_sees_cache_env.py.attempt1.compile.json")
 
 
 def test_counts_come_back_from_the_children_that_imported_torch(full_run):
@@ -186,6 +195,39 @@ def test_variables_the_user_set_are_kept_and_named_in_the_summary(tmp_path, cach
         f"kept from the lane's environment: TRITON_CACHE_DIR={mine}, TORCHINDUCTOR_FX_GRAPH_CACHE=0"
     )
     assert kept in out.stdout and kept in (tmp_path / "r" / "summary.txt").read_text()
+
+
+def test_an_image_that_stops_bytecode_writes_gets_them_into_the_cache(tmp_path, cache_lane):
+    # GPU images often set PYTHONDONTWRITEBYTECODE=1 (and ship no .pyc): the lane lifts it for
+    # its children, whose bytecode then goes only to its cache, and says so
+    out = cache_lane(tmp_path, "test_sees_cache_env.py", env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    env = recorded_env(tmp_path)
+    key = tmp_path / "compile-cache" / KEY
+    assert (env["PYTHONDONTWRITEBYTECODE"], env["sys.dont_write_bytecode"]) == ("", False)
+    assert env["sys.pycache_prefix"] == str(key / "bytecode")
+    assert any((key / "bytecode").rglob("*.cpython-*.pyc"))
+    lifted = (
+        "lifted for the children (their bytecode goes to the cache only): PYTHONDONTWRITEBYTECODE=1"
+    )
+    assert lifted in out.stdout and lifted in (tmp_path / "r" / "summary.txt").read_text()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["compile_cache"]["lifted"] == {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_a_bytecode_prefix_the_user_set_keeps_their_switch_too(tmp_path, cache_lane):
+    mine = str(tmp_path / "my-pyc")
+    out = cache_lane(
+        tmp_path,
+        "test_sees_cache_env.py",
+        env={"PYTHONPYCACHEPREFIX": mine, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    env = recorded_env(tmp_path)
+    assert (env["PYTHONPYCACHEPREFIX"], env["PYTHONDONTWRITEBYTECODE"]) == (mine, "1")
+    assert (env["sys.pycache_prefix"], env["sys.dont_write_bytecode"]) == (mine, True)
+    assert f"kept from the lane's environment: PYTHONPYCACHEPREFIX={mine}" in out.stdout
+    assert "lifted" not in out.stdout
 
 
 def _symlinked_root(base: Path) -> tuple[Path, str]:

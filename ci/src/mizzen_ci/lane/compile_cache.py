@@ -1,6 +1,6 @@
 """The persistent compile caches a GPU lane gives its children (TorchInductor's FX graph and
-AOTAutograd caches, Triton's kernels, the CUDA driver's JIT cache), and the cache hits and misses
-its children report back.
+AOTAutograd caches, Triton's kernels, the CUDA driver's JIT cache, Python's bytecode), and the
+cache hits and misses its children report back.
 
 Where and keyed how:
 - The root is ``$MIZZEN_COMPILE_CACHE_DIR`` if set (``off`` disables the cache: the children then
@@ -11,9 +11,19 @@ Where and keyed how:
   e.g. ``torch-2.11.0+cu130-sm90-py312`` or ``torch-2.5.1+rocm6.2-gfx942-py312``: torch's
   version, the CUDA/HIP version it was built for, the lane's GPUs (compute capabilities as
   ``sm<NN>[_<NN>…]``, AMD ISA names as they are: :mod:`.hardware`) and the Python version.  It holds
-  ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``), ``triton/`` (``TRITON_CACHE_DIR``) and ``cuda/``
-  (``CUDA_CACHE_PATH``); ``TORCHINDUCTOR_FX_GRAPH_CACHE=1`` and ``TORCHINDUCTOR_AUTOGRAD_CACHE=1``
-  turn the persistent graph caches on (:data:`CACHE_VARIABLES`, the one table of them).
+  ``inductor/`` (``TORCHINDUCTOR_CACHE_DIR``), ``triton/`` (``TRITON_CACHE_DIR``), ``cuda/``
+  (``CUDA_CACHE_PATH``) and ``bytecode/`` (``PYTHONPYCACHEPREFIX``: the ``.pyc`` files of every
+  module the children import, torch's and megatron's included, in a tree mirroring the sources);
+  ``TORCHINDUCTOR_FX_GRAPH_CACHE=1`` and ``TORCHINDUCTOR_AUTOGRAD_CACHE=1`` turn the persistent
+  graph caches on (:data:`CACHE_VARIABLES`, the one table of them).
+- Bytecode: GPU images often ship site-packages without ``.pyc`` files and set
+  ``PYTHONDONTWRITEBYTECODE=1`` (the H200 image of the device tool does both), so every child
+  compiles torch, transformers and megatron from source, ~15-20 s per process.  When the lane
+  sets ``PYTHONPYCACHEPREFIX`` it also gives the children ``PYTHONDONTWRITEBYTECODE`` empty
+  (:data:`BYTECODE_SWITCH`: writing on), since their bytecode then goes only to the lane's cache,
+  never beside any source; the summary says when it lifted a value of the lane's environment.
+  With a prefix Python reads bytecode only from it: on a host whose packages carry their own
+  ``.pyc`` files the first run compiles once more, into the cache.
 
 Invariants:
 - Nothing here imports torch in the lane.  The children run this interpreter
@@ -28,7 +38,8 @@ Invariants:
   :class:`.refusal.LaneRefusal` (exit 2, one line: the path, the rule, the fix) before anything
   runs; directories the lane creates get mode ``0700``.
 - A cache variable the lane's own environment already sets (even to ``""``) is the user's: it is
-  passed on as it is, never overridden, and listed in the summary (:attr:`CompileCache.kept`).
+  passed on as it is, never overridden, and listed in the summary (:attr:`CompileCache.kept`);
+  a ``PYTHONPYCACHEPREFIX`` of the user's keeps their ``PYTHONDONTWRITEBYTECODE`` as well.
 - Counts: at the end of a child's pytest session, if and only if ``torch`` is in its
   ``sys.modules``, :func:`write_child_stats` writes the counters of :data:`CACHES` (from
   ``torch._dynamo.utils.counters`` when that module is loaded, else zeros: nothing compiled) as
@@ -69,9 +80,15 @@ CACHE_VARIABLES: tuple[tuple[str, str | None, str | None], ...] = (
     ("TORCHINDUCTOR_CACHE_DIR", "inductor", None),
     ("TRITON_CACHE_DIR", "triton", None),
     ("CUDA_CACHE_PATH", "cuda", None),
+    ("PYTHONPYCACHEPREFIX", "bytecode", None),
     ("TORCHINDUCTOR_FX_GRAPH_CACHE", None, "1"),
     ("TORCHINDUCTOR_AUTOGRAD_CACHE", None, "1"),
 )
+
+#: Python's switch that stops bytecode writes; the children get it empty (writing on) whenever
+#: the lane gives them its own ``PYTHONPYCACHEPREFIX`` (see the module docstring).
+BYTECODE_SWITCH = "PYTHONDONTWRITEBYTECODE"
+BYTECODE_PREFIX = "PYTHONPYCACHEPREFIX"
 
 
 class CompileCacheError(LaneRefusal):
@@ -193,12 +210,17 @@ class CompileCache:
     env: Mapping[str, str] = field(default_factory=dict)  # what the children get from the lane
     kept: Mapping[str, str] = field(default_factory=dict)  # set by the user, passed on as is
     note: str = ""  # "off (why)" or "none (why)" when there is no cache
+    lifted: Mapping[str, str] = field(default_factory=dict)  # the user's values the lane replaced
 
     def describe(self) -> str:
         text = f"compile cache: {self.directory or self.note}"
         if self.kept:
             text += "; kept from the lane's environment: " + ", ".join(
                 f"{k}={v}" for k, v in self.kept.items()
+            )
+        if self.lifted:
+            text += "; lifted for the children (their bytecode goes to the cache only): " + (
+                ", ".join(f"{k}={v}" for k, v in self.lifted.items())
             )
         return text  # raw: each medium escapes it
 
@@ -207,6 +229,7 @@ class CompileCache:
             "directory": str(self.directory) if self.directory else None,
             "variables": dict(self.env),
             "kept": dict(self.kept),
+            "lifted": dict(self.lifted),
             "note": self.note or None,
         }
 
@@ -256,7 +279,12 @@ def configure(
                 env[name] = value
     finally:
         os.close(key_fd)
-    return CompileCache(key, env=env, kept=kept)
+    lifted = {}
+    if BYTECODE_PREFIX in env:
+        env[BYTECODE_SWITCH] = ""
+        if environ.get(BYTECODE_SWITCH):
+            lifted[BYTECODE_SWITCH] = environ[BYTECODE_SWITCH]
+    return CompileCache(key, env=env, kept=kept, lifted=lifted)
 
 
 # --------------------------------------------------------------------------------------------
