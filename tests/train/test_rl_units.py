@@ -1,5 +1,5 @@
-"""Units of the RL step: group advantages, the clipped policy-gradient loss with its KL term, and
-the RL configuration's refusals."""
+"""Units of the RL step: group advantages, the clipped policy-gradient loss with its KL term, the
+RL configuration's refusals, and the engines a failed set-up leaves (none)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=8, labels=["train"])
+register_cpu_ci(est_time=15, labels=["train"])
 
 
 def test_grpo_normalises_each_group_and_equal_rewards_give_zero():
@@ -114,3 +114,32 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
         raw["eval"] = {"interval": 5, "snapshot_dir": "s",
                        "evaluators": [{"kind": "loss", "data": "x"}]}  # fmt: skip
         parse_rl_config(raw, source="t.toml")
+
+
+def test_engines_spawned_before_set_up_are_stopped_when_set_up_fails(tmp_path, monkeypatch):
+    """``run_rl`` spawns its embedded engines before set-up (they load while it imports megatron
+    and the base model); a set-up that fails stops them: no engine outlives the run."""
+    import io
+
+    from mizzen_train.rl import trainer as rl_trainer
+    from mizzen_train.rl.config import parse_rl_config
+
+    config = parse_rl_config(_config(tmp_path, **{"rollout.num_engines": 2}), source="t.toml")
+    spawned = []
+    launch = rl_trainer._RlTrainer.launch_engines
+
+    def recording(self):
+        servers = launch(self)
+        spawned.extend(servers)
+        return servers
+
+    def failing(self):
+        assert len(spawned) == 2 and all(s.alive for s in spawned), "spawned before set-up"
+        raise RuntimeError("set-up failed")
+
+    monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
+    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", failing)
+    with pytest.raises(RuntimeError, match="set-up failed"):
+        rl_trainer.run_rl(config, stream=io.StringIO())
+    assert len(spawned) == 2
+    assert not any(s.alive for s in spawned), "an engine outlived the failed set-up"
