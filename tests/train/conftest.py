@@ -188,6 +188,19 @@ def _process_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _orphans(engines: Sequence[int], resumed: Any, timeout_s: float = 15.0) -> list[int]:
+    """The killed run's engines (``engines``) still alive after ``timeout_s``: an engine exits
+    on its own once its parent is gone, while the resumed run (``resumed``) starts meanwhile;
+    a pid the kernel has since given one of the resume's engines is not an orphan."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reused = set(_engine_descendants(resumed.pid))
+    return [pid for pid in engines if _process_alive(pid) and pid not in reused]
+
+
 def _max_train_step(records: Sequence[dict[str, Any]]) -> int:
     return max((r["step"] for r in records if r.get("kind") == "train"), default=0)
 
@@ -330,12 +343,9 @@ def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int,
     before = _read_sft_metrics(metrics)
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    deadline = time.monotonic() + 15  # the engine of a killed run exits on its own
-    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    orphans = [pid for pid in engines if _process_alive(pid)]
     resumed_at = time.time()
     second = _launch_sft(config, log, "--resume")
+    orphans = _orphans(engines, second)
     assert second.wait(900) == 0, log.read_text()[-6000:]
     return {
         "killed_at": _max_train_step(before),
@@ -508,12 +518,9 @@ def _rl_protocol(
     assert faulty.returncode == -signal.SIGKILL
     killed_records = _read_sft_metrics(faulty_dir / "metrics.jsonl")
     checkpoints = sorted(p.name for p in (faulty_dir / "checkpoints").iterdir())
-    deadline = time.monotonic() + 15  # the killed run's engine exits on its own
-    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    orphans = [pid for pid in engines if _process_alive(pid)]
     resumed_at = time.time()
     resumed = _launch_sft(faulty_config, faulty_log, "--resume", command="rl", env=nan_env)
+    orphans = _orphans(engines, resumed)
     _wait_all([reference, resumed], [ref_log, faulty_log], timeout_s)
     return {
         "wall": time.monotonic() - started,

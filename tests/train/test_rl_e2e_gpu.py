@@ -3,8 +3,9 @@
 The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
-in bf16, with two embedded engines generating on the same GPU (the router spreads each step's
-64 requests over them) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
+in bf16, with four embedded engines generating on the same GPU (the router spreads each step's
+64 requests over them: an engine generates one request at a time, launch-bound at ~30 ms per
+forward on the H200, so a step's rollout time falls with the number of engines) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
 at 12 steps instead of 30 (on the H200 both tenants' mean rewards pass 0.9 by step 4): a
 reference run whose tenants' mean rewards rise from < 0.4 to >= 0.8 (mean of the last five steps)
 and whose "fixed" adapter scores low on "format"'s task, and a run with NaN advantages for
@@ -44,6 +45,7 @@ MODEL = dict(
     num_key_value_heads=4,
 )
 STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 12, 5, 9, 4
+NUM_ENGINES = 4
 #: The faulty run resumes from its last checkpoint at or before the kill point, with the adapter
 #: versions of that checkpoint: one per step stepped, so "format" is one behind if it skipped
 #: ``NAN_STEP`` by then.
@@ -69,7 +71,7 @@ def _sections(rl, run_dir, base_model):
     sections["run"].update(device="cuda", dtype="bf16", threads=4, micro_batch_size=32, plot=False)
     sections["model"] = {"path": str(base_model), "tokenizer": "model"}
     del sections["model.tiny"]
-    sections["rollout"].update(engine_device="cuda", engine_threads=4, num_engines=2)
+    sections["rollout"].update(engine_device="cuda", engine_threads=1, num_engines=NUM_ENGINES)
     for tenant in sections["tenants"]:
         tenant.update(lr=5e-3, lora_rank=16, lora_alpha=32.0)
     return sections
@@ -93,7 +95,7 @@ def test_rl_protocol_on_a_100m_llama_in_bf16(rl, tmp_path, base_model, record_pr
     started = next(r for r in reference["records"] if r.get("event") == "run_started")
     assert started["device"] == "cuda" and started["dtype"] == "bf16"
     engines = [r for r in reference["records"] if r.get("event") == "engine_started"]
-    assert len(engines) == 2, engines  # both engines served the run
+    assert len(engines) == NUM_ENGINES, engines  # every engine served the run
     summary = reference["records"][-1]
     assert summary["kind"] == "summary"
     by = rl.check_run(reference["records"], steps=STEPS)
