@@ -94,16 +94,19 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("args", "waits"),
+    ("args", "waits", "cache"),
     [
-        (("--event=pull_request", "--same-repo", "--base=main"), True),
-        (("--event=pull_request", "--same-repo", "--base=main", "--label", BYPASS_FASTFAIL), False),
-        (("--event=schedule", "--cadence=nightly"), False),
-        (("--event=schedule", "--cadence=weekly"), False),
-        (("--event=push", "--base=main"), False),
+        (("--event=pull_request", "--same-repo", "--base=main"), True, "private"),
+        (("--event=pull_request", "--same-repo", "--base=main", "--label", BYPASS_FASTFAIL), False,
+         "private"),
+        (("--event=schedule", "--cadence=nightly"), False, "shared"),
+        (("--event=schedule", "--cadence=weekly"), False, "shared"),
+        (("--event=push", "--base=main"), False, "shared"),
     ],
-)
-def test_the_plan_and_its_github_outputs_carry_the_decision(repo, mizzen_ci, args, waits):
+)  # fmt: skip
+def test_the_plan_and_its_github_outputs_carry_the_decision(repo, mizzen_ci, args, waits, cache):
+    """Fast-fail, and the compile-cache scope of the GPU jobs: a pull request's head (trusted
+    author or not) gets a private copy, what the repository holds the runner's shared cache."""
     out = repo.parent / "out"
     out.mkdir()
     done = mizzen_ci(
@@ -116,6 +119,7 @@ def test_the_plan_and_its_github_outputs_carry_the_decision(repo, mizzen_ci, arg
     assert plan["fast_fail"] is waits and plan["fast_fail_reason"]
     outputs = dict(line.split("=", 1) for line in (out / "gh.txt").read_text().splitlines())
     assert outputs["fast_fail"] == str(waits).lower()
+    assert outputs["compile_cache"] == cache
     said = markdown(f"fast-fail {'on' if waits else 'off'}: ")
     assert said in (out / "summary.md").read_text()
     assert Plan.load(out / "plan.json").fast_fail is waits

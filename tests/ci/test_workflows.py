@@ -11,7 +11,10 @@ cannot know: that the workflows and the planner agree.)
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,17 @@ import yaml
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.plan import Job, Plan, PlannedTest, SelectionSummary
 from mizzen_ci.plan.cli import matrix
-from mizzen_ci.plan.request import BYPASS_FASTFAIL, TRUSTED_ASSOCIATIONS, Inputs, fast_fail
+from mizzen_ci.plan.request import (
+    BYPASS_FASTFAIL,
+    PRIVATE_CACHE,
+    SHARED_CACHE,
+    TRUSTED_ASSOCIATIONS,
+    Inputs,
+    compile_cache_scope,
+    fast_fail,
+)
 
-register_cpu_ci(est_time=3, labels=["ci"])
+register_cpu_ci(est_time=4, labels=["ci"])
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -529,3 +540,77 @@ def test_the_reply_acknowledges_accepted_commands_and_links_the_run_it_started()
         'gh api --method POST "repos/$REPO/issues/$NUMBER/comments" -F body=@reply.md'
         in post["run"]
     )
+
+
+# -- compile caches: a pull request's head compiles into a private copy ------------------------
+
+
+def _private_cache_step(gpu: dict) -> tuple[int, dict]:
+    found = [
+        (i, st) for i, st in enumerate(gpu["jobs"]["gpu"]["steps"])
+        if "MIZZEN_COMPILE_CACHE_DIR=" in st.get("run", "")
+    ]  # fmt: skip
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_pull_requests_gpu_job_gets_a_private_copy_of_the_compile_cache_before_its_code_runs():
+    gpu = load("gpu.yml")
+    assert gpu["jobs"]["plan"]["outputs"]["compile_cache"] == (
+        "${{ steps.plan.outputs.compile_cache }}"
+    )
+    index, step = _private_cache_step(gpu)
+    # a missing or unknown answer is private: only the trusted plan's "shared" skips the copy
+    assert step["if"] == "needs.plan.outputs.compile_cache != 'shared'"
+    names = [st.get("name", st.get("uses", "")) for st in gpu["jobs"]["gpu"]["steps"]]
+    runs_code = [
+        i for i, st in enumerate(gpu["jobs"]["gpu"]["steps"]) if "nox" in st.get("run", "")
+    ]
+    assert runs_code and index < min(runs_code), names  # before anything of the head runs
+    assert "bash " not in step["run"] and ".github/" not in step["run"]  # inline, not the head's
+    assert compile_cache_scope("pull_request") == PRIVATE_CACHE
+    assert {compile_cache_scope(e) for e in ("push", "schedule", "workflow_dispatch")} == {
+        SHARED_CACHE
+    }
+
+
+def _run_private_cache_step(tmp_path: Path, extra_env: dict[str, str]) -> tuple[Path, dict]:
+    _, step = _private_cache_step(load("gpu.yml"))
+    home, temp, env_file = tmp_path / "home", tmp_path / "runner-temp", tmp_path / "github-env"
+    temp.mkdir()
+    env_file.write_text("")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "RUNNER_TEMP": str(temp),
+           "GITHUB_ENV": str(env_file), **extra_env}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    exported = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    return temp / "mizzen-compile-cache", exported
+
+
+def test_the_private_copy_holds_the_shared_cache_and_writes_to_it_never_reach_the_shared_one(
+    tmp_path,
+):
+    shared = tmp_path / "home" / ".cache" / "mizzen-ci" / "compile"
+    key = shared / "torch-2.11.0+cu130-sm90-py312" / "bytecode"
+    key.mkdir(parents=True)
+    (key / "torch.cpython-312.pyc").write_bytes(b"main's bytecode")
+    private, exported = _run_private_cache_step(tmp_path, {})
+    assert exported == {"MIZZEN_COMPILE_CACHE_DIR": str(private)}
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    copied = private / "torch-2.11.0+cu130-sm90-py312" / "bytecode" / "torch.cpython-312.pyc"
+    assert copied.read_bytes() == b"main's bytecode"  # warm for the head
+    copied.write_bytes(b"planted")  # what a head's run writes stays in its copy
+    (copied.parent / "new.pyc").write_bytes(b"planted")
+    assert (key / "torch.cpython-312.pyc").read_bytes() == b"main's bytecode"
+    assert sorted(p.name for p in key.iterdir()) == ["torch.cpython-312.pyc"]
+
+
+def test_the_private_copy_of_a_runner_without_a_cache_or_with_it_off(tmp_path):
+    private, exported = _run_private_cache_step(tmp_path, {})  # nothing cached yet: empty copy
+    assert exported == {"MIZZEN_COMPILE_CACHE_DIR": str(private)} and not any(private.iterdir())
+    other = tmp_path / "off"
+    other.mkdir()
+    _, exported = _run_private_cache_step(other, {"MIZZEN_COMPILE_CACHE_DIR": "off"})
+    assert exported == {}  # the runner's own `off` stands: no cache at all

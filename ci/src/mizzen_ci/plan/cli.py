@@ -9,9 +9,10 @@ event, the range, the labels and the trust facts (``--fork``/``--same-repo``,
 Outputs: ``--output plan.json`` (the plan, see :mod:`mizzen_ci.plan.model`), ``--summary FILE``
 (Markdown appended, e.g. ``$GITHUB_STEP_SUMMARY``), ``--github-output FILE`` (appends
 ``matrix=<json>``, ``jobs=<n>``, ``sha=<head>``, ``blocked=<n>`` (GPU test runs waiting for an
-approval) and ``fast_fail=true|false`` (whether the GPU jobs wait for the cheap checks and the CPU
-lane) for a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs
-of that kind of runner), ``--json`` (the plan on stdout instead of the table).
+approval), ``fast_fail=true|false`` (whether the GPU jobs wait for the cheap checks and the CPU
+lane) and ``compile_cache=shared|private`` (:func:`mizzen_ci.plan.request.compile_cache_scope`) for
+a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs of that kind of
+runner), ``--json`` (the plan on stdout instead of the table).
 
 Invariants:
 - Stdlib only (runs with ``python3 -S`` and only ``ci/src`` on the path).
@@ -66,6 +67,7 @@ from .request import (
     Comment,
     Inputs,
     RequestError,
+    compile_cache_scope,
     parse_commands,
 )
 from .selection import UNTRUSTED
@@ -363,6 +365,7 @@ def _plan(args: argparse.Namespace) -> int:
             f.write(f"sha={plan.head or ''}\n")
             f.write(f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n")
             f.write(f"fast_fail={str(plan.fast_fail).lower()}\n")
+            f.write(f"compile_cache={compile_cache_scope(plan.event)}\n")
     for w in plan.warnings:
         output.emit("warning", w, title="mizzen plan")
     for e in plan.errors:

@@ -46,6 +46,11 @@ Invariants:
   rights or more can add one, and nothing in a pull request's files or commits can; the bypass
   saves waiting, it approves nothing (an untrusted head still needs ``ok-to-test`` or a
   comment command).  Pushes, merge queues, nightly and weekly runs never wait.
+- Compile caches (:func:`compile_cache_scope`): a GPU job of a pull request's head, whoever
+  its author, runs on a private copy of the runner's persistent compile cache (discarded with
+  the job); only jobs of what the repository already holds (pushes, merge queues, schedules,
+  dispatches) use the persistent one, so bytecode and kernels compiled by a head that is not
+  merged never reach the runs of the default branch through the lane.
 - Unknown labels, arches and commands never select anything silently: each is a warning, with
   the code points of any character outside printable ASCII (a look-alike is shown as such).
 """
@@ -138,6 +143,17 @@ def fast_fail(inputs: Inputs) -> tuple[bool, str]:
         "pull request: GPU jobs wait for the cheap checks and the CPU lane of this head to pass "
         f"(a maintainer's `{BYPASS_FASTFAIL}` label skips the wait)"
     )
+
+
+#: The compile-cache scopes a plan hands to its GPU jobs (``compile_cache=`` output):
+#: the runner's persistent cache, or a private copy of it for this job only.
+SHARED_CACHE, PRIVATE_CACHE = "shared", "private"
+
+
+def compile_cache_scope(event: str) -> str:
+    """The compile cache a GPU job of an ``event`` run uses (see the module docstring): private
+    for a pull request's head, shared for what the repository already holds."""
+    return PRIVATE_CACHE if event == "pull_request" else SHARED_CACHE
 
 
 def is_trusted(inputs: Inputs) -> bool:
