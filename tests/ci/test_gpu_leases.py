@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import signal
@@ -14,7 +15,7 @@ import pytest
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.lane.leases import LeaseDir, LeaseTimeout
 
-register_cpu_ci(est_time=10, labels=["ci", "gpu-lane"])
+register_cpu_ci(est_time=11, labels=["ci", "gpu-lane"])
 
 # A contender: lease N of the given GPUs (waiting up to TIMEOUT s), say which, then hold them.
 HOLDER = """
@@ -132,3 +133,47 @@ def test_a_shared_lease_holds_its_gpu_until_its_last_handle_is_released(tmp_path
     again.release()
     with pytest.raises(ValueError, match="cannot be shared"):
         second.share()
+
+
+# --------------------------------------------------------------------------------------------
+# A file whose process cannot start holds no GPU
+
+
+@pytest.mark.parametrize("seats", [1, 4], ids=["exclusive", "shared"])
+def test_a_start_that_fails_frees_the_gpus_of_its_whole_batch(tmp_path, monkeypatch, seats):
+    """Four one-GPU files start in one batch on four (pretend) GPUs; spawning the second one
+    fails.  The error reaches the caller, the first one's group is killed, and no lock of any
+    GPU stays held (exclusive leases, or the one shared lease of a GPU with seats)."""
+    from mizzen_ci.lane import runner as runner_module
+    from mizzen_ci.lane.hardware import Gpu
+    from mizzen_ci.lane.progress import Progress
+    from mizzen_ci.lane.runner import GpuLaneRunner, LaneFile, RunnerConfig
+
+    for i in range(4):
+        (tmp_path / f"test_{i}.py").write_text(
+            "def test_sleep():\n    import time; time.sleep(30)\n"
+        )
+    gpus = tuple(Gpu(i, "9.0", "fake", f"FAKE-{i}") for i in range(4))
+    lease_dir = tmp_path / "leases"
+    config = RunnerConfig(
+        root=tmp_path, arch="hopper", gpus=gpus, report_dir=tmp_path / "report",
+        lease_dir=lease_dir, gpu_seats=seats,
+    )  # fmt: skip
+    real_popen, spawned = subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        if spawned:
+            raise OSError(24, "Too many open files")
+        spawned.append(real_popen(*args, **kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(runner_module.subprocess, "Popen", popen)
+    files = [LaneFile(f"test_{i}.py", f"test_{i}.py", 1, 10.0, shares_gpu=True) for i in range(4)]
+    runner = GpuLaneRunner(config, Progress(4, 4, io.StringIO(), live=False))
+    with pytest.raises(OSError, match="Too many open files"):
+        runner.run(files)
+    assert len(spawned) == 1 and spawned[0].poll() is not None  # its group was killed
+    keys = [g.lease_key for g in gpus]
+    everything = LeaseDir(lease_dir).try_acquire(keys, 4, holder="the next lane")
+    assert everything is not None, LeaseDir(lease_dir).describe_holders(keys)
+    everything.release()

@@ -19,7 +19,9 @@ Invariants:
   when :mod:`.retry` calls it infrastructure, at most ``retries`` times.
 - The pytest plugin is loaded explicitly (``-p mizzen_ci.pytest_plugin``) when it is not
   installed as an entry point, so a lane works with the workspace only on ``PYTHONPATH``.
-- If the runner is interrupted, every running group is killed before it returns.
+- If the runner is interrupted, every running group is killed before it returns.  A file whose
+  process cannot be spawned holds no lease: its GPUs, and those acquired for the rest of its
+  start batch, are freed before the error propagates.
 - A file's log is written by the code under test: the retry classifier reads only its last
   :data:`CLASSIFY_BYTES` (never through a link: :func:`mizzen_ci.sources.read_tail`), and the
   lease directory is checked before anything runs (:meth:`.leases.LeaseDir.check`).
@@ -374,9 +376,14 @@ class GpuLaneRunner:
             while not packer.done():
                 for item, keys in packer.start_ready(acquire):
                     attempt = len(results[item.key].attempts) + 1
-                    self._running[item.key] = self._start(
-                        item, by_target[item.key], keys, taken.pop(item.key), attempt
-                    )
+                    lease = taken.pop(item.key)
+                    try:
+                        self._running[item.key] = self._start(
+                            item, by_target[item.key], keys, lease, attempt
+                        )
+                    except BaseException:  # no process holds it: a failed start frees its GPUs
+                        lease.release()
+                        raise
                     blocked_since = None
                 now = time.monotonic()
                 for key, r in list(self._running.items()):
@@ -413,6 +420,8 @@ class GpuLaneRunner:
                 )
                 time.sleep(POLL_S)
         finally:
+            for lease in taken.values():  # acquired in a batch whose start failed before theirs
+                lease.release()
             self.kill_all()
         return [results[f.target] for f in files]
 
