@@ -1,15 +1,16 @@
 """Units of the RL step: group advantages, the clipped policy-gradient loss with its KL term, the
-RL configuration's refusals, and the engines a failed set-up leaves (none)."""
+RL configuration's refusals, and the engines a failed set-up or engine start leaves (none)."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=15, labels=["train"])
+register_cpu_ci(est_time=25, labels=["train"])
 
 
 def test_grpo_normalises_each_group_and_equal_rewards_give_zero():
@@ -143,3 +144,34 @@ def test_engines_spawned_before_set_up_are_stopped_when_set_up_fails(tmp_path, m
         rl_trainer.run_rl(config, stream=io.StringIO())
     assert len(spawned) == 2
     assert not any(s.alive for s in spawned), "an engine outlived the failed set-up"
+
+
+def test_engines_are_stopped_when_starting_them_fails_after_set_up(tmp_path, monkeypatch):
+    """A failure while the trainer takes over its engines (here: one's health wait crashes),
+    after set-up and before the first step, stops every engine: the clean-up covers the start."""
+    import io
+
+    from mizzen_train.rl import trainer as rl_trainer
+    from mizzen_train.rl.config import parse_rl_config
+
+    config = parse_rl_config(_config(tmp_path, **{"rollout.num_engines": 2}), source="t.toml")
+    spawned, events = [], []
+    launch = rl_trainer._RlTrainer.launch_engines
+
+    def recording(self):
+        servers = launch(self)
+        spawned.extend(servers)
+        servers[-1].wait_healthy = lambda *_: (_ for _ in ()).throw(RuntimeError("probe crashed"))
+        return servers
+
+    def minimal_setup(self):  # what _start_engines and the clean-up use, nothing heavier
+        self.metrics = SimpleNamespace(event=lambda name, **fields: events.append(name))
+        self.evaluators = []
+
+    monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
+    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", minimal_setup)
+    with pytest.raises(RuntimeError, match="probe crashed"):
+        rl_trainer.run_rl(config, stream=io.StringIO())
+    assert len(spawned) == 2
+    assert not any(s.alive for s in spawned), "an engine outlived the failed start"
+    assert events.count("engine_stopped") == 2

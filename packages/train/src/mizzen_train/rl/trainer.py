@@ -354,7 +354,6 @@ class _RlTrainer(_Trainer):
 
     def _start_engines(self) -> None:
         from mizzen_rollout.engines import SGLangClient
-        from mizzen_rollout.engines.launcher import LaunchError
         from mizzen_rollout.router import EngineRouter
 
         rollout = self.config.rollout
@@ -382,14 +381,10 @@ class _RlTrainer(_Trainer):
             urls = [self.manager.engine_info(i)["url"] for i in range(rollout.num_engines)]
             self.dispatch = self.manager
         else:
-            try:
-                self.servers = self.launched or self.launch_engines()
-                self.launched = []
-                for server in self.servers:
-                    server.wait_healthy(rollout.startup_timeout_s)
-            except LaunchError:
-                self._stop_engines()
-                raise
+            self.servers = self.launched or self.launch_engines()
+            self.launched = []
+            for server in self.servers:  # one that fails: _train's clean-up stops them all
+                server.wait_healthy(rollout.startup_timeout_s)
             urls = [s.url for s in self.servers]
             for server in self.servers:
                 self.metrics.event(
@@ -710,8 +705,8 @@ class _RlTrainer(_Trainer):
         config = self.config
         steps = config.run.steps
         points = set(config.eval_points())
-        self._start_engines()
         try:
+            self._start_engines()  # inside: engines it started stop however it fails
             self._recover_points()
             started = time.perf_counter()
             totals = {"samples": 0, "tokens": 0, "rollout_s": 0.0, "train_s": 0.0}
@@ -905,7 +900,6 @@ def run_rl(config: RlConfig, *, resume: bool = False, stream: TextIO | None = No
         trainer.launch_engines()  # they load while set-up imports megatron and the model
         try:
             trainer.setup()
-        except BaseException:
-            trainer.stop_launched_engines()
-            raise
-        return trainer.train()
+            return trainer.train()
+        finally:
+            trainer.stop_launched_engines()  # any that train() never took over
