@@ -17,7 +17,7 @@ Invariants:
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
-  :data:`DEFAULT_GPU_SEATS`, at most that) at once on one GPU; the others have theirs alone.
+  :data:`.packing.MAX_GPU_SEATS`, at most that) at once on one GPU; the others have theirs alone.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -36,6 +36,7 @@ from ..output import plain, plain_lines
 from . import compile_cache
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
+from .packing import MAX_GPU_SEATS
 from .progress import Progress
 from .refusal import LaneRefusal
 from .report import LaneOutcome, write_reports
@@ -43,9 +44,6 @@ from .runner import GpuLaneRunner, RunnerConfig
 from .selection import select
 
 ARTIFACTS = Path(".ci-artifacts")
-#: Files registered with ``shares_gpu=True`` run up to this many at once on one GPU: the
-#: registration promises a quarter of the smallest GPU of its generations.
-DEFAULT_GPU_SEATS = 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,7 +105,7 @@ def lane_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-seats",
         type=int,
-        default=DEFAULT_GPU_SEATS,
+        default=MAX_GPU_SEATS,
         metavar="N",
         help="files registered with shares_gpu=True run up to N at once on one GPU; 1: every "
         "file has its GPUs to itself (default %(default)s)",
@@ -171,9 +169,9 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.retries < 0 or args.timeout_factor <= 0 or args.min_timeout < 0:
         raise LaneRefusal("--retries must be ≥ 0, --timeout-factor > 0, --min-timeout ≥ 0")
-    if not 1 <= args.gpu_seats <= DEFAULT_GPU_SEATS:
+    if not 1 <= args.gpu_seats <= MAX_GPU_SEATS:
         raise LaneRefusal(
-            f"--gpu-seats must be from 1 to {DEFAULT_GPU_SEATS} (a sharing file is promised a "
+            f"--gpu-seats must be from 1 to {MAX_GPU_SEATS} (a sharing file is promised a "
             f"quarter of its GPU), got {args.gpu_seats}"
         )
     arch = args.arch

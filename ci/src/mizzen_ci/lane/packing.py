@@ -26,6 +26,11 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+#: Files registered with ``shares_gpu=True`` run at most this many at once on one GPU (the lane's
+#: default ``--gpu-seats``, and what planned jobs run with): the registration promises a quarter
+#: of the smallest GPU of its generations.
+MAX_GPU_SEATS = 4
+
 
 class PackingError(ValueError):
     """A file cannot be packed on this host (needs more GPUs than it has, or none)."""
@@ -44,6 +49,11 @@ class PackItem:
     @property
     def gpu_seconds(self) -> float:
         return self.num_gpus * self.est_seconds
+
+    def charged_gpu_seconds(self, seats: int) -> float:
+        """Its GPU-seconds when up to ``seats`` sharing files hold one GPU together: a shared
+        GPU's time is split between them (the lane's accounting), so a full one costs 1/seats."""
+        return self.est_seconds / seats if self.shares_gpu and seats > 1 else self.gpu_seconds
 
 
 @dataclass(frozen=True)

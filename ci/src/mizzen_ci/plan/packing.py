@@ -6,7 +6,9 @@ The model (the one the GPU lane executes):
   a job have ``budget - setup`` seconds.
 - Inside a job, tests run side by side the way the GPU lane runs them
   (:mod:`mizzen_ci.lane.packing`, whose item, slot and error types this module shares): longest
-  first, and whenever GPUs free up every waiting test that fits starts (backfill).  :func:`simulate_job` is that packer run on the estimates; a job's
+  first, and whenever GPUs free up every waiting test that fits starts (backfill); files that
+  share a GPU (``shares_gpu``) run :data:`SEATS` to one, and each costs the job a share of its
+  GPU's time (:func:`gpu_work`), as the lane charges it.  :func:`simulate_job` is that packer run on the estimates; a job's
   length is when its last test ends.
 - The pool has ``runners`` runners; the pool's jobs are queued in the packing's order and each
   starts on the first runner that frees up.  The pool's *makespan* is when its last job ends,
@@ -54,8 +56,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..lane.packing import PackingError, PackItem, Slot
+from ..lane.packing import MAX_GPU_SEATS, PackingError, PackItem, Slot
 from ..lane.packing import simulate as lane_simulate
+
+#: Seats per GPU of the files that share one: the lane's default, which a planned job runs with.
+SEATS = MAX_GPU_SEATS
+
+
+def gpu_work(item: PackItem) -> float:
+    """The GPU-seconds ``item`` costs a job (a sharing file a share of its GPU's)."""
+    return item.charged_gpu_seconds(SEATS)
 
 
 @dataclass(frozen=True)
@@ -105,7 +115,7 @@ def lower_bound(
     if not items:
         return 0.0
     longest = max(i.est_seconds for i in items)
-    fluid = sum(i.gpu_seconds for i in items) / (gpus * runners)
+    fluid = sum(gpu_work(i) for i in items) / (gpus * runners)
     return max(longest + setup, with_setups(fluid, setup, budget, longest))
 
 
@@ -125,7 +135,7 @@ def simulate_job(items: Sequence[PackItem], gpus: int) -> tuple[Slot, ...]:
     for item in items:
         if item.num_gpus > gpus:
             raise PackingError(f"{item.key} needs {item.num_gpus} GPUs; the runner has {gpus}")
-    return tuple(lane_simulate(items, _GPU_NAMES[:gpus]))
+    return tuple(lane_simulate(items, _GPU_NAMES[:gpus], seats=SEATS))
 
 
 _GPU_NAMES = tuple(str(g) for g in range(1024))
@@ -177,12 +187,12 @@ def _fill_beside(
     def place(item: PackItem) -> bool:
         for k in sorted(range(len(contents)), key=lambda k: (-room[k], k)):
             head = contents[k][0]
-            if item.gpu_seconds > room[k]:
+            if gpu_work(item) > room[k]:
                 continue
             trial = PackedJob(simulate_job([*contents[k], item], gpus), over_budget=True)
             if trial.seconds <= head.est_seconds * (1 + 1e-9):
                 contents[k].append(item)
-                room[k] -= item.gpu_seconds
+                room[k] -= gpu_work(item)
                 jobs[k] = trial
                 return True
         return False
@@ -251,7 +261,7 @@ def job_counts(
     """The counts of budgeted jobs worth trying for ``items`` on ``runners`` runners."""
     if not items:
         return [0]
-    work = sum(i.gpu_seconds for i in items)
+    work = sum(gpu_work(i) for i in items)
     longest = max(i.est_seconds for i in items)
     by_budget = math.ceil(work / (gpus * budget))
     spread = min(runners, math.ceil(work / (gpus * max(min_job, longest, 1e-9))))
@@ -439,7 +449,7 @@ def _timeline_search(
     """The best :func:`_timeline_pack` over targets between the lower bound and ``upper``."""
     if not rest:
         return None
-    work = sum(i.gpu_seconds for i in rest) + sum(gpus * j.seconds for j in anchor_jobs)
+    work = sum(gpu_work(i) for i in rest) + sum(gpus * j.seconds for j in anchor_jobs)
     longest = max([i.est_seconds for i in rest] + [j.seconds for j in anchor_jobs])
     spread = math.ceil(work / (gpus * max(min_job, longest, 1e-9)))
     used = max(1, min(runners, max(len(anchor_jobs), spread)))
