@@ -445,3 +445,24 @@ def test_gpu_seconds_count_every_attempt_and_the_shares_add_up(tmp_path):
     }
     assert suites["tests/b_retried.py"]["gpu_seconds"] == "5.000"
     assert suites["tests/b_retried.py"]["gpu_seconds_share"] == "0.1250"
+
+
+def test_a_sharing_file_that_ran_alone_is_charged_and_shown_as_alone(tmp_path):
+    """Three files that may share GPU 0: a (0-10 s) and b (5-15 s) overlap for 5 s; c runs alone
+    later (20-30 s).  a and b split the overlap; c pays its own 10 s and is not called shared."""
+
+    def sharing(key: str, start: float) -> FileResult:
+        attempt = _attempt(1, 1, 10.0)
+        attempt.started, attempt.shared = start, True
+        return FileResult(LaneFile(key, key, 1, 10, shares_gpu=True), [attempt])
+
+    results = [sharing("tests/a.py", 0.0), sharing("tests/b.py", 5.0), sharing("tests/c.py", 20.0)]
+    outcome = LaneOutcome("hopper", None, results, [], [], [], False)
+    assert write_reports(outcome, tmp_path, tmp_path / "flakes.jsonl", None) == 0
+    text = (tmp_path / "summary.txt").read_text()
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("tests/")}
+    assert "(0, shared)" in rows["tests/a.py"] and "(0, shared)" in rows["tests/b.py"]
+    assert "(0)" in rows["tests/c.py"] and "shared" not in rows["tests/c.py"]
+    assert [outcome.gpu_seconds_of(r) for r in results] == [7.5, 7.5, 10.0]
+    assert "total: 25.0 GPU-seconds over 3 file(s) run" in text
+    assert "2 file(s) shared a GPU" in text

@@ -80,6 +80,15 @@ def charged_seconds(results: Sequence[FileResult]) -> dict[tuple[str, int], floa
     """GPU-seconds of every attempt, by (target, attempt number): wall time × GPUs held; while
     ``k`` attempts that shared a GPU (:attr:`Attempt.shared`) held it together, each is charged
     ``1/k`` of that GPU's time."""
+    return split_gpu_time(results)[0]
+
+
+def split_gpu_time(
+    results: Sequence[FileResult],
+) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
+    """:func:`charged_seconds`, and the attempts that really held a GPU together with another
+    at some instant (a sharing file that ran alone is charged, and shown, as alone)."""
+    together: set[tuple[str, int]] = set()
     charged: dict[tuple[str, int], float] = {}
     spans: dict[int, list[tuple[float, float, tuple[str, int]]]] = {}  # GPU -> shared attempts
     for r in results:
@@ -97,7 +106,9 @@ def charged_seconds(results: Sequence[FileResult]) -> dict[tuple[str, int], floa
             holders = [key for start, end, key in on_gpu if start <= t0 and t1 <= end]
             for key in holders:
                 charged[key] += (t1 - t0) / len(holders)
-    return charged
+            if len(holders) > 1 and t1 > t0:
+                together.update(holders)
+    return charged, together
 
 
 def totals_line(rows: Sequence[SummaryRow]) -> str | None:
@@ -174,8 +185,18 @@ class LaneOutcome:
     compile_cache: CompileCache | None = None
 
     @functools.cached_property
+    def _split(self) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
+        return split_gpu_time(self.results)
+
+    @property
     def _charged(self) -> dict[tuple[str, int], float]:
-        return charged_seconds(self.results)
+        return self._split[0]
+
+    def held_together(self, result: FileResult) -> bool:
+        """Whether the file's final attempt held its GPU together with another file."""
+        return bool(result.attempts) and (
+            (result.lane_file.target, result.final.number) in self._split[1]
+        )
 
     def gpu_seconds_of(self, result: FileResult) -> float:
         """The file's GPU-seconds over every attempt (:func:`charged_seconds`)."""
@@ -187,8 +208,8 @@ class LaneOutcome:
 
     @property
     def shared_files(self) -> int:
-        """How many of the files run shared a GPU (in their final attempt)."""
-        return sum(1 for r in self.results if r.attempts and r.final.shared)
+        """How many of the files run held a GPU together with another (in their final attempt)."""
+        return sum(1 for r in self.results if self.held_together(r))
 
     def share(self, result: FileResult) -> float | None:
         total = self.gpu_seconds
@@ -250,14 +271,14 @@ def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
             SummaryRow(
                 r.lane_file.target,
                 f"{r.lane_file.num_gpus} ({','.join(str(g.index) for g in gpus) or '-'}"
-                + (", shared)" if r.final.shared else ")"),
+                + (", shared)" if outcome.held_together(r) else ")"),
                 r.final.seconds,
                 outcome_text(r),
                 r.passed,
                 gpu_seconds=outcome.gpu_seconds_of(r),
                 share=outcome.share(r),
                 compile_stats=r.final.compile_stats,
-                shared=r.final.shared,
+                shared=outcome.held_together(r),
             )
         )
     for lf, why in outcome.not_runnable:
