@@ -439,11 +439,14 @@ def test_progress_redraws_one_status_line_on_a_terminal_and_prints_plain_lines_i
     progress.status({"tests/gpu/test_a.py": ("g0",)}, force=True)
     progress.event("[1/3] PASS tests/gpu/test_b.py")
     progress.status({"tests/gpu/test_a.py": ("g0",), "tests/gpu/test_c.py": ("g1",)}, force=True)
+    shared = {"tests/gpu/test_a.py": ("g0",), "tests/gpu/test_d.py": ("g0",)}  # one GPU, 2 files
+    progress.status(shared, force=True)
     progress.close()
     assert term.getvalue() == (
         "[0/3 files] GPUs busy 1/2 · test_a.py"
         "\r\x1b[K[1/3] PASS tests/gpu/test_b.py\n"
         "[0/3 files] GPUs busy 2/2 · test_a.py, test_c.py"
+        "\r\x1b[K[0/3 files] GPUs busy 1/2 · test_a.py, test_d.py"
         "\r\x1b[K"
     )
     monkeypatch.setenv("CI", "true")

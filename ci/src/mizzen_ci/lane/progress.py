@@ -52,7 +52,7 @@ class Progress:
         if not force and now - self._last_draw < 0.5:
             return
         self._last_draw = now
-        busy = sum(len(g) for g in running.values())
+        busy = len({gpu for held in running.values() for gpu in held})  # a shared GPU counts once
         names = plain(", ".join(Path(k).name for k in sorted(running)))
         line = f"[{self.done}/{self.total} files] GPUs busy {busy}/{self.gpus} · {names}"
         width = shutil.get_terminal_size((120, 24)).columns
