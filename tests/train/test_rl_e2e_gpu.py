@@ -3,19 +3,18 @@
 The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
-in bf16, with four embedded engines generating on the same GPU (the router spreads each step's 64
-requests over them: an engine generates one request at a time, launch-bound at ~30 ms per forward
-on the H200, so a step's rollout time falls with the number of engines; trainers and engines use
-one CPU thread, as the GPU does their arithmetic) and micro-batches of 32 rows (one tenant's
-samples each). The same two runs as on the CPU, at 10 steps instead of 30 (on the H200 both
-tenants' mean rewards pass 0.9 by step 4): a reference run whose tenants' mean rewards rise from <
-0.4 to >= 0.8 (mean of the last five steps) and whose "fixed" adapter scores low on "format"'s
-task, and a run with NaN advantages for "format" at step 5, SIGKILLed after step 9 (logged, not
-checkpointed) and resumed from its step-8 checkpoint (one every 4 steps): "format" is skipped at 5
-and keeps its published adapter, every adapter "fixed" publishes is byte for byte the reference's,
-and the resume continues with the checkpoint's adapter versions (8 for "fixed", 7 for "format").
-Prints (and records as junit properties) the wall time, samples/s and train tokens/s. cuBLAS runs
-with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``) so the two runs compute the same bits.
+in bf16, with four embedded engines generating on the same GPU (the router spreads each step's
+64 requests over them: an engine generates one request at a time, launch-bound at ~30 ms per
+forward on the H200, so a step's rollout time falls with the number of engines) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
+at 12 steps instead of 30 (on the H200 both tenants' mean rewards pass 0.9 by step 4): a
+reference run whose tenants' mean rewards rise from < 0.4 to >= 0.8 (mean of the last five steps)
+and whose "fixed" adapter scores low on "format"'s task, and a run with NaN advantages for
+"format" at step 5, SIGKILLed after step 9 and resumed from its step-8 checkpoint (one every 4
+steps): "format" is skipped at 5 and keeps its published adapter, every adapter "fixed" publishes
+is byte for byte the reference's, and the resume continues with the checkpoint's adapter versions
+(8 for "fixed", 7 for "format").  Prints (and records as junit properties) the wall time,
+samples/s and train tokens/s.  cuBLAS runs with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``)
+so the two runs compute the same bits.
 
 Run it on a Hopper host (the image's Python, nothing installed) with the lane:
 ``python3 -m nox -s gpu-hopper -- tests/train/test_rl_e2e_gpu.py``.
@@ -45,7 +44,7 @@ MODEL = dict(
     num_attention_heads=12,
     num_key_value_heads=4,
 )
-STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 10, 5, 9, 4
+STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 12, 5, 9, 4
 NUM_ENGINES = 4
 #: The faulty run resumes from its last checkpoint at or before the kill point, with the adapter
 #: versions of that checkpoint: one per step stepped, so "format" is one behind if it skipped
@@ -69,7 +68,7 @@ def base_model(tmp_path_factory):
 
 def _sections(rl, run_dir, base_model):
     sections = rl.sections(run_dir, steps=STEPS, checkpoint_interval=CHECKPOINT_INTERVAL)
-    sections["run"].update(device="cuda", dtype="bf16", threads=1, micro_batch_size=32, plot=False)
+    sections["run"].update(device="cuda", dtype="bf16", threads=4, micro_batch_size=32, plot=False)
     sections["model"] = {"path": str(base_model), "tokenizer": "model"}
     del sections["model.tiny"]
     sections["rollout"].update(engine_device="cuda", engine_threads=1, num_engines=NUM_ENGINES)

@@ -74,12 +74,12 @@ def base_model(tmp_path_factory):
 
 def _sections(sft, run_dir, base_model, **kwargs):
     sections = sft.colours_sections(run_dir, **kwargs)
-    sections["run"].update(device="cuda", dtype="bf16", threads=1, micro_batch_size=8, plot=False)
+    sections["run"].update(device="cuda", dtype="bf16", threads=4, micro_batch_size=8, plot=False)
     sections["model"] = {"path": str(base_model), "tokenizer": "model"}
     del sections["model.tiny"]
     sections["tenants"][0].update(rows=16, lr=2e-3)
     generate, loss = sections["eval.evaluators"]
-    generate.update(engine_threads=1, device="cuda")
+    generate.update(engine_threads=4, device="cuda")
     loss.update(device="cuda")
     return sections
 
