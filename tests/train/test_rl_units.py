@@ -110,6 +110,25 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
         with pytest.raises(ConfigError, match=message) as caught:
             parse_rl_config(_config(tmp_path, **changes), source="t.toml")
         assert "t.toml" in str(caught.value) and "Fix:" in str(caught.value), key
+    generate = {"kind": "generate", "data": "example:rl_fixed", "reward": "math"}
+    for field, value in [("device", "cuda"), ("num_engines", 2), ("engine_threads", 4),
+                         ("engine_urls", ["http://127.0.0.1:1"])]:  # fmt: skip
+        raw = _config(tmp_path)
+        raw["eval"] = {
+            "interval": 5,
+            "snapshot_dir": "s",
+            "evaluators": [{**generate, field: value}],
+        }
+        with pytest.raises(ConfigError, match="on the run's own engines") as caught:
+            parse_rl_config(raw, source="t.toml")
+        assert f"eval.evaluators[0].{field}" in str(caught.value), field
+    raw = _config(tmp_path)
+    raw["eval"] = {
+        "interval": 5,
+        "snapshot_dir": "s",
+        "evaluators": [{**generate, "device": "cpu"}],
+    }
+    parse_rl_config(raw, source="t.toml")  # the default, written out, changes nothing
     with pytest.raises(ConfigError, match="is no evaluator kind of this command"):
         raw = _config(tmp_path)
         raw["eval"] = {"interval": 5, "snapshot_dir": "s",

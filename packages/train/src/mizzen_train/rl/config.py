@@ -56,6 +56,15 @@ __all__ = [
 ]
 
 ENGINE_KINDS = ("embedded", "urls", "ray")
+#: The engine fields of a generate evaluator (SFT's: it starts its own engines) that RL refuses,
+#: since RL evaluates on the run's engines, and what sets them there.
+RL_EVAL_ENGINE_FIELDS = {
+    "engine_urls": "[rollout] engines and engine_urls",
+    "num_engines": "rollout.num_engines",
+    "engine_threads": "rollout.engine_threads",
+    "device": "rollout.engine_device",
+}
+
 #: RL evaluators: generation on the tenant's adapter snapshot, or a user's.
 RL_EVALUATOR_KINDS = ("generate", "python")
 
@@ -254,13 +263,17 @@ def _check(config: RlConfig) -> None:
         raise fail("algo.advantage", config.algo.advantage, str(exc), "use grpo or mean") from None
     check_model(config.model, source)
     check_eval(config.eval, run, names, source, kinds=RL_EVALUATOR_KINDS)
+    defaults = {f.name: f.default for f in dataclasses.fields(EvaluatorConfig)}
     for i, ev in enumerate(config.evaluators):
-        if ev.kind == "generate" and ev.engine_urls:
-            raise fail(
-                f"eval.evaluators[{i}].engine_urls", list(ev.engine_urls),
-                "RL evaluates adapter snapshots on the run's own engines",
-                "remove engine_urls (set [rollout] engines instead)",
-            )  # fmt: skip
+        for name, instead in RL_EVAL_ENGINE_FIELDS.items():
+            value = getattr(ev, name)
+            if ev.kind == "generate" and value != defaults[name]:
+                raise fail(
+                    f"eval.evaluators[{i}].{name}",
+                    list(value) if isinstance(value, tuple) else value,
+                    "RL evaluates adapter snapshots on the run's own engines",
+                    f"remove {name} (set {instead} instead)",
+                )  # fmt: skip
 
 
 def load_rl_config(path: Any, overrides: Sequence[str] = ()) -> RlConfig:
