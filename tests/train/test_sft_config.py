@@ -14,7 +14,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=40, labels=["train"])
+register_cpu_ci(est_time=45, labels=["train"])
 
 BASE = {
     "run": {"dir": "runs/x", "steps": 60, "checkpoint_interval": 10},
@@ -220,3 +220,33 @@ def test_bad_configurations_end_before_step_0_without_a_traceback(tmp_path):
     typo = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert typo.returncode == 2 and "is not valid TOML" in typo.stderr
     assert "Traceback" not in typo.stderr
+
+
+def test_an_evaluator_on_cuda_without_a_cuda_device_is_refused_before_anything_starts(
+    tmp_path, monkeypatch
+):
+    """The run's own device resolves to the CPU, but an evaluator asks for ``device = "cuda"``
+    on a host without one: refused while validating (naming the field), before megatron starts
+    or a step trains -- not at the first eval point."""
+    import io
+
+    import torch
+
+    from mizzen_train.sft import trainer as sft_trainer
+    from mizzen_train.sft.config import SftConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run_dir = tmp_path / "run"
+    config = parse(
+        patch={"run.dir": str(run_dir), "data.seq_len": 144, "eval.evaluators.0.device": "cuda"}
+    )
+    monkeypatch.setattr(sft_trainer._Trainer, "setup", lambda self: pytest.fail("set-up ran"))
+    with pytest.raises(SftConfigError, match="no CUDA device is visible") as caught:
+        sft_trainer.run_sft(config, stream=io.StringIO())
+    assert "eval.evaluators[0].device='cuda'" in str(caught.value)
+    assert "run.toml" in str(caught.value) and "Fix:" in str(caught.value)
+    # the same configuration with the CPU default validates:
+    fine = parse(patch={"run.dir": str(tmp_path / "fine"), "data.seq_len": 144})
+    trainer = sft_trainer._Trainer(fine, resume=False, stream=io.StringIO())
+    trainer.validate("cpu", "fp32")
+    assert [e.device for e in fine.evaluators] == ["cpu", "cpu"]

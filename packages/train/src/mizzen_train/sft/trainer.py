@@ -248,6 +248,12 @@ class _Trainer:
                 seq_len=config.data.seq_len,
                 on_overlong=config.data.on_overlong,
             )
+        for i, ev in enumerate(config.evaluators):
+            if ev.device == "cuda" and not torch.cuda.is_available():
+                raise SftConfigError(
+                    f"eval.evaluators[{i}].device", "cuda", "no CUDA device is visible to this "
+                    "process", 'use device = "cpu", or run on a GPU machine', source=config.source,
+                )  # fmt: skip
         self.evaluators = [
             _build_evaluator(ev, i, self.tokenizer, spec.max_sequence_length)
             for i, ev in enumerate(config.evaluators)
