@@ -370,8 +370,11 @@ def test_sharing_files_run_together_on_one_gpu_and_split_its_gpu_seconds(tmp_pat
     by_file = {f["file"]: f for f in summary["files"]}
     walls = {f: by_file[f]["attempts"][0]["seconds"] for f in by_file}
     # the GPU's time is split between the files holding it: the sharing files' GPU-seconds sum
-    # to about the span they held the GPU for, well under the sum of their walls
+    # to the span they held the GPU for (they overlapped: one interval), under their walls' sum
+    held = [by_file[f"tests/gpu/test_s{k}.py"]["attempts"][0] for k in (1, 2, 3)]
+    span = max(a["started"] + a["seconds"] for a in held) - min(a["started"] for a in held)
     shared_sum = sum(by_file[f"tests/gpu/test_s{k}.py"]["gpu_seconds"] for k in (1, 2, 3))
+    assert shared_sum == pytest.approx(span, abs=0.01)
     assert shared_sum < 0.7 * sum(walls[f"tests/gpu/test_s{k}.py"] for k in (1, 2, 3))
     assert by_file["tests/gpu/test_alone.py"]["gpu_seconds"] == pytest.approx(
         walls["tests/gpu/test_alone.py"], abs=1e-3

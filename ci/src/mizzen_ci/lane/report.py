@@ -420,6 +420,7 @@ def summary_json(outcome: LaneOutcome, flakes: list[history.FlakeRecord]) -> dic
                 "attempts": [
                     {
                         "gpus": [g.visible_id for g in a.gpus],
+                        "started": round(a.started, 3),  # seconds after the lane started
                         "seconds": round(a.seconds, 3),
                         "outcome": a.outcome,
                         "class": a.classification.name if a.classification else None,
