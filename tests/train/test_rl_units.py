@@ -136,38 +136,11 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
         parse_rl_config(raw, source="t.toml")
 
 
-def test_engines_spawned_before_set_up_are_stopped_when_set_up_fails(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fails_in", ["set-up", "engine start"])
+def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypatch, fails_in):
     """``run_rl`` spawns its embedded engines before set-up (they load while it imports megatron
-    and the base model); a set-up that fails stops them: no engine outlives the run."""
-    import io
-
-    from mizzen_train.rl import trainer as rl_trainer
-    from mizzen_train.rl.config import parse_rl_config
-
-    config = parse_rl_config(_config(tmp_path, **{"rollout.num_engines": 2}), source="t.toml")
-    spawned = []
-    launch = rl_trainer._RlTrainer.launch_engines
-
-    def recording(self):
-        servers = launch(self)
-        spawned.extend(servers)
-        return servers
-
-    def failing(self):
-        assert len(spawned) == 2 and all(s.alive for s in spawned), "spawned before set-up"
-        raise RuntimeError("set-up failed")
-
-    monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
-    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", failing)
-    with pytest.raises(RuntimeError, match="set-up failed"):
-        rl_trainer.run_rl(config, stream=io.StringIO())
-    assert len(spawned) == 2
-    assert not any(s.alive for s in spawned), "an engine outlived the failed set-up"
-
-
-def test_engines_are_stopped_when_starting_them_fails_after_set_up(tmp_path, monkeypatch):
-    """A failure while the trainer takes over its engines (here: one's health wait crashes),
-    after set-up and before the first step, stops every engine: the clean-up covers the start."""
+    and the base model).  A set-up that fails, or a failure while the trainer takes them over
+    after set-up (here: one's health wait crashes), stops them all: no engine outlives the run."""
     import io
 
     from mizzen_train.rl import trainer as rl_trainer
@@ -177,20 +150,28 @@ def test_engines_are_stopped_when_starting_them_fails_after_set_up(tmp_path, mon
     spawned, events = [], []
     launch = rl_trainer._RlTrainer.launch_engines
 
+    def crash(*_):
+        raise RuntimeError("probe crashed")
+
     def recording(self):
         servers = launch(self)
         spawned.extend(servers)
-        servers[-1].wait_healthy = lambda *_: (_ for _ in ()).throw(RuntimeError("probe crashed"))
+        if fails_in == "engine start":
+            servers[-1].wait_healthy = crash
         return servers
 
-    def minimal_setup(self):  # what _start_engines and the clean-up use, nothing heavier
+    def setup(self):  # what _start_engines and the clean-up use, nothing heavier
+        assert len(spawned) == 2 and all(s.alive for s in spawned), "spawned before set-up"
+        if fails_in == "set-up":
+            raise RuntimeError("set-up failed")
         self.metrics = SimpleNamespace(event=lambda name, **fields: events.append(name))
         self.evaluators = []
 
     monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
-    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", minimal_setup)
-    with pytest.raises(RuntimeError, match="probe crashed"):
+    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", setup)
+    failure = "set-up failed" if fails_in == "set-up" else "probe crashed"
+    with pytest.raises(RuntimeError, match=failure):
         rl_trainer.run_rl(config, stream=io.StringIO())
     assert len(spawned) == 2
-    assert not any(s.alive for s in spawned), "an engine outlived the failed start"
-    assert events.count("engine_stopped") == 2
+    assert not any(s.alive for s in spawned), f"an engine outlived the failed {fails_in}"
+    assert events.count("engine_stopped") == (2 if fails_in == "engine start" else 0)
