@@ -261,6 +261,17 @@ def _foreign_key(base: Path) -> tuple[Path, str]:
     return root, f"is owned by uid {OTHER_UID}, not this user ({os.geteuid()})"
 
 
+def _symlinked_bytecode(base: Path) -> tuple[Path, str]:
+    """A link planted as a cache directory of the key (e.g. one a copy of the cache carried)."""
+    root = base / "cache"
+    (root / KEY).mkdir(mode=0o700, parents=True)
+    root.chmod(0o700)
+    elsewhere = base / "shared-bytecode"
+    elsewhere.mkdir(mode=0o700)
+    (root / KEY / "bytecode").symlink_to(elsewhere, target_is_directory=True)
+    return root, "is a symbolic link, not a directory"
+
+
 def _world_writable_root(base: Path) -> tuple[Path, str]:
     root = base / "cache"
     root.mkdir()
@@ -281,6 +292,7 @@ def _group_writable_key(base: Path) -> tuple[Path, str]:
     [
         _symlinked_root,
         _symlinked_key,
+        _symlinked_bytecode,
         pytest.param(_foreign_root, marks=as_root),
         pytest.param(_foreign_key, marks=as_root),
         _world_writable_root,
@@ -292,7 +304,9 @@ def test_an_unsafe_cache_dir_refuses_the_lane_in_one_line_before_anything_runs(
     tmp_path, cache_lane, plant
 ):
     root, problem = plant(tmp_path)
-    refused = root / KEY if "key" in plant.__name__ else root
+    refused = {"key": root / KEY, "bytecode": root / KEY / "bytecode"}.get(
+        plant.__name__.rsplit("_", 1)[-1], root
+    )
     out = cache_lane(
         tmp_path, "test_sees_cache_env.py", env={"MIZZEN_COMPILE_CACHE_DIR": str(root)}
     )

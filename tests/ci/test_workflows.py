@@ -574,16 +574,20 @@ def test_a_pull_requests_gpu_job_gets_a_private_copy_of_the_compile_cache_before
     }
 
 
-def _run_private_cache_step(tmp_path: Path, extra_env: dict[str, str]) -> tuple[Path, dict]:
+def _run_private_cache_step(
+    tmp_path: Path, extra_env: dict[str, str], cwd: Path | None = None
+) -> tuple[Path, dict]:
+    """Run the step's script the way the runner runs a `shell: bash` step."""
     _, step = _private_cache_step(load("gpu.yml"))
     home, temp, env_file = tmp_path / "home", tmp_path / "runner-temp", tmp_path / "github-env"
-    temp.mkdir()
+    temp.mkdir(parents=True)
     env_file.write_text("")
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "RUNNER_TEMP": str(temp),
            "GITHUB_ENV": str(env_file), **extra_env}  # fmt: skip
     done = subprocess.run(
-        ["bash", "-e", "-c", step["run"]], env=env, capture_output=True, text=True, timeout=60
-    )
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        env=env, cwd=cwd or tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     exported = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     return temp / "mizzen-compile-cache", exported
@@ -596,21 +600,59 @@ def test_the_private_copy_holds_the_shared_cache_and_writes_to_it_never_reach_th
     key = shared / "torch-2.11.0+cu130-sm90-py312" / "bytecode"
     key.mkdir(parents=True)
     (key / "torch.cpython-312.pyc").write_bytes(b"main's bytecode")
+    triton = key.parent / "triton"
+    triton.mkdir()
+    (key.parent / "inductor").symlink_to(triton, target_is_directory=True)  # planted earlier
     private, exported = _run_private_cache_step(tmp_path, {})
-    assert exported == {"MIZZEN_COMPILE_CACHE_DIR": str(private)}
+    assert exported == {
+        "MIZZEN_COMPILE_CACHE_DIR": str(private),
+        "TORCH_EXTENSIONS_DIR": str(private / "torch-extensions"),
+    }
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
     copied = private / "torch-2.11.0+cu130-sm90-py312" / "bytecode" / "torch.cpython-312.pyc"
     assert copied.read_bytes() == b"main's bytecode"  # warm for the head
+    assert not (copied.parent.parent / "inductor").exists()  # the link is not carried over
+    assert not [p for p in private.rglob("*") if p.is_symlink()]
     copied.write_bytes(b"planted")  # what a head's run writes stays in its copy
     (copied.parent / "new.pyc").write_bytes(b"planted")
     assert (key / "torch.cpython-312.pyc").read_bytes() == b"main's bytecode"
     assert sorted(p.name for p in key.iterdir()) == ["torch.cpython-312.pyc"]
 
 
-def test_the_private_copy_of_a_runner_without_a_cache_or_with_it_off(tmp_path):
-    private, exported = _run_private_cache_step(tmp_path, {})  # nothing cached yet: empty copy
-    assert exported == {"MIZZEN_COMPILE_CACHE_DIR": str(private)} and not any(private.iterdir())
-    other = tmp_path / "off"
-    other.mkdir()
-    _, exported = _run_private_cache_step(other, {"MIZZEN_COMPILE_CACHE_DIR": "off"})
-    assert exported == {}  # the runner's own `off` stands: no cache at all
+def test_the_private_copy_of_a_runner_without_a_cache_or_with_it_off_or_preset(tmp_path):
+    private, exported = _run_private_cache_step(tmp_path / "none", {})
+    assert exported["MIZZEN_COMPILE_CACHE_DIR"] == str(private) and not any(private.iterdir())
+    # `off` on the runner: no copy, and still a private root (torch's default caches outlive a job)
+    (tmp_path / "off" / "home" / ".cache" / "mizzen-ci" / "compile" / "k").mkdir(parents=True)
+    private, exported = _run_private_cache_step(
+        tmp_path / "off", {"MIZZEN_COMPILE_CACHE_DIR": "off"}
+    )
+    assert exported["MIZZEN_COMPILE_CACHE_DIR"] == str(private) and not any(private.iterdir())
+    # variables the runner presets (the lane keeps them) are pointed into the copy as well
+    preset = {"TRITON_CACHE_DIR": "/var/cache/triton", "PYTHONPYCACHEPREFIX": "/var/cache/pyc"}
+    private, exported = _run_private_cache_step(tmp_path / "preset", preset)
+    assert {k: exported[k] for k in preset} == {k: str(private / "preset" / k) for k in preset}
+    assert "TORCHINDUCTOR_CACHE_DIR" not in exported  # not preset: the lane sets it in the copy
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{}, {"XDG_CACHE_HOME": "/xdg"}, {"XDG_CACHE_HOME": "relative/xdg"},
+     {"MIZZEN_COMPILE_CACHE_DIR": "/elsewhere/cache"}, {"MIZZEN_COMPILE_CACHE_DIR": "rel/cache"}],
+    ids=["default", "xdg", "relative-xdg", "absolute", "relative"],
+)  # fmt: skip
+def test_the_step_copies_the_root_the_lane_would_use(tmp_path, monkeypatch, environ):
+    """Parity of the step's bash with :func:`mizzen_ci.lane.compile_cache.cache_root`."""
+    from mizzen_ci.lane.compile_cache import cache_root
+
+    work = tmp_path / "work"
+    work.mkdir()
+    home = tmp_path / "home"
+    absolute = {k: str(tmp_path) + v if v.startswith("/") else v for k, v in environ.items()}
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    root = cache_root({**absolute, "HOME": str(home)})
+    (root / "k").mkdir(parents=True)
+    (root / "k" / "marker").write_text("this root")
+    private, _ = _run_private_cache_step(tmp_path, absolute, cwd=work)
+    assert (private / "k" / "marker").read_text() == "this root"

@@ -32,7 +32,8 @@ Invariants:
   the text of the installed ``torch/version.py`` (parsed, never executed; bounded by
   :func:`mizzen_ci.sources.read_bytes`).  Without torch there is no cache, and the summary says so.
 - A compile cache holds Python sources and shared objects the children execute: it is a
-  code-execution channel.  The root and the key directory are opened and checked by
+  code-execution channel.  The root, the key directory and each cache directory in it are
+  opened and checked by
   :func:`.host_dirs.open_dir` (:data:`COMPILE_CACHE_RULE`): a symbolic link, a directory owned by
   another user (root's included) or a group- or world-writable one is refused, as a
   :class:`.refusal.LaneRefusal` (exit 2, one line: the path, the rule, the fix) before anything
@@ -265,15 +266,8 @@ def configure(
     env: dict[str, str] = {}
     try:
         for name, subdir, value in CACHE_VARIABLES:
-            if subdir is not None:
-                try:  # inside a 0700 directory of ours: nobody else could have planted it
-                    os.mkdir(subdir, 0o700, dir_fd=key_fd)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise COMPILE_CACHE_RULE.refuse(
-                        key / subdir, f"cannot be created ({e.strerror})"
-                    ) from None
+            if subdir is not None:  # checked like the key (a link planted there is refused)
+                os.close(open_dir(key / subdir, COMPILE_CACHE_RULE, parent_fd=key_fd))
                 value = str(key / subdir)
             if name not in kept:
                 env[name] = value
