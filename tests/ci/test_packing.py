@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lane.packing import PackingError, PackItem, simulate
-from mizzen_ci.plan.packing import SEATS, lower_bound, pack
+from mizzen_ci.lane.packing import PackingError, PackItem, Slot, simulate
+from mizzen_ci.plan.packing import SEATS, job_gpu_seconds, lower_bound, pack
 
 register_cpu_ci(est_time=25, labels=["ci"])
 
@@ -160,6 +160,14 @@ def test_files_that_share_a_gpu_are_planned_side_by_side_as_the_lane_runs_them()
         sum(seconds.values()) / 4
     )
     assert p.lower_bound == pytest.approx(300 + 212.8)
+    # what the lane charges: the GPU's time split between the files holding it, i.e. the span
+    # it was held (0 to 212.8 s), not the sum of walls (852.1) nor a quarter of it (213.0)
+    assert job_gpu_seconds(p.jobs[0].slots) == pytest.approx(212.8)
+    late = [*items[:1], PackItem("tests/late.py", 1, 10.0, shares_gpu=True)]
+    slots = (Slot(late[0], ("0",), 0.0, 212.8), Slot(late[1], ("0",), 300.0, 310.0))
+    assert job_gpu_seconds(slots) == pytest.approx(222.8)  # a gap is not charged
+    exclusive = Slot(PackItem("tests/wide.py", 2, 5.0), ("0", "1"), 0.0, 5.0)
+    assert job_gpu_seconds((*slots, exclusive)) == pytest.approx(232.8)
     alone = [PackItem(i.key, 1, i.est_seconds) for i in items]  # the same files, exclusive
     assert pack(alone, gpus=1, runners=1, budget=3600, setup=300).makespan == pytest.approx(
         300 + sum(seconds.values())

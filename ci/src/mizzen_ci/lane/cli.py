@@ -17,7 +17,7 @@ Invariants:
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
-  :data:`.packing.MAX_GPU_SEATS`, at most that) at once on one GPU; the others have theirs alone.
+  :data:`.packing.DEFAULT_GPU_SEATS`, at most :data:`.packing.MAX_GPU_SEATS`) at once on one GPU; the others have theirs alone.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -36,7 +36,7 @@ from ..output import plain, plain_lines
 from . import compile_cache
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
-from .packing import MAX_GPU_SEATS
+from .packing import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
 from .progress import Progress
 from .refusal import LaneRefusal
 from .report import LaneOutcome, write_reports
@@ -105,7 +105,7 @@ def lane_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-seats",
         type=int,
-        default=MAX_GPU_SEATS,
+        default=DEFAULT_GPU_SEATS,
         metavar="N",
         help="files registered with shares_gpu=True run up to N at once on one GPU; 1: every "
         "file has its GPUs to itself (default %(default)s)",

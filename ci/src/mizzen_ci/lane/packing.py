@@ -26,10 +26,11 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-#: Files registered with ``shares_gpu=True`` run at most this many at once on one GPU (the lane's
-#: default ``--gpu-seats``, and what planned jobs run with): the registration promises a quarter
-#: of the smallest GPU of its generations.
+#: Files registered with ``shares_gpu=True`` run at most this many at once on one GPU: the
+#: registration promises a quarter of the smallest GPU of its generations.
 MAX_GPU_SEATS = 4
+#: The lane's ``--gpu-seats`` when none is given, which is what a planned job runs with.
+DEFAULT_GPU_SEATS = MAX_GPU_SEATS
 
 
 class PackingError(ValueError):

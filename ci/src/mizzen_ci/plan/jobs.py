@@ -35,7 +35,7 @@ from .. import history
 from ..fleet import CpuPool, Fleet, Pool, lane_name
 from ..lane.packing import PackItem
 from .model import ArchSummary, Job, PlannedTest, PoolSummary
-from .packing import PackedJob, Packing, gpu_work, pack, with_setups
+from .packing import PackedJob, Packing, job_gpu_seconds, pack, with_setups
 from .selection import Selected
 
 TIMEOUT_FACTOR = 1.25  # a job's timeout over its tests' estimate (p90s, not maxima)
@@ -125,7 +125,7 @@ def pack_jobs(
                 runners=pool.runners,
                 gpus_per_runner=packing.gpus,
                 tests=len(items),
-                gpu_seconds=round(sum(gpu_work(i) for i in items), 1),
+                gpu_seconds=round(sum(job_gpu_seconds(j.slots) for j in packing.jobs), 1),
                 makespan_seconds=round(packing.makespan, 1),
                 lower_bound_seconds=round(packing.lower_bound, 1),
                 strategy=packing.strategy,

@@ -7,8 +7,10 @@ The model (the one the GPU lane executes):
 - Inside a job, tests run side by side the way the GPU lane runs them
   (:mod:`mizzen_ci.lane.packing`, whose item, slot and error types this module shares): longest
   first, and whenever GPUs free up every waiting test that fits starts (backfill); files that
-  share a GPU (``shares_gpu``) run :data:`SEATS` to one, and each costs the job a share of its
-  GPU's time (:func:`gpu_work`), as the lane charges it.  :func:`simulate_job` is that packer run on the estimates; a job's
+  share a GPU (``shares_gpu``) run :data:`SEATS` to one (the lane's default seats).  The bound
+  and the placement count a sharing file 1/SEATS of its time (:func:`gpu_work`, the least it
+  can cost); a pool's GPU-seconds are what the lane charges for its simulated jobs
+  (:func:`job_gpu_seconds`).  :func:`simulate_job` is that packer run on the estimates; a job's
   length is when its last test ends.
 - The pool has ``runners`` runners; the pool's jobs are queued in the packing's order and each
   starts on the first runner that frees up.  The pool's *makespan* is when its last job ends,
@@ -56,16 +58,35 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..lane.packing import MAX_GPU_SEATS, PackingError, PackItem, Slot
+from ..lane.packing import DEFAULT_GPU_SEATS as SEATS
+from ..lane.packing import PackingError, PackItem, Slot
 from ..lane.packing import simulate as lane_simulate
-
-#: Seats per GPU of the files that share one: the lane's default, which a planned job runs with.
-SEATS = MAX_GPU_SEATS
 
 
 def gpu_work(item: PackItem) -> float:
-    """The GPU-seconds ``item`` costs a job (a sharing file a share of its GPU's)."""
+    """The least GPU-seconds ``item`` can cost a job: a sharing file 1/:data:`SEATS` of its
+    time (a full GPU); what the bound and the placement count."""
     return item.charged_gpu_seconds(SEATS)
+
+
+def job_gpu_seconds(slots: Sequence[Slot]) -> float:
+    """The GPU-seconds the lane charges for a job that runs as ``slots``: wall × GPUs of an
+    exclusive file; a GPU's time split between the sharing files holding it, so they cost the
+    time it was held at all (the union of their intervals on it)."""
+    total = 0.0
+    shared: dict[str, list[tuple[float, float]]] = {}
+    for s in slots:
+        if s.item.shares_gpu and SEATS > 1:
+            for gpu in s.gpus:
+                shared.setdefault(gpu, []).append((s.start, s.end))
+        else:
+            total += (s.end - s.start) * len(s.gpus)
+    for spans in shared.values():
+        reach = -math.inf
+        for start, end in sorted(spans):
+            total += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+    return total
 
 
 @dataclass(frozen=True)
