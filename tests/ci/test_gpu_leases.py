@@ -139,11 +139,13 @@ def test_a_shared_lease_holds_its_gpu_until_its_last_handle_is_released(tmp_path
 # A file whose process cannot start holds no GPU
 
 
+@pytest.mark.parametrize("fails", ["spawn", "after spawn"])
 @pytest.mark.parametrize("seats", [1, 4], ids=["exclusive", "shared"])
-def test_a_start_that_fails_frees_the_gpus_of_its_whole_batch(tmp_path, monkeypatch, seats):
+def test_a_start_that_fails_frees_the_gpus_of_its_whole_batch(tmp_path, monkeypatch, seats, fails):
     """Four one-GPU files start in one batch on four (pretend) GPUs; spawning the second one
-    fails.  The error reaches the caller, the first one's group is killed, and no lock of any
-    GPU stays held (exclusive leases, or the one shared lease of a GPU with seats)."""
+    fails, or its start fails right after the spawn.  The error reaches the caller, every
+    process spawned is killed, and no lock of any GPU stays held (exclusive leases, or the one
+    shared lease of a GPU with seats)."""
     from mizzen_ci.lane import runner as runner_module
     from mizzen_ci.lane.hardware import Gpu
     from mizzen_ci.lane.progress import Progress
@@ -162,17 +164,27 @@ def test_a_start_that_fails_frees_the_gpus_of_its_whole_batch(tmp_path, monkeypa
     real_popen, spawned = subprocess.Popen, []
 
     def popen(*args, **kwargs):
-        if spawned:
+        if spawned and fails == "spawn":
             raise OSError(24, "Too many open files")
         spawned.append(real_popen(*args, **kwargs))
         return spawned[-1]
 
+    progress = Progress(4, 4, io.StringIO(), live=False)
+    event = progress.event
+
+    def announce(line: str) -> None:
+        if line.startswith("START") and len(spawned) == 2:
+            raise OSError(24, "Too many open files")
+        event(line)
+
     monkeypatch.setattr(runner_module.subprocess, "Popen", popen)
+    monkeypatch.setattr(progress, "event", announce)
     files = [LaneFile(f"test_{i}.py", f"test_{i}.py", 1, 10.0, shares_gpu=True) for i in range(4)]
-    runner = GpuLaneRunner(config, Progress(4, 4, io.StringIO(), live=False))
+    runner = GpuLaneRunner(config, progress)
     with pytest.raises(OSError, match="Too many open files"):
         runner.run(files)
-    assert len(spawned) == 1 and spawned[0].poll() is not None  # its group was killed
+    assert len(spawned) == (1 if fails == "spawn" else 2)
+    assert all(p.poll() is not None for p in spawned)  # every group spawned was killed
     keys = [g.lease_key for g in gpus]
     everything = LeaseDir(lease_dir).try_acquire(keys, 4, holder="the next lane")
     assert everything is not None, LeaseDir(lease_dir).describe_holders(keys)

@@ -20,8 +20,9 @@ Invariants:
 - The pytest plugin is loaded explicitly (``-p mizzen_ci.pytest_plugin``) when it is not
   installed as an entry point, so a lane works with the workspace only on ``PYTHONPATH``.
 - If the runner is interrupted, every running group is killed before it returns.  A file whose
-  process cannot be spawned holds no lease: its GPUs, and those acquired for the rest of its
-  start batch, are freed before the error propagates.
+  process cannot be spawned (or fails right after, before it is tracked: its group is killed)
+  holds no lease: its GPUs, and those acquired for the rest of its start batch, are freed before
+  the error propagates.
 - A file's log is written by the code under test: the retry classifier reads only its last
   :data:`CLASSIFY_BYTES` (never through a link: :func:`mizzen_ci.sources.read_tail`), and the
   lease directory is checked before anything runs (:meth:`.leases.LeaseDir.check`).
@@ -274,14 +275,19 @@ class GpuLaneRunner:
                 start_new_session=True,
                 pass_fds=lease.fds,
             )
-        timeout = self.config.timeout_for(lane_file.est_seconds)
-        self.progress.event(
-            f"START {lane_file.target} on GPU {_gpu_list(gpus)}"
-            f"{f' (attempt {attempt})' if attempt > 1 else ''}, timeout {timeout:.0f} s"
-        )
-        return _Running(
-            item, lane_file, gpus, lease, proc, log, junit, time.monotonic(), timeout, stats=stats
-        )
+        try:
+            timeout = self.config.timeout_for(lane_file.est_seconds)
+            self.progress.event(
+                f"START {lane_file.target} on GPU {_gpu_list(gpus)}"
+                f"{f' (attempt {attempt})' if attempt > 1 else ''}, timeout {timeout:.0f} s"
+            )
+            return _Running(
+                item, lane_file, gpus, lease, proc, log, junit, time.monotonic(), timeout,
+                stats=stats,
+            )  # fmt: skip
+        except BaseException:  # a child the runner would not track: its group goes now
+            _kill_group_and_wait(proc.pid)
+            raise
 
     # -- finishing --------------------------------------------------------------------------
 

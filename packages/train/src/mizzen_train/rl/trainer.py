@@ -405,12 +405,20 @@ class _RlTrainer(_Trainer):
         return self.device if chosen == "auto" else chosen
 
     def _stop_engines(self) -> None:
+        """Stop every engine of the run; one that fails to stop does not keep the rest running
+        (the first error is raised once all were tried)."""
+        failed: BaseException | None = None
         for server in getattr(self, "servers", []):
-            server.stop()
-            server.cleanup_logs()
-            self.metrics.event("engine_stopped", purpose="train", pid=server.pid)
+            try:
+                server.stop()
+                server.cleanup_logs()
+                self.metrics.event("engine_stopped", purpose="train", pid=server.pid)
+            except Exception as exc:  # the next engines must stop too
+                failed = failed or exc
         if getattr(self, "manager", None) is not None:
             self.manager.shutdown()
+        if failed is not None:
+            raise failed
 
     # -- adapters ---------------------------------------------------------------------------
 
@@ -765,8 +773,10 @@ class _RlTrainer(_Trainer):
                 finally:
                     self.dispatcher.close()
         finally:
-            await self._close_dispatch()
-            self._stop_engines()
+            try:
+                await self._close_dispatch()
+            finally:  # however closing the clients ends, the engines stop
+                self._stop_engines()
         return self._finish_rl(wall, totals, last)
 
     async def _close_dispatch(self) -> None:
