@@ -467,7 +467,7 @@ def test_a_sharing_file_that_ran_alone_is_charged_and_shown_as_alone(tmp_path):
 
     def sharing(key: str, start: float) -> FileResult:
         attempt = _attempt(1, 1, 10.0)
-        attempt.started, attempt.shared = start, True
+        attempt.started, attempt.sharing = start, True
         return FileResult(LaneFile(key, key, 1, 10, shares_gpu=True), [attempt])
 
     results = [sharing("tests/a.py", 0.0), sharing("tests/b.py", 5.0), sharing("tests/c.py", 20.0)]

@@ -76,17 +76,12 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], object]], ...] = (
 )
 
 
-def charged_seconds(results: Sequence[FileResult]) -> dict[tuple[str, int], float]:
-    """GPU-seconds of every attempt, by (target, attempt number): wall time × GPUs held; while
-    ``k`` attempts that shared a GPU (:attr:`Attempt.shared`) held it together, each is charged
-    ``1/k`` of that GPU's time."""
-    return split_gpu_time(results)[0]
-
-
 def split_gpu_time(
     results: Sequence[FileResult],
 ) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
-    """:func:`charged_seconds`, and the attempts that really held a GPU together with another
+    """GPU-seconds of every attempt, by (target, attempt number): wall time × GPUs held; while
+    ``k`` attempts on a sharable seat (:attr:`Attempt.sharing`) held one GPU together, each is
+    charged ``1/k`` of its time.  Also the attempts that really held a GPU together with another
     at some instant (a sharing file that ran alone is charged, and shown, as alone)."""
     together: set[tuple[str, int]] = set()
     charged: dict[tuple[str, int], float] = {}
@@ -94,7 +89,7 @@ def split_gpu_time(
     for r in results:
         for a in r.attempts:
             key = (r.lane_file.target, a.number)
-            if not a.shared:
+            if not a.sharing:
                 charged[key] = a.seconds * len(a.gpus)
                 continue
             charged[key] = 0.0
@@ -199,17 +194,12 @@ class LaneOutcome:
         )
 
     def gpu_seconds_of(self, result: FileResult) -> float:
-        """The file's GPU-seconds over every attempt (:func:`charged_seconds`)."""
+        """The file's GPU-seconds over every attempt (:func:`split_gpu_time`)."""
         return sum(self._charged[(result.lane_file.target, a.number)] for a in result.attempts)
 
     @property
     def gpu_seconds(self) -> float:
         return sum(self.gpu_seconds_of(r) for r in self.results)
-
-    @property
-    def shared_files(self) -> int:
-        """How many of the files run held a GPU together with another (in their final attempt)."""
-        return sum(1 for r in self.results if self.held_together(r))
 
     def share(self, result: FileResult) -> float | None:
         total = self.gpu_seconds

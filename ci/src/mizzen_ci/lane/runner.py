@@ -121,7 +121,7 @@ class Attempt:
     compile_stats: CompileStats | None = None  # None: the child never imported torch
     compile_warning: str | None = None  # why its counts file was not believed
     started: float = 0.0  # seconds after the lane started
-    shared: bool = False  # ran on a GPU other files could share (``shares_gpu``, seats > 1)
+    sharing: bool = False  # on a sharable seat: ``shares_gpu`` with seats > 1 (maybe alone)
 
 
 @dataclass
@@ -333,7 +333,7 @@ class GpuLaneRunner:
         return Attempt(
             number, r.gpus, seconds, outcome, detail, r.log, r.junit, code, counts, classification,
             compile_stats, compile_warning, started=r.started - self._started_at,
-            shared=r.item.shares_gpu and self.config.gpu_seats > 1,
+            sharing=r.item.shares_gpu and self.config.gpu_seats > 1,
         )  # fmt: skip
 
     def _finish(self, r: _Running, timed_out: bool) -> None:
