@@ -179,26 +179,45 @@ def _engine_descendants(pid: int) -> list[int]:
     return found
 
 
-def _process_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name (field 3 on), or None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+
+
+def _identities(pids: Sequence[int]) -> list[tuple[int, int]]:
+    """``(pid, start time)`` of each process: which process a pid names, even after it is
+    reused (the start time, in clock ticks since boot, is field 22 of its stat)."""
+    found = []
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is not None:
+            found.append((pid, int(fields[19])))
+    return found
+
+
+def _process_alive(process: int | tuple[int, int]) -> bool:
+    """True while the process runs: a pid, or a ``(pid, start time)`` identity (a pid given to
+    another process since is not it); a zombie waiting for a reaper counts as gone."""
+    pid, started = process if isinstance(process, tuple) else (process, None)
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return started is None or int(fields[19]) == started
 
 
-def _orphans(engines: Sequence[int], resumed: Any, timeout_s: float = 15.0) -> list[int]:
-    """The killed run's engines (``engines``) still alive after ``timeout_s``: an engine exits
-    on its own once its parent is gone, while the resumed run (``resumed``) starts meanwhile;
-    a pid the kernel has since given one of the resume's engines is not an orphan."""
+def _orphans(engines: Sequence[tuple[int, int]], timeout_s: float = 15.0) -> list[int]:
+    """Pids of the killed run's engines (identities taken before the kill) still alive after
+    ``timeout_s``: an engine exits on its own once its parent is gone (the resumed run starts
+    meanwhile; a reused pid is another process, not an orphan)."""
     import time
 
     deadline = time.monotonic() + timeout_s
-    while any(_process_alive(pid) for pid in engines) and time.monotonic() < deadline:
+    while any(_process_alive(e) for e in engines) and time.monotonic() < deadline:
         time.sleep(0.1)
-    reused = set(_engine_descendants(resumed.pid))
-    return [pid for pid in engines if _process_alive(pid) and pid not in reused]
+    return [pid for pid, started in engines if _process_alive((pid, started))]
 
 
 def _max_train_step(records: Sequence[dict[str, Any]]) -> int:
@@ -321,7 +340,7 @@ def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int,
 
     metrics = run_dir / "metrics.jsonl"
     first = _launch_sft(config, log)
-    engines: list[int] = []
+    engines: list[tuple[int, int]] = []
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -332,7 +351,7 @@ def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int,
             if settled and _max_train_step(records) >= kill_after:
                 break
             time.sleep(0.02)
-        engines = _engine_descendants(first.pid)
+        engines = _identities(_engine_descendants(first.pid))
         os.kill(first.pid, signal.SIGKILL)
         first.wait(60)
     finally:
@@ -345,7 +364,7 @@ def _kill_and_resume(config: Path, log: Path, run_dir: Path, *, kill_after: int,
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     resumed_at = time.time()
     second = _launch_sft(config, log, "--resume")
-    orphans = _orphans(engines, second)
+    orphans = _orphans(engines)
     assert second.wait(900) == 0, log.read_text()[-6000:]
     return {
         "killed_at": _max_train_step(before),
@@ -498,7 +517,7 @@ def _rl_protocol(
     started = time.monotonic()
     reference = _launch_sft(ref_config, ref_log, command="rl")
     faulty = _launch_sft(faulty_config, faulty_log, command="rl", env=nan_env)
-    engines: list[int] = []
+    engines: list[tuple[int, int]] = []
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -508,7 +527,7 @@ def _rl_protocol(
             if _max_train_step(records) >= kill_after:
                 break
             time.sleep(0.02)
-        engines = _engine_descendants(faulty.pid)
+        engines = _identities(_engine_descendants(faulty.pid))
         os.kill(faulty.pid, signal.SIGKILL)
         faulty.wait(60)
     finally:
@@ -520,7 +539,7 @@ def _rl_protocol(
     checkpoints = sorted(p.name for p in (faulty_dir / "checkpoints").iterdir())
     resumed_at = time.time()
     resumed = _launch_sft(faulty_config, faulty_log, "--resume", command="rl", env=nan_env)
-    orphans = _orphans(engines, resumed)
+    orphans = _orphans(engines)
     _wait_all([reference, resumed], [ref_log, faulty_log], timeout_s)
     return {
         "wall": time.monotonic() - started,

@@ -3,6 +3,7 @@ RL configuration's refusals, and the engines a failed set-up or engine start lea
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -169,6 +170,9 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
 
     monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
     monkeypatch.setattr(rl_trainer._RlTrainer, "setup", setup)
+    # no process group or megatron CPU shim in this pytest process: with them, the ranks a later
+    # test forked from it hung (test_slot_optimizer after this one, in one worker: 150 s, killed)
+    monkeypatch.setattr(rl_trainer, "_single_rank", lambda device: contextlib.nullcontext())
     failure = "set-up failed" if fails_in == "set-up" else "probe crashed"
     with pytest.raises(RuntimeError, match=failure):
         rl_trainer.run_rl(config, stream=io.StringIO())
