@@ -17,7 +17,8 @@ Invariants:
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
-  :data:`.packing.DEFAULT_GPU_SEATS`, at most :data:`.packing.MAX_GPU_SEATS`) at once on one GPU; the others have theirs alone.
+  :data:`.packing.DEFAULT_GPU_SEATS`, at most :data:`.packing.MAX_GPU_SEATS`) at once on one
+  GPU; the others have theirs alone.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 

@@ -23,7 +23,8 @@ Invariants:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 #: Files registered with ``shares_gpu=True`` run at most this many at once on one GPU: the
@@ -55,6 +56,36 @@ class PackItem:
         """Its GPU-seconds when up to ``seats`` sharing files hold one GPU together: a shared
         GPU's time is split between them (the lane's accounting), so a full one costs 1/seats."""
         return self.est_seconds / seats if self.shares_gpu and seats > 1 else self.gpu_seconds
+
+
+#: One holding of GPUs: (who, the GPUs, start, end, on a sharable seat).
+Hold = tuple[Hashable, Sequence[str], float, float, bool]
+
+
+def split_held_time(holds: Iterable[Hold]) -> tuple[dict[Hashable, float], set[Hashable]]:
+    """The GPU-seconds each holding is charged -- the one accounting of the lane's summary and
+    the planner: wall time × GPUs of an exclusive holding; while ``k`` sharing holdings hold one
+    GPU together, each is charged ``1/k`` of its time (so they cost the time it was held at all).
+    Also which holdings really held a GPU together with another at some instant."""
+    charged: dict[Hashable, float] = {}
+    together: set[Hashable] = set()
+    spans: dict[str, list[tuple[float, float, Hashable]]] = {}  # GPU -> sharing holdings
+    for key, gpus, start, end, sharing in holds:
+        if not sharing:
+            charged[key] = (end - start) * len(gpus)
+            continue
+        charged[key] = 0.0
+        for gpu in gpus:
+            spans.setdefault(gpu, []).append((start, end, key))
+    for on_gpu in spans.values():
+        edges = sorted({t for start, end, _ in on_gpu for t in (start, end)})
+        for t0, t1 in itertools.pairwise(edges):
+            holders = [key for start, end, key in on_gpu if start <= t0 and t1 <= end]
+            for key in holders:
+                charged[key] += (t1 - t0) / len(holders)
+            if len(holders) > 1 and t1 > t0:
+                together.update(holders)
+    return charged, together
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ from ..output import markdown_table, plain, text_table
 from ..sources import read_tail
 from . import junit
 from .compile_cache import CACHES, OUTCOMES, CompileCache, CompileStats
+from .packing import split_held_time
 from .runner import FileResult, LaneFile
 
 
@@ -79,31 +79,16 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], object]], ...] = (
 def split_gpu_time(
     results: Sequence[FileResult],
 ) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
-    """GPU-seconds of every attempt, by (target, attempt number): wall time × GPUs held; while
-    ``k`` attempts on a sharable seat (:attr:`Attempt.sharing`) held one GPU together, each is
-    charged ``1/k`` of its time.  Also the attempts that really held a GPU together with another
-    at some instant (a sharing file that ran alone is charged, and shown, as alone)."""
-    together: set[tuple[str, int]] = set()
-    charged: dict[tuple[str, int], float] = {}
-    spans: dict[int, list[tuple[float, float, tuple[str, int]]]] = {}  # GPU -> shared attempts
-    for r in results:
-        for a in r.attempts:
-            key = (r.lane_file.target, a.number)
-            if not a.sharing:
-                charged[key] = a.seconds * len(a.gpus)
-                continue
-            charged[key] = 0.0
-            for gpu in a.gpus:
-                spans.setdefault(gpu.index, []).append((a.started, a.started + a.seconds, key))
-    for on_gpu in spans.values():
-        edges = sorted({t for start, end, _ in on_gpu for t in (start, end)})
-        for t0, t1 in itertools.pairwise(edges):
-            holders = [key for start, end, key in on_gpu if start <= t0 and t1 <= end]
-            for key in holders:
-                charged[key] += (t1 - t0) / len(holders)
-            if len(holders) > 1 and t1 > t0:
-                together.update(holders)
-    return charged, together
+    """GPU-seconds of every attempt, by (target, attempt number), and the attempts that really
+    held a GPU together with another (:func:`.packing.split_held_time`; an attempt shares when it
+    sat on a sharable seat, :attr:`Attempt.sharing`: one that ran alone is charged, and shown,
+    as alone)."""
+    return split_held_time(
+        ((r.lane_file.target, a.number), [str(g.index) for g in a.gpus], a.started,
+         a.started + a.seconds, a.sharing)
+        for r in results
+        for a in r.attempts
+    )  # fmt: skip
 
 
 def totals_line(rows: Sequence[SummaryRow]) -> str | None:

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..lane.packing import DEFAULT_GPU_SEATS as SEATS
-from ..lane.packing import PackingError, PackItem, Slot
+from ..lane.packing import PackingError, PackItem, Slot, split_held_time
 from ..lane.packing import simulate as lane_simulate
 
 
@@ -70,23 +70,12 @@ def gpu_work(item: PackItem) -> float:
 
 
 def job_gpu_seconds(slots: Sequence[Slot]) -> float:
-    """The GPU-seconds the lane charges for a job that runs as ``slots``: wall × GPUs of an
-    exclusive file; a GPU's time split between the sharing files holding it, so they cost the
-    time it was held at all (the union of their intervals on it)."""
-    total = 0.0
-    shared: dict[str, list[tuple[float, float]]] = {}
-    for s in slots:
-        if s.item.shares_gpu and SEATS > 1:
-            for gpu in s.gpus:
-                shared.setdefault(gpu, []).append((s.start, s.end))
-        else:
-            total += (s.end - s.start) * len(s.gpus)
-    for spans in shared.values():
-        reach = -math.inf
-        for start, end in sorted(spans):
-            total += max(0.0, end - max(start, reach))
-            reach = max(reach, end)
-    return total
+    """The GPU-seconds the lane would charge for a job that runs as ``slots``
+    (:func:`mizzen_ci.lane.packing.split_held_time`, the summary's accounting)."""
+    charged, _ = split_held_time(
+        (s.item.key, s.gpus, s.start, s.end, s.item.shares_gpu and SEATS > 1) for s in slots
+    )
+    return sum(charged.values())
 
 
 @dataclass(frozen=True)
