@@ -206,6 +206,35 @@ def test_embedded_server_loads_routes_refuses_and_unloads(adapters):
     assert left == {"b@v1": str(root / "b")} and after == expected["b"]
 
 
+def test_one_batch_serves_each_row_its_own_adapter(adapters):
+    """A batched /generate whose rows name different adapters (and none): every row generates
+    what peft's model of its adapter generates, as if it were alone."""
+    root, expected = adapters
+    order = ["a", "base", "b", "a", "b"]
+
+    async def scenario(url: str):
+        async with SGLangClient(url) as client:
+            ids = await client.tokenize(PROMPT)
+            await client.load_lora_adapter("a@v1", str(root / "a"))
+            await client.load_lora_adapter("b@v1", str(root / "b"))
+            rows = [
+                GenerateRequest(
+                    f"row{i}", input_ids=ids, sampling=SAMPLING,
+                    lora_path=None if name == "base" else f"{name}@v1",
+                )
+                for i, name in enumerate(order)
+            ]  # fmt: skip
+            mixed = await client.generate_batch(rows)
+            with pytest.raises(EngineRequestError, match="names no loaded LoRA adapter"):
+                await client.generate_batch([rows[0], GenerateRequest(
+                    "bad", input_ids=ids, sampling=SAMPLING, lora_path="c@v1")])  # fmt: skip
+            return mixed
+
+    with embedded_server(model_path=str(root / "base")) as server:
+        mixed = asyncio.run(scenario(server.url))
+    assert [list(r.output_ids) for r in mixed] == [expected[name] for name in order]
+
+
 def test_echo_backend_serves_no_adapters(echo_servers):
     async def scenario(url):
         async with SGLangClient(url) as client:

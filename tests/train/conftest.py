@@ -453,7 +453,7 @@ def _rl_sections(run_dir: Path, *, steps: int = 30, checkpoint_interval: int = 1
         "model": {"path": "tiny", "tokenizer": "model"},
         "model.tiny": {"seed": 0, "initializer_range": 0.12},
         "rollout": {"engines": "embedded", "num_engines": 1, "max_new_tokens": 3,
-                    "temperature": 1.0, "keep_adapters": 0},
+                    "temperature": 1.0, "top_k": 50, "keep_adapters": 0},
         "algo": {"advantage": "grpo"},
         "tenants": [
             {"name": "fixed", "data": "example:rl_fixed", "reward": f"{toy}:fixed_token",

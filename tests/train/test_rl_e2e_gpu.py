@@ -3,9 +3,10 @@
 The 101M-parameter Llama of the SFT GPU e2e test (hidden 768, 16 layers, 12 heads, 4 key/value
 heads, byte vocabulary) is created by code; ``mizzen-train rl`` trains the two toy tenants
 ("fixed": answer "Y"; "format": answer in lowercase) through megatron's forward-backward schedule
-in bf16, with four embedded engines generating on the same GPU (the router spreads each step's
-64 requests over them: an engine generates one request at a time, launch-bound at ~30 ms per
-forward on the H200, so a step's rollout time falls with the number of engines) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
+in bf16, with four embedded engines generating on the same GPU (each step's 64 requests go out
+as four batched ``/generate`` calls of 16, one per engine: a forward of the 100M model is
+launch-bound at ~30 ms on the H200 whatever its batch, so one batch costs what one request
+did) and micro-batches of 32 rows (one tenant's samples each).  The same two runs as on the CPU,
 at 12 steps instead of 30 (on the H200 both tenants' mean rewards pass 0.9 by step 4): a
 reference run whose tenants' mean rewards rise from < 0.4 to >= 0.8 (mean of the last five steps)
 and whose "fixed" adapter scores low on "format"'s task, and a run with NaN advantages for
@@ -46,6 +47,8 @@ MODEL = dict(
 )
 STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 12, 5, 9, 4
 NUM_ENGINES = 4
+#: Samples per engine call: a tenant's 32 samples of a step in two batches.
+BATCH_SIZE = 16
 #: The faulty run resumes from its last checkpoint at or before the kill point, with the adapter
 #: versions of that checkpoint: one per step stepped, so "format" is one behind if it skipped
 #: ``NAN_STEP`` by then.
@@ -71,7 +74,9 @@ def _sections(rl, run_dir, base_model):
     sections["run"].update(device="cuda", dtype="bf16", threads=4, micro_batch_size=32, plot=False)
     sections["model"] = {"path": str(base_model), "tokenizer": "model"}
     del sections["model.tiny"]
-    sections["rollout"].update(engine_device="cuda", engine_threads=1, num_engines=NUM_ENGINES)
+    sections["rollout"].update(
+        engine_device="cuda", engine_threads=1, num_engines=NUM_ENGINES, batch_size=BATCH_SIZE
+    )
     for tenant in sections["tenants"]:
         tenant.update(lr=5e-3, lora_rank=16, lora_alpha=32.0)
     return sections

@@ -96,6 +96,8 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
     cases = {
         "tenants.prompts_per_step": (3, "multiple of run.micro_batch_size"),
         "rollout.temperature": (0.0, "needs samples of the policy"),
+        "rollout.top_k": (0, "0 keeps no token"),
+        "rollout.batch_size": (257, "256"),
         "rollout.engines": ("urls", "needs the servers"),
         "algo.advantage": ("ppo", "neither built in"),
         "tenants.leave_step": (0, None),
@@ -179,3 +181,16 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
     assert len(spawned) == 2
     assert not any(s.alive for s in spawned), f"an engine outlived the failed {fails_in}"
     assert events.count("engine_stopped") == (2 if fails_in == "engine start" else 0)
+
+
+def test_batch_size_limits_are_the_embedded_servers():
+    """The trainers' batch_size fields stop where the embedded server refuses a batch."""
+    import dataclasses
+
+    from mizzen_rollout.engines.embedded.server import MAX_BATCH_SIZE
+    from mizzen_train.rl.config import RolloutSection
+    from mizzen_train.sft.config import EvaluatorConfig
+
+    for section in (RolloutSection, EvaluatorConfig):
+        (field,) = [f for f in dataclasses.fields(section) if f.name == "batch_size"]
+        assert field.metadata["high"] == MAX_BATCH_SIZE, section

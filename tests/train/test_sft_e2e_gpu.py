@@ -8,7 +8,8 @@ before the first point.  Beside it, at the same time on the same GPU (``sft.side
 run is mostly process and engine start-up, the GPU idle most of the time), a second run is
 SIGKILLed after step 30 and resumed: it continues from the step-30 checkpoint and evaluates 40 and
 60 only.  Both evaluators run on the GPU: the loss evaluator in the eval thread, the generate
-evaluator's embedded engine (started per point on the snapshot) with ``device = "cuda"``.  The
+evaluator's embedded engine (started per point on the snapshot) with ``device = "cuda"``,
+generating the 16 eval prompts as one batched ``/generate``.  The
 uninterrupted run's wall time and tokens/s are printed (and recorded as junit
 properties); both are measured while the other run shares the GPU, so the tokens/s may be lower
 and the wall time longer than for a run alone on it.  Needs no matplotlib, ray or console scripts.
@@ -79,7 +80,7 @@ def _sections(sft, run_dir, base_model, **kwargs):
     del sections["model.tiny"]
     sections["tenants"][0].update(rows=16, lr=2e-3)
     generate, loss = sections["eval.evaluators"]
-    generate.update(engine_threads=4, device="cuda")
+    generate.update(engine_threads=4, device="cuda", batch_size=16)  # the eval set in one call
     loss.update(device="cuda")
     return sections
 

@@ -101,7 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--engine-seed", type=int, default=0, help="embedded engine weight seed")
     engine.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
-    engine.add_argument("--concurrency", type=int, default=64, help="max requests in flight")
+    engine.add_argument("--concurrency", type=int, default=64, help="max engine calls in flight")
+    engine.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="samples per engine call (one batched /generate; default 1: a request per sample)",
+    )
     engine.add_argument(
         "--no-server-tokenize",
         action="store_true",
@@ -202,6 +208,8 @@ def _config(args: argparse.Namespace) -> RolloutConfig:
         raise UsageError(f"--n is {args.n}; use >= 1")
     if args.concurrency < 1:
         raise UsageError(f"--concurrency is {args.concurrency}; use >= 1")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size is {args.batch_size}; use >= 1")
     return RolloutConfig(
         n_samples=args.n,
         sampling=sampling,
@@ -209,6 +217,7 @@ def _config(args: argparse.Namespace) -> RolloutConfig:
         server_tokenize=not args.no_server_tokenize,
         max_concurrency=args.concurrency,
         filters=tuple(filters),
+        batch_size=args.batch_size,
     )
 
 

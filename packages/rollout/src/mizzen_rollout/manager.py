@@ -13,9 +13,10 @@ Invariants:
   it connects to an existing cluster.  The manager shuts Ray down only if it started it.
 - Each call returns exactly one result per request id.  When an engine dies mid-batch (its actor
   dies, or its server stops answering), every request in flight on it is re-issued to another
-  live engine *with the same request id*; the dead actor's answers can never arrive, so no sample
-  is lost or duplicated.  The death is recorded as an :class:`EngineEvent` (with the re-issued
-  ids), and the engine is restarted as a fresh actor; it rejoins routing once healthy.
+  live engine *with the same request id* (a batched call whole); the dead actor's answers can
+  never arrive, so no sample is lost or duplicated.  The death is recorded as an
+  :class:`EngineEvent` (with the re-issued ids), and the engine is restarted as a fresh actor;
+  it rejoins routing once healthy.
 - Application errors from an engine (4xx, timeouts, protocol errors) propagate unchanged; only
   unavailability triggers a re-issue.
 - LoRA adapters loaded through the manager (:meth:`RolloutManager.load_lora_adapter`) are on every
@@ -158,6 +159,9 @@ class EngineWorker:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self.client.generate(request)
+
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return await self.client.generate_batch(requests)
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         return await self.client.chat(request)
@@ -390,7 +394,7 @@ class RolloutManager:
                     raise
             await asyncio.sleep(0.1)
 
-    async def _call(self, method: str, arg: Any, request_id: str | None) -> Any:
+    async def _call(self, method: str, arg: Any, request_ids: Sequence[str] = ()) -> Any:
         from ray.exceptions import RayActorError, RayTaskError
 
         if not self._started:
@@ -399,7 +403,7 @@ class RolloutManager:
             index = await self._acquire()
             slot = self._slots[index]
             generation, handle = slot.generation, slot.handle
-            if request_id is not None:
+            for request_id in request_ids:
                 slot.inflight[request_id] = None
             try:
                 return await getattr(handle, method).remote(arg)
@@ -415,15 +419,15 @@ class RolloutManager:
                     raise
             finally:
                 self._router.release(index)
-                if request_id is not None:
+                for request_id in request_ids:
                     slot.inflight.pop(request_id, None)
             # The engine is gone: record it (once), restart it, and re-issue this request.
-            if request_id is not None:
+            for request_id in request_ids:
                 slot.inflight[request_id] = None  # so the death event lists it
             self._engine_died(slot, generation, reason)
-            if request_id is not None:
+            for request_id in request_ids:
                 slot.inflight.pop(request_id, None)
-                self.reissued.append(request_id)
+            self.reissued.extend(request_ids)
 
     # ------------------------------------------------------------------ LoRA adapters
     async def load_lora_adapter(self, name: str, path: str) -> None:
@@ -458,13 +462,19 @@ class RolloutManager:
 
     # ------------------------------------------------------------------ Dispatcher API
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self._call("generate", request, request.request_id)
+        return await self._call("generate", request, (request.request_id,))
+
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """One batch on one engine; re-issued whole (same request ids) if that engine dies."""
+        return await self._call(
+            "generate_batch", list(requests), tuple(r.request_id for r in requests)
+        )
 
     async def chat(self, request: ChatRequest) -> ChatResult:
-        return await self._call("chat", request, request.request_id)
+        return await self._call("chat", request, (request.request_id,))
 
     async def tokenize(self, text: str) -> list[int]:
-        return await self._call("tokenize", text, None)
+        return await self._call("tokenize", text)
 
     async def abort(self, request_id: str) -> None:
         for slot in self._slots:

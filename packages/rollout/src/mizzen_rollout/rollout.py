@@ -4,7 +4,13 @@ router over HTTP clients) and the Ray rollout manager.
 Invariants:
 - For ``B`` prompts and ``n`` samples per prompt there are exactly ``B * n`` request ids
   ``{batch_id}-g{group}-s{index}`` and exactly one sample comes back per id, whatever the engines
-  do (a dispatcher may re-issue an id to another engine; the call still returns once).  Groups come back in prompt order, samples in index order.
+  do (a dispatcher may re-issue an id to another engine; the call still returns once).  Groups
+  come back in prompt order, samples in index order.
+- With ``batch_size > 1`` the samples of text prompts go to the engines ``batch_size`` at a time,
+  each run one batched ``/generate``: consecutive samples in (group, index) order, a new batch
+  whenever the prompt's kind (token ids or text) changes.  Which samples share a batch is thus
+  a function of the prompts and the configuration alone, never of timing, so a rollout computes
+  the same bits every time it is repeated.  A batch the engine refuses fails its samples alike.
 - An engine error becomes a ``FAILED`` sample with the message; a reward error likewise (see
   :mod:`.rewards`); the batch itself never raises for either.
 - With ``SamplingParams.seed`` set, sample ``i`` of a group is seeded with a hash of (seed,
@@ -27,7 +33,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .adapters import AdapterRef
 from .data import PromptRecord
@@ -66,6 +72,10 @@ class Dispatcher(Protocol):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
+    async def generate_batch(
+        self, requests: Sequence[GenerateRequest]
+    ) -> Sequence[GenerateResult]: ...
+
     async def chat(self, request: ChatRequest) -> ChatResult: ...
 
     async def tokenize(self, text: str) -> list[int]: ...
@@ -91,12 +101,17 @@ class RolloutConfig:
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128))
     return_logprob: bool = True
     server_tokenize: bool = True
+    #: engine calls in flight at once (a batch is one call)
     max_concurrency: int = 256
     filters: tuple[GroupFilter, ...] = ()
+    #: samples per engine call (one batched ``/generate``); chat prompts always go one by one
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
             raise ValueError(f"RolloutConfig.n_samples is {self.n_samples}; use >= 1")
+        if self.batch_size < 1:
+            raise ValueError(f"RolloutConfig.batch_size is {self.batch_size}; use >= 1")
         if self.max_concurrency < 1:
             raise ValueError(f"RolloutConfig.max_concurrency is {self.max_concurrency}; use >= 1")
 
@@ -123,6 +138,17 @@ class RolloutBatch:
 
 def request_id_for(batch_id: str, group_index: int, index_in_group: int) -> str:
     return f"{batch_id}-g{group_index}-s{index_in_group}"
+
+
+def _joins(batch: list[Any], request: GenerateRequest | ChatRequest, batch_size: int) -> bool:
+    """Does ``request`` join the batch before it (the batching rule of the module docstring)?"""
+    last = batch[-1]
+    return (
+        len(batch) < batch_size
+        and isinstance(request, GenerateRequest)
+        and isinstance(last, GenerateRequest)
+        and (request.input_ids is None) == (last.input_ids is None)
+    )
 
 
 def _sample_seed(seed: int, request_id: str) -> int:
@@ -168,55 +194,59 @@ async def run_rollout(
     semaphore = asyncio.Semaphore(config.max_concurrency)
     started = time.perf_counter()
 
-    async def one_sample(sample: Sample, record: PromptRecord) -> Sample:
+    def request_of(sample: Sample, record: PromptRecord) -> GenerateRequest | ChatRequest:
         sampling = config.sampling
         if sampling.seed is not None:
             sampling = dataclasses.replace(
                 sampling, seed=_sample_seed(sampling.seed, sample.request_id)
             )
+        if not isinstance(record.input, str):
+            return ChatRequest(
+                request_id=sample.request_id,
+                messages=tuple(record.input),
+                sampling=sampling,
+                return_logprob=config.return_logprob,
+                lora_name=lora_name,
+            )
+        by_ids = bool(sample.prompt_tokens)
+        return GenerateRequest(
+            request_id=sample.request_id,
+            text=None if by_ids else record.input,
+            input_ids=tuple(sample.prompt_tokens) if by_ids else None,
+            sampling=sampling,
+            return_logprob=config.return_logprob,
+            lora_path=lora_name,
+        )
+
+    async def one_call(samples: list[Sample], requests: list[Any]) -> None:
+        """One engine call for ``samples`` (one, or a batch); fills, scores and reports them."""
         try:
             async with semaphore:
-                if isinstance(record.input, str):
-                    if sample.prompt_tokens:
-                        request = GenerateRequest(
-                            request_id=sample.request_id,
-                            input_ids=tuple(sample.prompt_tokens),
-                            sampling=sampling,
-                            return_logprob=config.return_logprob,
-                            lora_path=lora_name,
-                        )
-                    else:
-                        request = GenerateRequest(
-                            request_id=sample.request_id,
-                            text=record.input,
-                            sampling=sampling,
-                            return_logprob=config.return_logprob,
-                            lora_path=lora_name,
-                        )
-                    result: GenerateResult | ChatResult = await dispatcher.generate(request)
+                if isinstance(requests[0], ChatRequest):
+                    results: list[GenerateResult | ChatResult] = [
+                        await dispatcher.chat(requests[0])
+                    ]
+                elif len(requests) == 1:
+                    results = [await dispatcher.generate(requests[0])]
                 else:
-                    result = await dispatcher.chat(
-                        ChatRequest(
-                            request_id=sample.request_id,
-                            messages=tuple(record.input),
-                            sampling=sampling,
-                            return_logprob=config.return_logprob,
-                            lora_name=lora_name,
-                        )
-                    )
-            _apply_result(sample, result)
+                    results = list(await dispatcher.generate_batch(requests))
+            for sample, result in zip(samples, results, strict=True):
+                _apply_result(sample, result)
         except EngineError as exc:
-            sample.status = SampleStatus.FAILED
-            sample.error = f"{type(exc).__name__}: {exc}"
+            for sample in samples:
+                sample.status = SampleStatus.FAILED
+                sample.error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a bug somewhere below must not take the batch down
-            sample.status = SampleStatus.FAILED
-            sample.error = f"unexpected {type(exc).__name__}: {exc}"
-        await score_sample(sample, reward)
+            for sample in samples:
+                sample.status = SampleStatus.FAILED
+                sample.error = f"unexpected {type(exc).__name__}: {exc}"
+        await asyncio.gather(*(score_sample(sample, reward) for sample in samples))
         if on_sample is not None:
-            on_sample(sample)
-        return sample
+            for sample in samples:
+                on_sample(sample)
 
     async def one_group(group_index: int, record: PromptRecord) -> SampleGroup:
+        """The group's samples, their prompt tokenised (not generated yet)."""
         prompt_tokens: list[int] = []
         tokenize_error: str | None = None
         if isinstance(record.input, str) and config.server_tokenize:
@@ -244,11 +274,29 @@ async def run_rollout(
                 sample.error = tokenize_error
                 if on_sample is not None:
                     on_sample(sample)
-            return SampleGroup(group_index, samples)
-        done = await asyncio.gather(*(one_sample(s, record) for s in samples))
-        return SampleGroup(group_index, list(done))
+        return SampleGroup(group_index, samples)
 
     groups = await asyncio.gather(*(one_group(g, r) for g, r in enumerate(prompts)))
+    calls: list[tuple[list[Sample], list[Any]]] = []
+    for group, record in zip(groups, prompts, strict=True):
+        for sample in group.samples:
+            if sample.status == SampleStatus.FAILED:
+                continue  # its prompt did not tokenise
+            try:
+                request = request_of(sample, record)
+            except ValueError as exc:  # a prompt the request types refuse
+                sample.status = SampleStatus.FAILED
+                sample.error = f"bad request: {exc}"
+                await score_sample(sample, reward)
+                if on_sample is not None:
+                    on_sample(sample)
+                continue
+            if calls and _joins(calls[-1][1], request, config.batch_size):
+                calls[-1][0].append(sample)
+                calls[-1][1].append(request)
+            else:
+                calls.append(([sample], [request]))
+    await asyncio.gather(*(one_call(samples, requests) for samples, requests in calls))
     wall = time.perf_counter() - started
     kept, dropped = [], []
     for group in groups:

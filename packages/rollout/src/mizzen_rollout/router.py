@@ -11,7 +11,9 @@ Invariants:
   one ``release`` (callers use ``try/finally``); counters never go negative.
 - ``EngineRouter`` re-issues a request whose engine is unavailable (connection failure / 5xx
   after the client's retries) to another engine with the same request id; each call returns at
-  most one result, so no sample is produced twice.  Engine errors of other kinds propagate.
+  most one result, so no sample is produced twice.  A batch (``generate_batch``) is routed, and
+  re-issued, as one unit: one engine, one outstanding call.  Engine errors of other kinds
+  propagate.
 - Standard library only (plus the engine types); no Ray here.
 """
 
@@ -110,39 +112,44 @@ class EngineRouter:
     def name(self) -> str:
         return ",".join(self.router.names)
 
-    async def _call(self, method: str, request: Any, request_id: str | None) -> Any:
+    async def _call(self, method: str, request: Any, request_ids: Sequence[str] = ()) -> Any:
         tried: set[int] = set()
         while True:
             index = self.router.acquire(exclude=tried)
-            if request_id is not None:
+            for request_id in request_ids:
                 self._where[request_id] = index
             try:
                 return await getattr(self.engines[index], method)(request)
             except EngineUnavailableError as exc:
                 tried.add(index)
                 if len(tried) == len(self.engines):
+                    which = f" of request {request_ids[0]!r}" if request_ids else ""
+                    if len(request_ids) > 1:
+                        which = f" of the batch of {len(request_ids)} from {request_ids[0]!r}"
                     raise NoEngineAvailableError(
-                        f"every engine failed ({method}"
-                        + (f" of request {request_id!r}" if request_id else "")
-                        + f"); last: {exc}",
+                        f"every engine failed ({method}{which}); last: {exc}",
                         engine=exc.engine,
-                        request_id=request_id,
+                        request_id=request_ids[0] if request_ids else None,
                     ) from exc
-                if request_id is not None:
-                    self.reissued.append(request_id)
+                self.reissued.extend(request_ids)
             finally:
                 self.router.release(index)
-                if request_id is not None:
+                for request_id in request_ids:
                     self._where.pop(request_id, None)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self._call("generate", request, request.request_id)
+        return await self._call("generate", request, (request.request_id,))
+
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        return await self._call(
+            "generate_batch", list(requests), tuple(r.request_id for r in requests)
+        )
 
     async def chat(self, request: ChatRequest) -> ChatResult:
-        return await self._call("chat", request, request.request_id)
+        return await self._call("chat", request, (request.request_id,))
 
     async def tokenize(self, text: str) -> list[int]:
-        return await self._call("tokenize", text, None)
+        return await self._call("tokenize", text)
 
     async def abort(self, request_id: str) -> None:
         index = self._where.get(request_id)

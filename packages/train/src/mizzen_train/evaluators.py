@@ -67,6 +67,7 @@ class GenerationEvaluator:
     startup_timeout_s: float = 300.0
     request_timeout_s: float = 300.0
     concurrency: int = 64
+    batch_size: int = 8  # prompts per engine call (one batched /generate)
     needs_engine: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +176,7 @@ class GenerationEvaluator:
             ),
             return_logprob=False,
             max_concurrency=self.concurrency,
+            batch_size=self.batch_size,
         )
         router = EngineRouter([SGLangClient(u, timeout_s=self.request_timeout_s) for u in urls])
         try:

@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -209,6 +209,11 @@ class Engine(Protocol):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate for one request; an aborted request returns ``finish.kind == "abort"``."""
+        ...
+
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate ``requests`` in one call (a batch the engine generates together); one result
+        per request, in order.  The call fails or succeeds as a whole."""
         ...
 
     async def chat(self, request: ChatRequest) -> ChatResult:

@@ -14,6 +14,8 @@ Invariants:
   with an ``abort`` finish reason, or an HTTP error, depending on the SGLang version) comes back as
   a result with ``finish.kind == "abort"``, not as an error.
 - Request ids are the caller's and are sent as SGLang's ``rid``.
+- :meth:`SGLangClient.generate_batch` sends its requests as one batched ``/generate``; it is one
+  HTTP exchange (retried, timed out and aborted as a whole) with one result per request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,14 +119,21 @@ class SGLangClient:
         await self._http.aclose()
 
     # ------------------------------------------------------------------ transport
-    async def _post(self, path: str, payload: dict[str, Any], request_id: str | None) -> Any:
-        """POST with bounded retries; returns the decoded JSON body.
+    async def _post(
+        self, path: str, payload: dict[str, Any], request_ids: Sequence[str] = ()
+    ) -> Any:
+        """POST with bounded retries; returns the decoded JSON body.  ``request_ids``: the
+        generation requests the body carries (one, or a batch's).
 
-        Returns ``None`` when the request was aborted by us and the server answered with an error.
+        Returns ``None`` when one of them was aborted by us and the server answered with an error.
         """
         failures = 0
         last_problem = ""
-        what = f"request {request_id!r}" if request_id is not None else "this call"
+        request_id = request_ids[0] if request_ids else None
+        if len(request_ids) > 1:
+            what = f"the batch of {len(request_ids)} requests {request_ids[0]!r}..."
+        else:
+            what = f"request {request_id!r}" if request_id is not None else "this call"
         while True:
             self.attempts += 1
             try:
@@ -131,8 +141,9 @@ class SGLangClient:
             except _CONNECTION_ERRORS as exc:
                 last_problem = f"{type(exc).__name__}: {exc}"
             except httpx.TimeoutException as exc:
-                if request_id is not None and self._abort_on_timeout:
-                    await self._abort_quietly(request_id)
+                if self._abort_on_timeout:
+                    for timed_out in request_ids:
+                        await self._abort_quietly(timed_out)
                 raise EngineTimeoutError(
                     f"{self._base_url}{path}: no answer within {self._timeout.read} s "
                     f"({type(exc).__name__}) for {what}; the request was "
@@ -152,7 +163,7 @@ class SGLangClient:
                             engine=self._base_url,
                             request_id=request_id,
                         ) from None
-                if request_id is not None and request_id in self._aborted:
+                if any(r in self._aborted for r in request_ids):
                     return None
                 if status < 500:
                     raise EngineRequestError(
@@ -182,31 +193,53 @@ class SGLangClient:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         start = time.perf_counter()
         body = await self._post(
-            protocol.GENERATE_PATH, protocol.build_generate_payload(request), request.request_id
+            protocol.GENERATE_PATH, protocol.build_generate_payload(request), (request.request_id,)
         )
         latency = time.perf_counter() - start
         self._aborted.pop(request.request_id, None)
         if body is None:
-            return GenerateResult(
-                request_id=request.request_id,
-                text="",
-                output_ids=(),
-                finish=FinishReason("abort", message="aborted (server answered with an error)"),
-                prompt_tokens=len(request.input_ids or ()),
-                completion_tokens=0,
-                output_logprobs=() if request.return_logprob else None,
-                latency_s=latency,
-                engine=self._base_url,
-            )
+            return self._aborted_result(request, latency)
         # An abort that raced with the end of generation leaves the full result standing.
         return protocol.parse_generate_response(
             body, request_id=request.request_id, engine=self._base_url, latency_s=latency
         )
 
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate ``requests`` as one batched ``/generate`` (SGLang's list form); one result
+        per request, in order.  One request is sent as a plain request."""
+        if len(requests) == 1:
+            return [await self.generate(requests[0])]
+        ids = tuple(r.request_id for r in requests)
+        start = time.perf_counter()
+        body = await self._post(
+            protocol.GENERATE_PATH, protocol.build_generate_batch_payload(requests), ids
+        )
+        latency = time.perf_counter() - start
+        for request_id in ids:
+            self._aborted.pop(request_id, None)
+        if body is None:
+            return [self._aborted_result(r, latency) for r in requests]
+        return protocol.parse_generate_batch_response(
+            body, requests=requests, engine=self._base_url, latency_s=latency
+        )
+
+    def _aborted_result(self, request: GenerateRequest, latency: float) -> GenerateResult:
+        return GenerateResult(
+            request_id=request.request_id,
+            text="",
+            output_ids=(),
+            finish=FinishReason("abort", message="aborted (server answered with an error)"),
+            prompt_tokens=len(request.input_ids or ()),
+            completion_tokens=0,
+            output_logprobs=() if request.return_logprob else None,
+            latency_s=latency,
+            engine=self._base_url,
+        )
+
     async def chat(self, request: ChatRequest) -> ChatResult:
         start = time.perf_counter()
         body = await self._post(
-            protocol.CHAT_PATH, protocol.build_chat_payload(request), request.request_id
+            protocol.CHAT_PATH, protocol.build_chat_payload(request), (request.request_id,)
         )
         latency = time.perf_counter() - start
         self._aborted.pop(request.request_id, None)
@@ -226,9 +259,7 @@ class SGLangClient:
 
     async def tokenize(self, text: str) -> list[int]:
         try:
-            body = await self._post(
-                protocol.TOKENIZE_PATH, protocol.build_tokenize_payload(text), None
-            )
+            body = await self._post(protocol.TOKENIZE_PATH, protocol.build_tokenize_payload(text))
         except EngineRequestError as exc:
             if exc.status_code == 404:
                 raise EngineRequestError(
@@ -246,7 +277,7 @@ class SGLangClient:
         architecture it serves); returns the server's message.  A refusal raises
         :class:`EngineRequestError` with the server's reason."""
         body = await self._post(
-            protocol.UPDATE_WEIGHTS_PATH, protocol.build_update_weights_payload(model_path), None
+            protocol.UPDATE_WEIGHTS_PATH, protocol.build_update_weights_payload(model_path)
         )
         success, message = protocol.parse_update_weights_response(body, engine=self._base_url)
         if not success:
@@ -280,7 +311,7 @@ class SGLangClient:
 
     async def _lora_update(self, path: str, payload: dict[str, Any], what: str) -> dict:
         try:
-            body = await self._post(path, payload, None)
+            body = await self._post(path, payload)
         except EngineRequestError as exc:
             # SGLang answers a refused update with 400 and its LoRAUpdateOutput as the body
             reason = exc.body[:500]
@@ -308,7 +339,7 @@ class SGLangClient:
         self._aborted[request_id] = None
         while len(self._aborted) > _ABORTED_MEMORY:
             self._aborted.popitem(last=False)
-        await self._post(protocol.ABORT_PATH, protocol.build_abort_payload(request_id), None)
+        await self._post(protocol.ABORT_PATH, protocol.build_abort_payload(request_id))
 
     async def health(self, timeout_s: float = 5.0) -> bool:
         try:

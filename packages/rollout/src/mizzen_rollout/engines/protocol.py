@@ -11,6 +11,10 @@ Facts taken from SGLang's documentation and source (read, not copied):
   ``rid`` (request id), ``return_logprob``, ``logprob_start_len`` (default -1: output tokens only),
   ``top_logprobs_num``, ``return_text_in_logprobs``, ``stream``, ``lora_path``
   (``docs/basic_usage/sampling_params.md``, ``io_struct.py::GenerateReqInput``).
+- A batch is the same request with lists: ``text`` a list of strings or ``input_ids`` a list of
+  token lists, and ``rid``, ``sampling_params``, ``return_logprob`` and ``lora_path`` each either
+  one value for every prompt or a list with one per prompt; the answer is a list of the single
+  answers, in the order of the prompts.
 - ``sampling_params`` keys: ``max_new_tokens``, ``stop``, ``stop_token_ids``, ``temperature``,
   ``top_p``, ``top_k`` (-1 = off), ``min_p``, penalties, ``min_new_tokens``, constrained-decoding
   keys, ``n``, ``ignore_eos``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
@@ -305,8 +309,8 @@ def parse_generate_response(
 ) -> GenerateResult:
     if not isinstance(body, Mapping):
         raise EngineProtocolError(
-            f"{engine}: /generate answered {type(body).__name__}, not an object (a batch answer "
-            "means the request was a batch; mizzen sends one prompt per request)",
+            f"{engine}: /generate answered {type(body).__name__}, not an object (a list answers "
+            "a batch, and this request was one prompt)",
             engine=engine,
             request_id=request_id,
         )
@@ -370,7 +374,7 @@ def parse_generate_response(
 
 
 def parse_generate_payload(body: Any) -> GenerateRequest:
-    """Server side: a ``/generate`` body -> GenerateRequest (one prompt per request)."""
+    """Server side: a single ``/generate`` body (one prompt) -> GenerateRequest."""
     if not isinstance(body, Mapping):
         raise ProtocolRequestError("the /generate body must be a JSON object")
     unknown = sorted(set(body) - GENERATE_REQUEST_FIELDS)
@@ -384,12 +388,14 @@ def parse_generate_payload(body: Any) -> GenerateRequest:
     if (text is None) == (input_ids is None):
         raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
     if text is not None and not isinstance(text, str):
-        raise ProtocolRequestError("'text' must be one string (batches are not supported)")
+        raise ProtocolRequestError("'text' must be a string (a batch: a list of strings)")
     if input_ids is not None and (
         not isinstance(input_ids, list)
         or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids)
     ):
-        raise ProtocolRequestError("'input_ids' must be one list of non-negative integers")
+        raise ProtocolRequestError(
+            "'input_ids' must be a list of non-negative integers (a batch: a list of such lists)"
+        )
     rid = body.get("rid") or uuid.uuid4().hex
     if not isinstance(rid, str):
         raise ProtocolRequestError("'rid' must be a string")
@@ -432,6 +438,119 @@ def build_generate_response(
             [float(lp), int(tok), None] for lp, tok in zip(output_logprobs, output_ids, strict=True)
         ]
     return {"text": text, "output_ids": [int(t) for t in output_ids], "meta_info": meta}
+
+
+#: The ``/generate`` fields that a batch may give per prompt (a list) or once for all.
+GENERATE_PER_PROMPT_FIELDS = ("rid", "sampling_params", "return_logprob", "lora_path")
+
+
+def build_generate_batch_payload(requests: Sequence[GenerateRequest]) -> dict[str, Any]:
+    """One batched ``/generate`` for ``requests`` (all by ``input_ids``, or all by ``text``)."""
+    if not requests:
+        raise ValueError("a batch needs at least one request")
+    by_ids = [r.input_ids is not None for r in requests]
+    if any(by_ids) and not all(by_ids):
+        raise ValueError("a batch sends every prompt as input_ids or every prompt as text")
+    payload: dict[str, Any] = {
+        "rid": [r.request_id for r in requests],
+        "sampling_params": [sampling_to_wire(r.sampling) for r in requests],
+        "return_logprob": [r.return_logprob for r in requests],
+    }
+    if all(by_ids):
+        payload["input_ids"] = [list(r.input_ids or ()) for r in requests]
+    else:
+        payload["text"] = [r.text for r in requests]
+    if any(r.lora_path is not None for r in requests):
+        payload["lora_path"] = [r.lora_path for r in requests]
+    return payload
+
+
+def parse_generate_batch_response(
+    body: Any, *, requests: Sequence[GenerateRequest], engine: str, latency_s: float = 0.0
+) -> list[GenerateResult]:
+    """The list answer of a batched ``/generate``: one result per request, in order (an answer
+    whose ``meta_info.id`` names another request is refused)."""
+    if not isinstance(body, list) or len(body) != len(requests):
+        got = f"a list of {len(body)}" if isinstance(body, list) else type(body).__name__
+        raise EngineProtocolError(
+            f"{engine}: a batch of {len(requests)} prompts to /generate was answered with {got}",
+            engine=engine,
+            request_id=requests[0].request_id if requests else None,
+        )
+    results = []
+    for index, (answer, request) in enumerate(zip(body, requests, strict=True)):
+        meta_info = answer.get("meta_info") if isinstance(answer, Mapping) else None
+        answered_id = meta_info.get("id") if isinstance(meta_info, Mapping) else None
+        if isinstance(answered_id, str) and answered_id != request.request_id:
+            raise EngineProtocolError(
+                f"{engine}: batch answer [{index}] is for request {answered_id!r}, not "
+                f"{request.request_id!r} (answers must come in the order of the prompts)",
+                engine=engine,
+                request_id=request.request_id,
+            )
+        try:
+            results.append(
+                parse_generate_response(
+                    answer, request_id=request.request_id, engine=engine, latency_s=latency_s
+                )
+            )
+        except EngineProtocolError as exc:
+            raise EngineProtocolError(
+                f"{engine}: batch answer [{index}]: {exc}", engine=engine,
+                request_id=request.request_id,
+            ) from None  # fmt: skip
+    return results
+
+
+def is_generate_batch(body: Any) -> bool:
+    """Server side: is this ``/generate`` body a batch (a list of prompts)?"""
+    if not isinstance(body, Mapping):
+        return False
+    text, input_ids = body.get("text"), body.get("input_ids")
+    return isinstance(text, list) or (
+        isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+    )
+
+
+def parse_generate_batch_payload(body: Any, *, max_size: int) -> list[GenerateRequest]:
+    """Server side: a batched ``/generate`` body -> one GenerateRequest per prompt, each checked
+    as a single request would be (errors name the prompt's index)."""
+    if not isinstance(body, Mapping):
+        raise ProtocolRequestError("the /generate body must be a JSON object")
+    key = "text" if isinstance(body.get("text"), list) else "input_ids"
+    if "text" in body and "input_ids" in body:
+        raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
+    prompts = body[key]
+    if not prompts:
+        raise ProtocolRequestError(f"'{key}' is an empty batch; send at least one prompt")
+    if len(prompts) > max_size:
+        raise ProtocolRequestError(
+            f"'{key}' holds {len(prompts)} prompts; this server takes at most {max_size} per "
+            "request: split the batch"
+        )
+    per_prompt = {}
+    for field in GENERATE_PER_PROMPT_FIELDS:
+        value = body.get(field)
+        if isinstance(value, list):
+            if len(value) != len(prompts):
+                raise ProtocolRequestError(
+                    f"'{field}' has {len(value)} entries for {len(prompts)} prompts; give one "
+                    "per prompt or a single value"
+                )
+            per_prompt[field] = value
+    if body.get("rid") is not None and "rid" not in per_prompt:
+        raise ProtocolRequestError("'rid' of a batch must be a list with one id per prompt")
+    requests = []
+    for index, prompt in enumerate(prompts):
+        single = {k: v for k, v in body.items() if k not in ("text", "input_ids")}
+        single[key] = prompt
+        for field, values in per_prompt.items():
+            single[field] = values[index]
+        try:
+            requests.append(parse_generate_payload(single))
+        except ProtocolRequestError as exc:
+            raise ProtocolRequestError(f"prompt [{index}] of the batch: {exc}") from None
+    return requests
 
 
 # ============================================================================= /v1/chat/completions

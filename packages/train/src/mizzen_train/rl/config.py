@@ -88,7 +88,12 @@ class RolloutSection:
     max_new_tokens: int = opt(16, kind="int", low=1, help="tokens per response (default)")
     temperature: float = opt(1.0, kind="float", low=0.0, help="sampling temperature (> 0)")
     top_p: float = opt(1.0, kind="float", low=0.0, high=1.0, help="nucleus sampling")
-    max_concurrency: int = opt(64, kind="int", low=1, help="requests in flight per tenant")
+    top_k: int = opt(-1, kind="int", low=-1, help="sample among the k likeliest tokens (-1: off)")
+    max_concurrency: int = opt(64, kind="int", low=1, help="engine calls in flight per tenant")
+    batch_size: int = opt(
+        8, kind="int", low=1, high=256,
+        help="samples per engine call (one batched /generate; 1: a request per sample)",
+    )  # fmt: skip
     off_policy: bool = opt(
         False, kind="bool",
         help="rollout of step t+1 overlaps training of step t (samples one version behind)",
@@ -242,6 +247,8 @@ def _check(config: RlConfig) -> None:
             "must be > 0: a policy gradient needs samples of the policy (greedy is one answer)",
             "use e.g. temperature = 1.0",
         )  # fmt: skip
+    if rollout.top_k == 0:
+        raise fail("rollout.top_k", 0, "0 keeps no token", "use -1 (off) or k >= 1")
     if rollout.engines == "urls" and not rollout.engine_urls:
         raise fail(
             "rollout.engine_urls", [], 'engines = "urls" needs the servers',

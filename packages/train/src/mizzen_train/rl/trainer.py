@@ -187,6 +187,7 @@ class _RlTrainer(_Trainer):
                 reward=ev.reward,
                 max_new_tokens=ev.max_new_tokens,
                 temperature=ev.temperature,
+                batch_size=ev.batch_size,
                 startup_timeout_s=ev.startup_timeout_s,
                 request_timeout_s=ev.request_timeout_s,
             )
@@ -519,10 +520,12 @@ class _RlTrainer(_Trainer):
                     max_new_tokens=tenant.max_new_tokens or rollout.max_new_tokens,
                     temperature=rollout.temperature,
                     top_p=rollout.top_p,
+                    top_k=rollout.top_k,
                     seed=config.run.seed,
                 ),
                 return_logprob=True,
                 max_concurrency=rollout.max_concurrency,
+                batch_size=rollout.batch_size,
             )
             t0 = time.perf_counter()
             batch = await run_rollout(

@@ -173,7 +173,10 @@ class EvaluatorConfig:
     engine_threads: int = opt(1, kind="int", low=1, help="generate: torch threads per engine")
     startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
     request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per request")
-    batch_size: int = opt(8, kind="int", low=1, help="loss: examples per forward")
+    batch_size: int = opt(
+        8, kind="int", low=1, high=256,
+        help="generate: prompts per engine call (one batched /generate); loss: examples per forward",
+    )  # fmt: skip
     device: str = opt(
         "cpu", kind="str", choices=("cpu", "cuda"),
         help="generate: where its embedded engines run; loss: where it runs",

@@ -188,6 +188,7 @@ def _build_evaluator(ev: EvaluatorConfig, index: int, tokenizer, max_positions: 
                 reward=ev.reward,
                 max_new_tokens=ev.max_new_tokens,
                 temperature=ev.temperature,
+                batch_size=ev.batch_size,
                 engine_urls=tuple(ev.engine_urls),
                 num_engines=ev.num_engines,
                 engine_threads=ev.engine_threads,

@@ -8,23 +8,30 @@
 
 Invariants:
 - torch and transformers are imported inside :class:`TransformersBackend` only.
-- One generation runs at a time (a lock); requests queue.  ``should_abort`` is polled before the
-  generation starts and after every token, so an abort ends a queued or running request promptly,
-  keeping the tokens generated so far.
-- Sampling is reproducible: each request seeds torch with its ``seed`` (SGLang's
-  ``sampling_seed``) or, when absent, with a hash of (server seed, request id), so re-issuing a
-  request id yields the same sample.
+- A backend generates a *batch* of requests at once (:meth:`generate_batch`; ``generate`` is a
+  batch of one): the transformers backend runs one left-padded ``generate`` over the batch, so a
+  batch costs about what one request costs on a launch-bound device.  The batch is the one the
+  client sent (SGLang's batched ``/generate``), never a mix of requests that happened to queue
+  together, so what a request computes depends only on its batch, which the client fixes.
+- One batch runs at a time (a lock); batches queue.  Each request's ``should_abort`` is polled
+  before the batch starts and after every token, so an abort ends a queued or running request
+  promptly, keeping the tokens generated so far; the other requests of its batch go on.
+- Sampling is reproducible and per request: each request draws from its own generator, seeded
+  with its ``seed`` (SGLang's ``sampling_seed``) or, when absent, with a hash of (server seed,
+  request id), so re-issuing a request id yields the same sample and a request's draws never
+  depend on the other requests of its batch.  Each request has its own sampling parameters
+  (temperature, top-k, top-p, min-p, stops, ``max_new_tokens``) and adapter.
 - Log-probs are ``log_softmax(logits / temperature)`` of the sampled token (``logits`` when
   greedy), before top-k/top-p truncation.
 - Unsupported sampling parameters with non-default values are rejected, never ignored.
 - :meth:`TransformersBackend.reload` swaps in another model directory between two generations
   (a generation never mixes weights); the echo backend has no weights to update.
 - LoRA adapters (PEFT directories, :mod:`mizzen_rollout.adapters`) are loaded by name and applied
-  per request: a forward hook on each target ``nn.Linear`` adds ``scale * B (A x)`` while that
-  request's adapter is active, exactly PEFT's LoRA forward (dropout off); the base weights are
-  never modified, so requests without an adapter are the base model bit for bit.  Loading,
-  unloading and generating hold the one generation lock: a request sees one adapter version
-  from its first token to its last, and an unload waits for the request using it.
+  per request: a forward hook on each target ``nn.Linear`` adds ``scale * B (A x)`` to the rows
+  of the requests whose adapter it is, exactly PEFT's LoRA forward (dropout off); the base
+  weights are never modified, so requests without an adapter are the base model bit for bit.
+  Loading, unloading and generating hold the one generation lock: a request sees one adapter
+  version from its first token to its last, and an unload waits for the batch using it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from __future__ import annotations
 import json
 import threading
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
@@ -45,6 +52,7 @@ __all__ = [
     "BackendUnavailableError",
     "EchoBackend",
     "Generation",
+    "GenerationItem",
     "TransformersBackend",
     "UnsupportedParameterError",
     "load_tiny_config",
@@ -108,10 +116,36 @@ class Generation:
     logprobs: tuple[float, ...] | None
 
 
+@dataclass(frozen=True)
+class GenerationItem:
+    """One request of a batch, as the server hands it to a backend."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    request_id: str
+    return_logprob: bool
+    should_abort: Callable[[], bool]
+    lora_name: str | None = None
+
+
+_ABORTED = FinishReason("abort", message="Aborted by request")
+
+
 class Backend(Protocol):
     description: str
     max_model_len: int
     tokenizer: Any
+
+    def generate_batch(self, items: Sequence[GenerationItem]) -> list[Generation]:
+        """One generation per item, in order (see the module docstring)."""
+        ...
+
+
+class _OneAtATime:
+    """``generate``: one request as a batch of one (both backends)."""
+
+    def generate_batch(self, items: Sequence[GenerationItem]) -> list[Generation]:
+        raise NotImplementedError
 
     def generate(
         self,
@@ -122,7 +156,11 @@ class Backend(Protocol):
         return_logprob: bool,
         should_abort: Callable[[], bool],
         lora_name: str | None = None,
-    ) -> Generation: ...
+    ) -> Generation:
+        item = GenerationItem(
+            tuple(prompt_ids), sampling, request_id, return_logprob, should_abort, lora_name
+        )
+        return self.generate_batch([item])[0]
 
 
 def _truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
@@ -135,7 +173,7 @@ def _truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]
     return (text, None) if best is None else (text[: best[0]], best[1])
 
 
-class EchoBackend:
+class EchoBackend(_OneAtATime):
     """Instant answers, no model: the last ``max_new_tokens`` prompt tokens, echoed."""
 
     max_model_len = 1 << 20
@@ -145,39 +183,34 @@ class EchoBackend:
         self.description = "echo (instant answers, no model)"
         self._seed = seed
 
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        request_id: str,
-        return_logprob: bool,
-        should_abort: Callable[[], bool],
-        lora_name: str | None = None,
-    ) -> Generation:
-        check_supported(sampling)
-        if lora_name is not None:
-            raise UnsupportedParameterError(
-                f"lora_path={lora_name!r}: the echo backend serves no LoRA adapters"
-            )
-        if should_abort():
-            return Generation((), "", FinishReason("abort", message="Aborted by request"), None)
-        body = [t for t in prompt_ids if t >= ByteTokenizer.OFFSET]
-        n = sampling.max_new_tokens
+    def generate_batch(self, items: Sequence[GenerationItem]) -> list[Generation]:
+        for item in items:
+            check_supported(item.sampling)
+            if item.lora_name is not None:
+                raise UnsupportedParameterError(
+                    f"lora_path={item.lora_name!r}: the echo backend serves no LoRA adapters"
+                )
+        return [self._echo(item) for item in items]
+
+    def _echo(self, item: GenerationItem) -> Generation:
+        if item.should_abort():
+            return Generation((), "", _ABORTED, None)
+        body = [t for t in item.prompt_ids if t >= ByteTokenizer.OFFSET]
+        n = item.sampling.max_new_tokens
         out = tuple(body[-n:]) if n else ()
-        text, matched = _truncate_at_stop(self.tokenizer.decode(out), sampling.stop)
+        text, matched = _truncate_at_stop(self.tokenizer.decode(out), item.sampling.stop)
         if matched is not None:
             finish = FinishReason("stop", matched=matched)
         elif len(out) == n:
             finish = FinishReason("length")
         else:
             finish = FinishReason("stop", matched=ByteTokenizer.EOS)
-        logprobs = tuple(-1.0 for _ in out) if return_logprob else None
+        logprobs = tuple(-1.0 for _ in out) if item.return_logprob else None
         return Generation(out, text, finish, logprobs)
 
 
-class TransformersBackend:
-    """Hugging Face ``generate`` on CPU (or whatever torch's default device is)."""
+class TransformersBackend(_OneAtATime):
+    """Hugging Face ``generate`` on CPU or CUDA, one left-padded batch at a time."""
 
     def __init__(
         self,
@@ -272,99 +305,195 @@ class TransformersBackend:
             self.max_model_len = int(getattr(model.config, "max_position_embeddings", 4096))
         return f"serving {model_path}"
 
-    def _stopping_criteria(
-        self, prompt_len: int, stops: Sequence[str], should_abort: Callable[[], bool]
-    ) -> tuple[Any, dict[str, Any]]:
-        torch, transformers = self._torch, self._transformers
-        tokenizer = self.tokenizer
-        state: dict[str, Any] = {"aborted": False, "stop": None}
-
-        class _AbortOrStop(transformers.StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                done = False
-                if should_abort():
-                    state["aborted"] = done = True
-                elif stops:
-                    text = tokenizer.decode(input_ids[0, prompt_len:].tolist())
-                    _, matched = _truncate_at_stop(text, stops)
-                    if matched is not None:
-                        state["stop"] = matched
-                        done = True
-                return torch.full(
-                    (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
+    def generate_batch(self, items: Sequence[GenerationItem]) -> list[Generation]:
+        for index, item in enumerate(items):
+            where = f"request {item.request_id!r}" if len(items) == 1 else f"batch item {index}"
+            check_supported(item.sampling)
+            if len(item.prompt_ids) + item.sampling.max_new_tokens > self.max_model_len:
+                raise UnsupportedParameterError(
+                    f"{where}: prompt ({len(item.prompt_ids)} tokens) + max_new_tokens "
+                    f"({item.sampling.max_new_tokens}) exceeds the model's {self.max_model_len} "
+                    "positions"
                 )
-
-        return transformers.StoppingCriteriaList([_AbortOrStop()]), state
-
-    def generate(
-        self,
-        prompt_ids: Sequence[int],
-        sampling: SamplingParams,
-        *,
-        request_id: str,
-        return_logprob: bool,
-        should_abort: Callable[[], bool],
-        lora_name: str | None = None,
-    ) -> Generation:
-        check_supported(sampling)
-        torch, transformers = self._torch, self._transformers
-        if len(prompt_ids) + sampling.max_new_tokens > self.max_model_len:
-            raise UnsupportedParameterError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
-                f"({sampling.max_new_tokens}) exceeds the model's {self.max_model_len} positions"
-            )
-        if not prompt_ids:
-            raise UnsupportedParameterError("the prompt is empty (0 tokens)")
+            if not item.prompt_ids:
+                raise UnsupportedParameterError(f"{where}: the prompt is empty (0 tokens)")
+        results: list[Generation | None] = [None] * len(items)
         with self._lock:
-            if should_abort():
-                return Generation((), "", FinishReason("abort", message="Aborted by request"), None)
-            if sampling.max_new_tokens == 0:
-                return Generation((), "", FinishReason("length"), () if return_logprob else None)
-            torch.manual_seed(request_seed(self._seed, request_id, sampling))
-            eos_ids = [] if sampling.ignore_eos else list(self.tokenizer.eos_token_ids)
-            stop_ids = list(sampling.stop_token_ids)
-            greedy = sampling.temperature == 0
-            config = transformers.GenerationConfig(
-                max_new_tokens=sampling.max_new_tokens,
-                do_sample=not greedy,
-                temperature=None if greedy else sampling.temperature,
-                top_k=None if greedy or sampling.top_k == -1 else sampling.top_k,
-                top_p=None if greedy else sampling.top_p,
-                min_p=None if greedy or not sampling.min_p else sampling.min_p,
-                eos_token_id=eos_ids + stop_ids,
-                pad_token_id=self.tokenizer.pad_token_id,
-                output_logits=return_logprob,
-                return_dict_in_generate=True,
-            )
-            criteria, state = self._stopping_criteria(len(prompt_ids), sampling.stop, should_abort)
-            ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-            with torch.no_grad(), self.adapters.active(lora_name):
-                out = self.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    generation_config=config,
-                    stopping_criteria=criteria,
+            self.adapters.check_loaded(item.lora_name for item in items)
+            rows = []
+            for index, item in enumerate(items):
+                if item.should_abort():
+                    results[index] = Generation((), "", _ABORTED, None)
+                elif item.sampling.max_new_tokens == 0:
+                    logprobs = () if item.return_logprob else None
+                    results[index] = Generation((), "", FinishReason("length"), logprobs)
+                else:
+                    rows.append(index)
+            if rows:
+                batch = _Batch(
+                    [items[i] for i in rows], self.tokenizer, self.device, server_seed=self._seed
                 )
-        new_ids = tuple(int(t) for t in out.sequences[0, len(prompt_ids) :].cpu().tolist())
-        logprobs = None
-        if return_logprob:
-            steps = torch.cat([step[:1] for step in out.logits], dim=0).float().cpu()
-            if not greedy:
-                steps = steps / sampling.temperature
-            chosen = torch.tensor(new_ids, dtype=torch.long).unsqueeze(1)
-            values = torch.log_softmax(steps, dim=-1).gather(1, chosen).squeeze(1)
-            logprobs = tuple(float(v) for v in values.tolist())
-        text = self.tokenizer.decode(new_ids)
-        if state["aborted"]:
-            finish = FinishReason("abort", message="Aborted by request")
-        elif state["stop"] is not None:
-            text, _ = _truncate_at_stop(text, (state["stop"],))
-            finish = FinishReason("stop", matched=state["stop"])
-        elif new_ids and new_ids[-1] in set(eos_ids + stop_ids):
-            finish = FinishReason("stop", matched=new_ids[-1])
-        else:
-            finish = FinishReason("length")
-        return Generation(new_ids, text, finish, logprobs)
+                with self._torch.no_grad(), self.adapters.active(batch.lora_names):
+                    out = self.model.generate(
+                        batch.input_ids,
+                        attention_mask=batch.attention_mask,
+                        generation_config=batch.generation_config(self._transformers),
+                        logits_processor=self._transformers.LogitsProcessorList(
+                            [_RowSampler(batch, self._transformers)]
+                        ),
+                        stopping_criteria=self._transformers.StoppingCriteriaList(
+                            [_RowStopper(batch, self._transformers)]
+                        ),
+                    )
+                for index, generation in zip(rows, batch.generations(out), strict=True):
+                    results[index] = generation
+        return [r for r in results if r is not None]
+
+
+class _Batch:
+    """One ``generate`` call's rows: the left-padded prompts, each row's generator, stops and
+    end-of-sequence ids, and how each row finished (filled while generating)."""
+
+    def __init__(
+        self, items: Sequence[GenerationItem], tokenizer: Any, device: Any, *, server_seed: int
+    ) -> None:
+        import torch
+
+        self.items = list(items)
+        self.tokenizer = tokenizer
+        self.width = max(len(item.prompt_ids) for item in items)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad
+        ids = torch.full((len(items), self.width), pad, dtype=torch.long)
+        mask = torch.zeros((len(items), self.width), dtype=torch.long)
+        for row, item in enumerate(items):
+            ids[row, self.width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
+            mask[row, self.width - len(item.prompt_ids) :] = 1
+        self.input_ids, self.attention_mask = ids.to(device), mask.to(device)
+        self.generators = []
+        for item in items:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(request_seed(server_seed, item.request_id, item.sampling))
+            self.generators.append(generator)
+        self.end_ids = [
+            set(item.sampling.stop_token_ids)
+            | (set() if item.sampling.ignore_eos else set(tokenizer.eos_token_ids))
+            for item in items
+        ]
+        self.lora_names = tuple(item.lora_name for item in items)
+        #: row -> (new tokens kept, finish reason), once the row is done
+        self.finished: dict[int, tuple[int, FinishReason]] = {}
+
+    def generation_config(self, transformers: Any) -> Any:
+        return transformers.GenerationConfig(
+            max_new_tokens=max(item.sampling.max_new_tokens for item in self.items),
+            do_sample=False,  # the rows are sampled by _RowSampler; greedy keeps its choice
+            eos_token_id=[],  # each row's end ids are _RowStopper's
+            pad_token_id=self.pad_token_id,
+            output_logits=any(item.return_logprob for item in self.items),
+            return_dict_in_generate=True,
+        )
+
+    def generations(self, out: Any) -> list[Generation]:
+        import torch
+
+        sequences = out.sequences[:, self.width :].cpu().tolist()
+        logits = None
+        if out.logits is not None and any(item.return_logprob for item in self.items):
+            logits = torch.stack(list(out.logits), dim=1).float()  # [rows, steps, vocab]
+        results = []
+        for row, item in enumerate(self.items):
+            kept, finish = self.finished.get(row, (len(sequences[row]), FinishReason("length")))
+            new_ids = tuple(int(t) for t in sequences[row][:kept])
+            logprobs = None
+            if item.return_logprob and logits is not None:
+                steps = logits[row, :kept]
+                if item.sampling.temperature != 0:
+                    steps = steps / item.sampling.temperature
+                chosen = torch.tensor(new_ids, dtype=torch.long, device=steps.device)
+                values = torch.log_softmax(steps, dim=-1).gather(1, chosen.unsqueeze(1))
+                logprobs = tuple(float(v) for v in values.squeeze(1).cpu().tolist())
+            text = self.tokenizer.decode(new_ids)
+            if finish.kind == "stop" and isinstance(finish.matched, str):
+                text, _ = _truncate_at_stop(text, (finish.matched,))
+            results.append(Generation(new_ids, text, finish, logprobs))
+        return results
+
+
+class _RowSampler:
+    """A logits processor that samples every unfinished row with its own generator and
+    parameters, then leaves only the chosen token finite, so the greedy search keeps it.
+    Temperature, then top-k, top-p and min-p, as SGLang applies them; greedy rows take the
+    arg-max of the raw logits."""
+
+    def __init__(self, batch: _Batch, transformers: Any) -> None:
+        self.batch = batch
+        self.warpers = []
+        for item in batch.items:
+            s = item.sampling
+            warpers = []
+            if s.temperature != 0:
+                if s.top_k not in (-1, 0):
+                    warpers.append(transformers.TopKLogitsWarper(top_k=s.top_k))
+                if s.top_p < 1.0:
+                    warpers.append(transformers.TopPLogitsWarper(top_p=s.top_p))
+                if s.min_p:
+                    warpers.append(transformers.MinPLogitsWarper(min_p=s.min_p))
+            self.warpers.append(warpers)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        batch = self.batch
+        chosen = scores.argmax(dim=-1)
+        for row, item in enumerate(batch.items):
+            temperature = item.sampling.temperature
+            if temperature == 0 or row in batch.finished:
+                continue
+            row_scores = scores[row : row + 1] / temperature
+            for warper in self.warpers[row]:
+                row_scores = warper(input_ids[row : row + 1], row_scores)
+            probs = torch.softmax(row_scores, dim=-1)
+            chosen[row] = torch.multinomial(probs[0], 1, generator=batch.generators[row])[0]
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(1, chosen.unsqueeze(1), 0.0)
+
+
+class _RowStopper:
+    """A stopping criterion per row: abort, a stop string, an end id, the row's own
+    ``max_new_tokens``; records how the row finished in the batch."""
+
+    def __init__(self, batch: _Batch, transformers: Any) -> None:
+        self.batch = batch
+        self.any_stops = any(item.sampling.stop for item in batch.items)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        batch = self.batch
+        new = input_ids[:, batch.width :]
+        count = new.shape[1]
+        last = new[:, -1].tolist()
+        texts = new.tolist() if self.any_stops else None
+        for row, item in enumerate(batch.items):
+            if row in batch.finished:
+                continue
+            finish = None
+            if item.should_abort():
+                finish = _ABORTED
+            elif last[row] in batch.end_ids[row]:
+                finish = FinishReason("stop", matched=last[row])
+            elif item.sampling.stop and texts is not None:
+                text = batch.tokenizer.decode(texts[row])
+                _, matched = _truncate_at_stop(text, item.sampling.stop)
+                if matched is not None:
+                    finish = FinishReason("stop", matched=matched)
+            if finish is None and count >= item.sampling.max_new_tokens:
+                finish = FinishReason("length")
+            if finish is not None:
+                batch.finished[row] = (count, finish)
+        done = [row in batch.finished for row in range(len(batch.items))]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def make_backend(
@@ -401,7 +530,8 @@ class LoraAdapters:
         #: name -> (path, scale, {module path: (A [r, in], B [out, r])})
         self._adapters: dict[str, tuple[str, float, dict[str, tuple[Any, Any]]]] = {}
         self._hooked: dict[str, Any] = {}
-        self._active: str | None = None
+        #: (adapter, its rows or None for all) of the forward running now
+        self._active: list[tuple[str, Any]] = []
 
     def loaded(self) -> dict[str, str]:
         return {name: entry[0] for name, entry in self._adapters.items()}
@@ -437,19 +567,38 @@ class LoraAdapters:
             moved.load(name, path)
         return moved
 
-    def active(self, name: str | None):
-        """Context: ``name``'s adapter applies to every forward inside (None: the base)."""
+    def check_loaded(self, names: Iterable[str | None]) -> None:
+        """Refuse a request routed to an adapter that is not loaded."""
+        for name in names:
+            if name is not None and name not in self._adapters:
+                raise UnsupportedParameterError(
+                    f"lora_path={name!r} names no loaded LoRA adapter (loaded: "
+                    f"{sorted(self._adapters)}); load it with /load_lora_adapter first"
+                )
+
+    def active(self, names: str | Sequence[str | None] | None):
+        """Context: row ``i`` of every forward inside gets adapter ``names[i]`` (None: the
+        base model); one name (or None) applies to every row."""
         import contextlib
 
-        if name is not None and name not in self._adapters:
-            raise UnsupportedParameterError(
-                f"lora_path={name!r} names no loaded LoRA adapter (loaded: "
-                f"{sorted(self._adapters)}); load it with /load_lora_adapter first"
-            )
+        import torch
+
+        if names is None or isinstance(names, str):
+            names = (names,)  # one adapter (or the base) for every row
+        self.check_loaded(names)
+        if all(name is None for name in names):
+            plan: list[tuple[str, Any]] = []
+        elif len(set(names)) == 1:
+            plan = [(names[0], None)]  # every row: no indexing
+        else:
+            plan = []
+            for name in sorted({n for n in names if n is not None}):
+                rows = [i for i, n in enumerate(names) if n == name]
+                plan.append((name, torch.tensor(rows, dtype=torch.long, device=self.device)))
 
         @contextlib.contextmanager
         def scope():
-            previous, self._active = self._active, name
+            previous, self._active = self._active, plan
             try:
                 yield
             finally:
@@ -462,17 +611,16 @@ class LoraAdapters:
             return
 
         def hook(module: Any, inputs: Any, output: Any) -> Any:
-            active = self._active
-            if active is None:
-                return None
-            _, scale, factors = self._adapters[active]
-            pair = factors.get(module_path)
-            if pair is None:
-                return None
-            lora_a, lora_b = pair
-            x = inputs[0].to(lora_a.dtype)
-            delta = (x @ lora_a.t()) @ lora_b.t()
-            return output + (scale * delta).to(output.dtype)
+            for name, rows in self._active:
+                _, scale, factors = self._adapters[name]
+                pair = factors.get(module_path)
+                if pair is None:
+                    continue
+                lora_a, lora_b = pair
+                x = inputs[0] if rows is None else inputs[0].index_select(0, rows)
+                delta = (scale * ((x.to(lora_a.dtype) @ lora_a.t()) @ lora_b.t())).to(output.dtype)
+                output = output + delta if rows is None else output.index_add(0, rows, delta)
+            return output
 
         self._hooked[module_path] = self._modules[module_path].register_forward_hook(hook)
 

@@ -9,6 +9,8 @@ unchanged.
 Invariants:
 - Standard library HTTP (``ThreadingHTTPServer``, keep-alive); one thread per connection; the
   backend serialises generation itself.
+- A batched ``/generate`` (lists of prompts, SGLang's batch form) is generated as one batch by
+  the backend and answered with a list, in order; at most :data:`MAX_BATCH_SIZE` prompts.
 - The server listens only after the backend is loaded, so ``/health`` answering 200 means ready.
   With ``port=0`` the kernel picks the port; ``port_file`` receives it (written atomically).
 - A request whose body breaks the protocol, or asks for something the backend does not implement,
@@ -34,10 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import protocol
-from .backend import Backend, UnsupportedParameterError
+from .backend import Backend, GenerationItem, UnsupportedParameterError
 from .tokenizer import TokenizerError
 
-__all__ = ["EmbeddedServer", "serve"]
+__all__ = ["MAX_BATCH_SIZE", "EmbeddedServer", "serve"]
+
+#: The most prompts one batched ``/generate`` may carry (a batch is padded to its longest
+#: prompt and held in memory at once).
+MAX_BATCH_SIZE = 256
 
 
 class _AbortRegistry:
@@ -178,70 +184,74 @@ class EmbeddedServer(ThreadingHTTPServer):
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
 
     # ------------------------------------------------------------------ handlers
-    def _run(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        sampling: Any,
-        return_logprob: bool,
-        lora_name: str | None = None,
-    ):
-        flag = self.inflight.register(request_id)
+    def _run(self, requests: list[tuple[Any, list[int]]], lora_names: list[str | None]):
+        """Generate ``(request, prompt ids)`` pairs as one batch; every request id is in flight
+        (abortable) from before the batch queues until it ends."""
+        flags: list[threading.Event] = []
         try:
-            extra = {} if lora_name is None else {"lora_name": lora_name}
-            return self.backend.generate(
-                prompt_ids,
-                sampling,
-                request_id=request_id,
-                return_logprob=return_logprob,
-                should_abort=flag.is_set,
-                **extra,
-            )
+            for request, _ in requests:
+                flags.append(self.inflight.register(request.request_id))
+            items = [
+                GenerationItem(
+                    tuple(prompt_ids),
+                    request.sampling,
+                    request.request_id,
+                    request.return_logprob,
+                    flag.is_set,
+                    lora_name,
+                )
+                for (request, prompt_ids), flag, lora_name in zip(
+                    requests, flags, lora_names, strict=True
+                )
+            ]
+            return self.backend.generate_batch(items)
         finally:
-            self.inflight.release(request_id)
+            for request, _ in requests[: len(flags)]:
+                self.inflight.release(request.request_id)
 
     def handle_generate(self, body: Any) -> tuple[int, Any]:
         start = time.perf_counter()
-        request = protocol.parse_generate_payload(body)
+        batched = protocol.is_generate_batch(body)
+        requests = (
+            protocol.parse_generate_batch_payload(body, max_size=MAX_BATCH_SIZE)
+            if batched
+            else [protocol.parse_generate_payload(body)]
+        )
         tokenizer = self.backend.tokenizer
-        prompt_ids = (
-            list(request.input_ids)
-            if request.input_ids is not None
-            else tokenizer.encode(request.text or "")
-        )
-        if request.lora_path is not None and not isinstance(request.lora_path, str):
-            raise protocol.ProtocolRequestError("'lora_path' must be one adapter name here")
-        gen = self._run(
-            request.request_id,
-            prompt_ids,
-            request.sampling,
-            request.return_logprob,
-            request.lora_path,
-        )
-        logprobs = gen.logprobs
-        if request.return_logprob and logprobs is None:
-            logprobs = ()
-        return HTTPStatus.OK, protocol.build_generate_response(
-            request_id=request.request_id,
-            text=gen.text,
-            output_ids=gen.output_ids,
-            finish=gen.finish,
-            prompt_tokens=len(prompt_ids),
-            output_logprobs=logprobs if request.return_logprob else None,
-            e2e_latency=time.perf_counter() - start,
-        )
+        pairs = []
+        for request in requests:
+            if request.lora_path is not None and not isinstance(request.lora_path, str):
+                raise protocol.ProtocolRequestError("'lora_path' must be one adapter name here")
+            prompt_ids = (
+                list(request.input_ids)
+                if request.input_ids is not None
+                else tokenizer.encode(request.text or "")
+            )
+            pairs.append((request, prompt_ids))
+        generations = self._run(pairs, [r.lora_path for r in requests])
+        answers = []
+        for (request, prompt_ids), gen in zip(pairs, generations, strict=True):
+            logprobs = gen.logprobs
+            if request.return_logprob and logprobs is None:
+                logprobs = ()
+            answers.append(
+                protocol.build_generate_response(
+                    request_id=request.request_id,
+                    text=gen.text,
+                    output_ids=gen.output_ids,
+                    finish=gen.finish,
+                    prompt_tokens=len(prompt_ids),
+                    output_logprobs=logprobs if request.return_logprob else None,
+                    e2e_latency=time.perf_counter() - start,
+                )
+            )
+        return HTTPStatus.OK, answers if batched else answers[0]
 
     def handle_chat(self, body: Any) -> tuple[int, Any]:
         request = protocol.parse_chat_payload(body)
         tokenizer = self.backend.tokenizer
         prompt_ids = tokenizer.apply_chat_template(request.messages)
-        gen = self._run(
-            request.request_id,
-            prompt_ids,
-            request.sampling,
-            request.return_logprob,
-            request.lora_name,
-        )
+        (gen,) = self._run([(request, prompt_ids)], [request.lora_name])
         logprobs = gen.logprobs
         if request.return_logprob and logprobs is None:
             logprobs = ()
