@@ -143,6 +143,50 @@ def test_an_abort_ends_only_its_row():
     assert aborted.output_ids == kept.output_ids[:4] and len(aborted.logprobs) == 4
 
 
+def test_an_abort_before_the_start_changes_no_other_row():
+    """An aborted row stays in the batch (padded like the others), so its neighbours compute
+    the same bits whether the abort came before the start or never."""
+    from mizzen_rollout.engines.embedded.backend import GenerationItem, TransformersBackend
+
+    backend = TransformersBackend(seed=0)
+    tok = backend.tokenizer
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=2)
+
+    def batch(aborted: bool):
+        long_row = GenerationItem(tuple(tok.encode("a much longer prompt " * 4)), sampling,
+                                  "long", True, lambda: aborted)  # fmt: skip
+        short_row = GenerationItem(tuple(tok.encode("hi")), sampling, "short", True, lambda: False)
+        return backend.generate_batch([long_row, short_row])
+
+    (long_aborted, short_beside_aborted), (long_run, short_beside_run) = batch(True), batch(False)
+    assert long_aborted.finish.kind == "abort" and long_aborted.output_ids == ()
+    assert long_run.finish.kind == "length" and len(long_run.output_ids) == 6
+    assert short_beside_aborted == short_beside_run  # tokens and log-probs, bit for bit
+
+
+def test_a_batch_that_outgrows_the_model_or_vocabulary_is_refused():
+    from mizzen_rollout.engines.embedded.backend import (
+        GenerationItem,
+        TransformersBackend,
+        UnsupportedParameterError,
+    )
+
+    backend = TransformersBackend(seed=0)
+    backend.max_model_len = limit = 64  # the check's limit (the model itself has more)
+
+    def item(rid, prompt_len, new_tokens, token=65):
+        sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+        return GenerationItem((token,) * prompt_len, sampling, rid, False, lambda: False)
+
+    alone = [item("long-prompt", limit - 4, 4), item("long-answer", 4, limit - 8)]
+    for one in alone:  # each fits alone ...
+        assert backend.generate_batch([one])[0].finish.kind == "length"
+    with pytest.raises(UnsupportedParameterError, match="separate batches"):
+        backend.generate_batch(alone)  # ... but padded together they do not
+    with pytest.raises(UnsupportedParameterError, match="batch item 1: token id 300 is not in"):
+        backend.generate_batch([item("ok", 3, 2), item("bad", 3, 2, token=300)])
+
+
 def test_batch_payload_is_sglang_shaped_and_round_trips():
     batch = _requests("p", MIXED)
     payload = protocol.build_generate_batch_payload(batch)
@@ -189,7 +233,11 @@ def test_embedded_server_answers_a_bad_batch_with_400(embedded_server):
 
     duplicate = {"text": ["x", "y"], "rid": ["same", "same"]}
     answer = httpx.post(f"{embedded_server.url}{protocol.GENERATE_PATH}", json=duplicate)
-    assert answer.status_code == 400 and "already in flight" in answer.text
+    assert answer.status_code == 400 and "'rid' [1] repeats 'rid' [0]" in answer.text
+    huge = httpx.post(
+        f"{embedded_server.url}{protocol.GENERATE_PATH}", json={"input_ids": [[1, 2], [2**70]]}
+    )
+    assert huge.status_code == 400 and "batch item 1: token id" in huge.text
     ok = httpx.post(
         f"{embedded_server.url}{protocol.GENERATE_PATH}",
         json={
@@ -199,6 +247,15 @@ def test_embedded_server_answers_a_bad_batch_with_400(embedded_server):
         },
     )
     assert ok.status_code == 200 and [a["meta_info"]["id"] for a in ok.json()] == ["same", "other"]
+    texts = [GenerateRequest(f"txt{i}", text=p, sampling=MIXED[0]) for i, p in enumerate(PROMPTS)]
+
+    async def by_text():
+        async with SGLangClient(embedded_server.url) as client:
+            return await client.generate_batch(texts), await client.generate(texts[2])
+
+    batched, alone = run(by_text())
+    assert [r.request_id for r in batched] == [r.request_id for r in texts]
+    assert batched[2].output_ids == alone.output_ids
 
 
 def test_client_refuses_an_answer_that_is_not_one_per_prompt_in_order():
@@ -293,3 +350,60 @@ def test_router_reissues_a_batch_whole_when_its_engine_is_gone(embedded_server):
     assert all(r.engine == embedded_server.url for r in results)
     assert router.reissued == ["r-0", "r-1"]
     assert router.router.outstanding == (0, 0)
+
+
+class _TokenizeFails(_Recording):
+    """The recording router, but tokenising ``bad`` fails as an unavailable engine would."""
+
+    def __init__(self, router: EngineRouter, bad: str) -> None:
+        super().__init__(router)
+        self.bad = bad
+
+    async def tokenize(self, text):
+        from mizzen_rollout.engines import EngineUnavailableError
+
+        if text == self.bad:
+            raise EngineUnavailableError("tokenize: engine gone", engine="e")
+        return await self.router.tokenize(text)
+
+
+class _NoBatches:
+    """A dispatcher of someone else's: no generate_batch."""
+
+    def __init__(self, router: EngineRouter) -> None:
+        self.router = router
+        self.generated: list[str] = []
+
+    async def generate(self, request):
+        self.generated.append(request.request_id)
+        return await self.router.generate(request)
+
+    async def chat(self, request):
+        return await self.router.chat(request)
+
+    async def tokenize(self, text):
+        return await self.router.tokenize(text)
+
+
+def test_a_prompt_that_fails_to_tokenise_leaves_a_gap_and_moves_no_batch(embedded_server):
+    prompts = [PromptRecord(input=p, index=i) for i, p in enumerate(PROMPTS[:3])]
+    config = RolloutConfig(n_samples=2, sampling=MIXED[0], batch_size=4)
+
+    async def go(dispatcher_of):
+        dispatcher = dispatcher_of(EngineRouter([SGLangClient(embedded_server.url)]))
+        try:
+            batch = await run_rollout(prompts, dispatcher, config, batch_id="gap")
+        finally:
+            await dispatcher.router.aclose()
+        return batch, dispatcher
+
+    _, normal = run(go(_Recording))
+    failed, with_gap = run(go(lambda router: _TokenizeFails(router, PROMPTS[0])))
+    plain, no_batches = run(go(_NoBatches))
+    assert normal.calls == [["gap-g0-s0", "gap-g0-s1", "gap-g1-s0", "gap-g1-s1"],
+                            ["gap-g2-s0", "gap-g2-s1"]]  # fmt: skip
+    assert with_gap.calls == [["gap-g1-s0", "gap-g1-s1"], ["gap-g2-s0", "gap-g2-s1"]]
+    assert [s.status.value for s in failed.all_samples[:2]] == ["failed", "failed"]
+    assert "tokenize failed" in failed.all_samples[0].error
+    assert sorted(no_batches.generated) == [f"gap-g{g}-s{i}" for g in range(3) for i in range(2)]
+    assert all(s.response_tokens for s in plain.all_samples)

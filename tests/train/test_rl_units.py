@@ -183,14 +183,23 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
     assert events.count("engine_stopped") == (2 if fails_in == "engine start" else 0)
 
 
-def test_batch_size_limits_are_the_embedded_servers():
-    """The trainers' batch_size fields stop where the embedded server refuses a batch."""
+def test_batch_size_limits_are_the_embedded_servers(tmp_path):
+    """The trainers stop batch_size where the embedded server refuses a batch."""
     import dataclasses
 
     from mizzen_rollout.engines.embedded.server import MAX_BATCH_SIZE
-    from mizzen_train.rl.config import RolloutSection
-    from mizzen_train.sft.config import EvaluatorConfig
+    from mizzen_train.rl.config import RolloutSection, parse_rl_config
+    from mizzen_train.sft.config import ENGINE_MAX_BATCH, ConfigError
 
-    for section in (RolloutSection, EvaluatorConfig):
-        (field,) = [f for f in dataclasses.fields(section) if f.name == "batch_size"]
-        assert field.metadata["high"] == MAX_BATCH_SIZE, section
+    assert ENGINE_MAX_BATCH == MAX_BATCH_SIZE
+    (field,) = [f for f in dataclasses.fields(RolloutSection) if f.name == "batch_size"]
+    assert field.metadata["high"] == MAX_BATCH_SIZE
+    raw = _config(tmp_path)
+    generate = {"kind": "generate", "data": "example:rl_fixed", "reward": "math"}
+    raw["eval"] = {"interval": 5, "snapshot_dir": "s", "evaluators": [
+        {**generate, "batch_size": MAX_BATCH_SIZE + 1}]}  # fmt: skip
+    with pytest.raises(ConfigError, match="carries at most 256 prompts") as caught:
+        parse_rl_config(raw, source="t.toml")
+    assert "eval.evaluators[0].batch_size" in str(caught.value)
+    raw["eval"]["evaluators"] = [{**generate, "batch_size": MAX_BATCH_SIZE}]
+    parse_rl_config(raw, source="t.toml")

@@ -80,10 +80,10 @@ def leaky_urls(draw, *, credential_only: bool = False, in_text: bool = False) ->
     chunks: list[str] = []
     delimiters = TEXT_DELIMITERS if in_text else DELIMITERS
 
-    def secret() -> str:
+    def secret(joined_by=delimiters) -> str:
         parts = draw(st.lists(CHUNK, min_size=1, max_size=3))
         joints = draw(
-            st.lists(st.sampled_from(delimiters), min_size=len(parts) - 1, max_size=len(parts) - 1)
+            st.lists(st.sampled_from(joined_by), min_size=len(parts) - 1, max_size=len(parts) - 1)
         )
         chunks.extend(parts)
         return parts[0] + "".join(
@@ -93,6 +93,8 @@ def leaky_urls(draw, *, credential_only: bool = False, in_text: bool = False) ->
     def keyed() -> str:
         names = PASSWORD_LIKE_KEYS if credential_only else PASSWORD_LIKE_KEYS + INNOCENT_KEYS
         if draw(st.booleans()):
+            if credential_only:  # `Q1=Q2` would be an item named Q1: no credential by the rule
+                return secret([d for d in delimiters if d != "="])  # unnamed
             return secret()  # unnamed
         return f"{draw(st.sampled_from(names))}{draw(st.sampled_from(['=', '\uff1d']))}{secret()}"
 

@@ -7,10 +7,14 @@ Invariants:
   do (a dispatcher may re-issue an id to another engine; the call still returns once).  Groups
   come back in prompt order, samples in index order.
 - With ``batch_size > 1`` the samples of text prompts go to the engines ``batch_size`` at a time,
-  each run one batched ``/generate``: consecutive samples in (group, index) order, a new batch
-  whenever the prompt's kind (token ids or text) changes.  Which samples share a batch is thus
-  a function of the prompts and the configuration alone, never of timing, so a rollout computes
-  the same bits every time it is repeated.  A batch the engine refuses fails its samples alike.
+  each as one batched ``/generate``: batch ``k`` holds the samples at places ``k * batch_size``
+  to ``(k + 1) * batch_size - 1`` of the (group, index) order, split where the prompt's kind
+  (token ids or text) changes; a sample that failed before generation (its prompt did not
+  tokenise) leaves a gap in its own batch and moves no other.  Which samples share a batch is
+  a function of the prompts and the configuration, never of timing, so on the embedded engine
+  (which generates a batch as sent) a rollout computes the same bits every time it is
+  repeated; a server that schedules requests itself (SGLang) may batch them otherwise.  A batch
+  the engine refuses fails its samples alike; each sample's ``latency_s`` is its call's.
 - An engine error becomes a ``FAILED`` sample with the message; a reward error likewise (see
   :mod:`.rewards`); the batch itself never raises for either.
 - With ``SamplingParams.seed`` set, sample ``i`` of a group is seeded with a hash of (seed,
@@ -140,12 +144,11 @@ def request_id_for(batch_id: str, group_index: int, index_in_group: int) -> str:
     return f"{batch_id}-g{group_index}-s{index_in_group}"
 
 
-def _joins(batch: list[Any], request: GenerateRequest | ChatRequest, batch_size: int) -> bool:
-    """Does ``request`` join the batch before it (the batching rule of the module docstring)?"""
-    last = batch[-1]
+def _joins(last: Any, request: Any) -> bool:
+    """May ``request`` share an engine call with ``last``, the request before it in its batch
+    (the batching rule of the module docstring)?"""
     return (
-        len(batch) < batch_size
-        and isinstance(request, GenerateRequest)
+        isinstance(request, GenerateRequest)
         and isinstance(last, GenerateRequest)
         and (request.input_ids is None) == (last.input_ids is None)
     )
@@ -228,8 +231,10 @@ async def run_rollout(
                     ]
                 elif len(requests) == 1:
                     results = [await dispatcher.generate(requests[0])]
-                else:
+                elif hasattr(dispatcher, "generate_batch"):
                     results = list(await dispatcher.generate_batch(requests))
+                else:  # a dispatcher of its own without batches: one request each
+                    results = list(await asyncio.gather(*map(dispatcher.generate, requests)))
             for sample, result in zip(samples, results, strict=True):
                 _apply_result(sample, result)
         except EngineError as exc:
@@ -277,11 +282,13 @@ async def run_rollout(
         return SampleGroup(group_index, samples)
 
     groups = await asyncio.gather(*(one_group(g, r) for g, r in enumerate(prompts)))
-    calls: list[tuple[list[Sample], list[Any]]] = []
+    calls: list[tuple[int, list[Sample], list[Any]]] = []  # (batch, samples, requests)
+    slot = 0  # the sample's place in (group, index) order: batch k holds slots k*batch_size...
     for group, record in zip(groups, prompts, strict=True):
         for sample in group.samples:
+            chunk, slot = slot // config.batch_size, slot + 1
             if sample.status == SampleStatus.FAILED:
-                continue  # its prompt did not tokenise
+                continue  # its prompt did not tokenise: a gap in its batch, no shift after it
             try:
                 request = request_of(sample, record)
             except ValueError as exc:  # a prompt the request types refuse
@@ -291,12 +298,12 @@ async def run_rollout(
                 if on_sample is not None:
                     on_sample(sample)
                 continue
-            if calls and _joins(calls[-1][1], request, config.batch_size):
-                calls[-1][0].append(sample)
-                calls[-1][1].append(request)
+            if calls and calls[-1][0] == chunk and _joins(calls[-1][2][-1], request):
+                calls[-1][1].append(sample)
+                calls[-1][2].append(request)
             else:
-                calls.append(([sample], [request]))
-    await asyncio.gather(*(one_call(samples, requests) for samples, requests in calls))
+                calls.append((chunk, [sample], [request]))
+    await asyncio.gather(*(one_call(samples, requests) for _, samples, requests in calls))
     wall = time.perf_counter() - started
     kept, dropped = [], []
     for group in groups:

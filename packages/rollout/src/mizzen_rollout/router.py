@@ -6,8 +6,8 @@
   objects (HTTP clients), used by the CLI and the overhead benchmark.
 
 Invariants:
-- ``acquire`` picks, among live engines not excluded, one with the fewest outstanding requests;
-  ties rotate (so equal engines share load round-robin).  Every ``acquire`` is paired with exactly
+- ``acquire`` picks, among live engines not excluded, one with the fewest outstanding calls (a
+  batch counts as one); ties rotate (so equal engines share load round-robin).  Every ``acquire`` is paired with exactly
   one ``release`` (callers use ``try/finally``); counters never go negative.
 - ``EngineRouter`` re-issues a request whose engine is unavailable (connection failure / 5xx
   after the client's retries) to another engine with the same request id; each call returns at

@@ -142,8 +142,7 @@ class SGLangClient:
                 last_problem = f"{type(exc).__name__}: {exc}"
             except httpx.TimeoutException as exc:
                 if self._abort_on_timeout:
-                    for timed_out in request_ids:
-                        await self._abort_quietly(timed_out)
+                    await asyncio.gather(*(self._abort_quietly(r) for r in request_ids))
                 raise EngineTimeoutError(
                     f"{self._base_url}{path}: no answer within {self._timeout.read} s "
                     f"({type(exc).__name__}) for {what}; the request was "

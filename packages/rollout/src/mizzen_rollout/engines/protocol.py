@@ -441,7 +441,10 @@ def build_generate_response(
 
 
 #: The ``/generate`` fields that a batch may give per prompt (a list) or once for all.
-GENERATE_PER_PROMPT_FIELDS = ("rid", "sampling_params", "return_logprob", "lora_path")
+GENERATE_PER_PROMPT_FIELDS = (
+    "rid", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "lora_path",
+)  # fmt: skip
 
 
 def build_generate_batch_payload(requests: Sequence[GenerateRequest]) -> dict[str, Any]:
@@ -518,7 +521,7 @@ def parse_generate_batch_payload(body: Any, *, max_size: int) -> list[GenerateRe
     if not isinstance(body, Mapping):
         raise ProtocolRequestError("the /generate body must be a JSON object")
     key = "text" if isinstance(body.get("text"), list) else "input_ids"
-    if "text" in body and "input_ids" in body:
+    if body.get("text") is not None and body.get("input_ids") is not None:
         raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
     prompts = body[key]
     if not prompts:
@@ -540,6 +543,14 @@ def parse_generate_batch_payload(body: Any, *, max_size: int) -> list[GenerateRe
             per_prompt[field] = value
     if body.get("rid") is not None and "rid" not in per_prompt:
         raise ProtocolRequestError("'rid' of a batch must be a list with one id per prompt")
+    first_at: dict[Any, int] = {}
+    for index, rid in enumerate(per_prompt.get("rid", ())):
+        if isinstance(rid, str) and rid in first_at:
+            raise ProtocolRequestError(
+                f"'rid' [{index}] repeats 'rid' [{first_at[rid]}] ({rid!r}); every prompt of a "
+                "batch needs its own request id"
+            )
+        first_at.setdefault(rid, index)
     requests = []
     for index, prompt in enumerate(prompts):
         single = {k: v for k, v in body.items() if k not in ("text", "input_ids")}

@@ -28,6 +28,7 @@ from typing import Any
 
 from mizzen_train.runplan import EnginesNeeded, engines_needed
 from mizzen_train.sft.config import (
+    ENGINE_MAX_BATCH,
     AdapterTrainingConfig,
     ConfigError,
     EvalConfig,
@@ -84,14 +85,14 @@ class RolloutSection:
     )
     ray_address: str = opt("", kind="str", help="ray: cluster address (default: local)")
     startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="engine start deadline")
-    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="per request")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="per engine call")
     max_new_tokens: int = opt(16, kind="int", low=1, help="tokens per response (default)")
     temperature: float = opt(1.0, kind="float", low=0.0, help="sampling temperature (> 0)")
     top_p: float = opt(1.0, kind="float", low=0.0, high=1.0, help="nucleus sampling")
     top_k: int = opt(-1, kind="int", low=-1, help="sample among the k likeliest tokens (-1: off)")
     max_concurrency: int = opt(64, kind="int", low=1, help="engine calls in flight per tenant")
     batch_size: int = opt(
-        8, kind="int", low=1, high=256,
+        8, kind="int", low=1, high=ENGINE_MAX_BATCH,
         help="samples per engine call (one batched /generate; 1: a request per sample)",
     )  # fmt: skip
     off_policy: bool = opt(

@@ -156,6 +156,9 @@ class TenantConfig(AdapterTrainingConfig):
 
 
 EVALUATOR_KINDS = ("generate", "loss", "python")
+#: The most prompts one engine call carries: the embedded server's ``MAX_BATCH_SIZE`` (a test
+#: pins the two equal; this module does not import the rollout package).
+ENGINE_MAX_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -172,10 +175,11 @@ class EvaluatorConfig:
     num_engines: int = opt(1, kind="int", low=1, high=64, help="generate: embedded engines")
     engine_threads: int = opt(1, kind="int", low=1, help="generate: torch threads per engine")
     startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
-    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per request")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per engine call")
     batch_size: int = opt(
-        8, kind="int", low=1, high=256,
-        help="generate: prompts per engine call (one batched /generate); loss: examples per forward",
+        8, kind="int", low=1,
+        help="generate: prompts per engine call (one batched /generate, at most "
+        "ENGINE_MAX_BATCH); loss: examples per forward",
     )  # fmt: skip
     device: str = opt(
         "cpu", kind="str", choices=("cpu", "cuda"),
@@ -530,6 +534,10 @@ def check_eval(
         if ev.kind in ("generate", "loss") and not ev.data:
             raise fail(f"{where}.data", ev.data, f"a {ev.kind} evaluator needs an eval set",
                        'set data = "eval.jsonl" (or example:NAME)')  # fmt: skip
+        if ev.kind == "generate" and ev.batch_size > ENGINE_MAX_BATCH:
+            raise fail(f"{where}.batch_size", ev.batch_size,
+                       f"an engine call carries at most {ENGINE_MAX_BATCH} prompts",
+                       f"use batch_size <= {ENGINE_MAX_BATCH}")  # fmt: skip
         if ev.kind == "generate" and not ev.reward:
             raise fail(f"{where}.reward", ev.reward, "a generate evaluator scores its answers",
                        'set reward = "f1", "math" or "module:function"')  # fmt: skip

@@ -306,6 +306,7 @@ class TransformersBackend(_OneAtATime):
         return f"serving {model_path}"
 
     def generate_batch(self, items: Sequence[GenerationItem]) -> list[Generation]:
+        vocab = int(self.model.config.vocab_size)
         for index, item in enumerate(items):
             where = f"request {item.request_id!r}" if len(items) == 1 else f"batch item {index}"
             check_supported(item.sampling)
@@ -317,36 +318,53 @@ class TransformersBackend(_OneAtATime):
                 )
             if not item.prompt_ids:
                 raise UnsupportedParameterError(f"{where}: the prompt is empty (0 tokens)")
+            if max(item.prompt_ids) >= vocab:
+                raise UnsupportedParameterError(
+                    f"{where}: token id {max(item.prompt_ids)} is not in the model's vocabulary "
+                    f"(ids 0..{vocab - 1})"
+                )
+        # Zero-token requests are answered without the model; every other row, aborted ones
+        # included, is in the batch, so its padding never depends on when an abort came.
+        rows = [i for i, item in enumerate(items) if item.sampling.max_new_tokens > 0]
+        if rows:
+            width = max(len(items[i].prompt_ids) for i in rows)
+            longest = max(items[i].sampling.max_new_tokens for i in rows)
+            if width + longest > self.max_model_len:
+                raise UnsupportedParameterError(
+                    f"the batch pads to its longest prompt ({width} tokens) and runs to its "
+                    f"largest max_new_tokens ({longest}): {width + longest} positions exceed the "
+                    f"model's {self.max_model_len}; send the long-prompt and the long-answer "
+                    "requests in separate batches"
+                )
         results: list[Generation | None] = [None] * len(items)
+        for index, item in enumerate(items):
+            if item.sampling.max_new_tokens == 0:
+                logprobs = () if item.return_logprob else None
+                results[index] = Generation((), "", FinishReason("length"), logprobs)
         with self._lock:
             self.adapters.check_loaded(item.lora_name for item in items)
-            rows = []
-            for index, item in enumerate(items):
-                if item.should_abort():
-                    results[index] = Generation((), "", _ABORTED, None)
-                elif item.sampling.max_new_tokens == 0:
-                    logprobs = () if item.return_logprob else None
-                    results[index] = Generation((), "", FinishReason("length"), logprobs)
-                else:
-                    rows.append(index)
-            if rows:
-                batch = _Batch(
-                    [items[i] for i in rows], self.tokenizer, self.device, server_seed=self._seed
-                )
+            batch = _Batch(
+                [items[i] for i in rows], self.tokenizer, self.device, server_seed=self._seed
+            )
+            if len(batch.finished) < len(rows):  # some row is not aborted before its start
+                transformers = self._transformers
                 with self._torch.no_grad(), self.adapters.active(batch.lora_names):
                     out = self.model.generate(
                         batch.input_ids,
                         attention_mask=batch.attention_mask,
-                        generation_config=batch.generation_config(self._transformers),
-                        logits_processor=self._transformers.LogitsProcessorList(
-                            [_RowSampler(batch, self._transformers)]
+                        generation_config=batch.generation_config(transformers),
+                        logits_processor=transformers.LogitsProcessorList(
+                            [_RowSampler(batch, transformers)]
                         ),
-                        stopping_criteria=self._transformers.StoppingCriteriaList(
-                            [_RowStopper(batch, self._transformers)]
+                        stopping_criteria=transformers.StoppingCriteriaList(
+                            [_RowStopper(batch, transformers)]
                         ),
                     )
-                for index, generation in zip(rows, batch.generations(out), strict=True):
-                    results[index] = generation
+                sequences = out.sequences[:, batch.width :].cpu().tolist()
+            else:
+                sequences = [[] for _ in rows]
+            for index, generation in zip(rows, batch.generations(sequences), strict=True):
+                results[index] = generation
         return [r for r in results if r is not None]
 
 
@@ -382,7 +400,16 @@ class _Batch:
         ]
         self.lora_names = tuple(item.lora_name for item in items)
         #: row -> (new tokens kept, finish reason), once the row is done
-        self.finished: dict[int, tuple[int, FinishReason]] = {}
+        self.finished: dict[int, tuple[int, FinishReason]] = {
+            row: (0, _ABORTED) for row, item in enumerate(items) if item.should_abort()
+        }
+        #: the rows that return log-probs, and per step their chosen tokens' log-probs
+        self.logprob_rows = [row for row, item in enumerate(items) if item.return_logprob]
+        self.step_logprobs: list[Any] = []
+        if self.logprob_rows:
+            temperatures = [items[row].sampling.temperature or 1.0 for row in self.logprob_rows]
+            self.logprob_index = torch.tensor(self.logprob_rows, dtype=torch.long, device=device)
+            self.logprob_scale = torch.tensor(temperatures, device=device).unsqueeze(1)
 
     def generation_config(self, transformers: Any) -> Any:
         return transformers.GenerationConfig(
@@ -390,29 +417,33 @@ class _Batch:
             do_sample=False,  # the rows are sampled by _RowSampler; greedy keeps its choice
             eos_token_id=[],  # each row's end ids are _RowStopper's
             pad_token_id=self.pad_token_id,
-            output_logits=any(item.return_logprob for item in self.items),
             return_dict_in_generate=True,
         )
 
-    def generations(self, out: Any) -> list[Generation]:
+    def record_logprobs(self, scores: Any, chosen: Any) -> None:
+        """One step: ``log_softmax(logits / temperature)`` (the raw logits when greedy) of each
+        log-prob row's chosen token, before any truncation (kept on the device)."""
         import torch
 
-        sequences = out.sequences[:, self.width :].cpu().tolist()
-        logits = None
-        if out.logits is not None and any(item.return_logprob for item in self.items):
-            logits = torch.stack(list(out.logits), dim=1).float()  # [rows, steps, vocab]
+        index = self.logprob_index
+        rows = scores.index_select(0, index) / self.logprob_scale
+        picked = chosen.index_select(0, index).unsqueeze(1)
+        self.step_logprobs.append(torch.log_softmax(rows, dim=-1).gather(1, picked).squeeze(1))
+
+    def generations(self, sequences: list[list[int]]) -> list[Generation]:
+        import torch
+
+        by_row: dict[int, list[float]] = {}
+        if self.step_logprobs:
+            table = torch.stack(self.step_logprobs, dim=1).cpu().tolist()  # [rows, steps]
+            by_row = dict(zip(self.logprob_rows, table, strict=True))
         results = []
         for row, item in enumerate(self.items):
             kept, finish = self.finished.get(row, (len(sequences[row]), FinishReason("length")))
             new_ids = tuple(int(t) for t in sequences[row][:kept])
             logprobs = None
-            if item.return_logprob and logits is not None:
-                steps = logits[row, :kept]
-                if item.sampling.temperature != 0:
-                    steps = steps / item.sampling.temperature
-                chosen = torch.tensor(new_ids, dtype=torch.long, device=steps.device)
-                values = torch.log_softmax(steps, dim=-1).gather(1, chosen.unsqueeze(1))
-                logprobs = tuple(float(v) for v in values.squeeze(1).cpu().tolist())
+            if item.return_logprob:
+                logprobs = tuple(float(v) for v in by_row.get(row, [])[:kept])
             text = self.tokenizer.decode(new_ids)
             if finish.kind == "stop" and isinstance(finish.matched, str):
                 text, _ = _truncate_at_stop(text, (finish.matched,))
@@ -455,6 +486,8 @@ class _RowSampler:
                 row_scores = warper(input_ids[row : row + 1], row_scores)
             probs = torch.softmax(row_scores, dim=-1)
             chosen[row] = torch.multinomial(probs[0], 1, generator=batch.generators[row])[0]
+        if batch.logprob_rows:
+            batch.record_logprobs(scores, chosen)
         forced = torch.full_like(scores, float("-inf"))
         return forced.scatter_(1, chosen.unsqueeze(1), 0.0)
 
