@@ -42,13 +42,6 @@ from mizzen_rollout.engines.embedded.backend import (  # noqa: E402
     TransformersBackend,
 )
 
-MODEL = dict(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=12,
-    num_key_value_heads=4,
-)
 ROWS = 16
 
 
@@ -61,9 +54,11 @@ def _backend(args, workdir: Path) -> tuple[TransformersBackend, str | None]:
         base_dir = workdir / "tiny"
         backend.model.save_pretrained(str(base_dir))
     else:
-        from mizzen_train.hf import write_tiny_llama
+        from mizzen_train.hf import LLAMA_100M, write_tiny_llama
 
-        base_dir = write_tiny_llama(workdir / "llama-100m", seed=0, initializer_range=0.05, **MODEL)
+        base_dir = write_tiny_llama(
+            workdir / "llama-100m", seed=0, initializer_range=0.05, **LLAMA_100M
+        )
         backend = TransformersBackend(model_path=str(base_dir), device=args.device)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir))
     lora = peft.get_peft_model(

@@ -37,14 +37,6 @@ register_cuda_ci(
     shares_gpu=True,
 )
 
-#: ~101M parameters: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
-MODEL = dict(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=12,
-    num_key_value_heads=4,
-)
 STEPS, NAN_STEP, KILL_AFTER, CHECKPOINT_INTERVAL = 12, 5, 9, 4
 NUM_ENGINES = 4
 #: Samples per engine call: a tenant's 32 samples of a step in two batches.
@@ -59,10 +51,13 @@ RESUMED_VERSIONS = {"fixed": RESUME_STEP, "format": RESUME_STEP - int(NAN_STEP <
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
     from mizzen_train.gpt import GPTSpec
-    from mizzen_train.hf import read_llama_config, write_tiny_llama
+    from mizzen_train.hf import LLAMA_100M, read_llama_config, write_tiny_llama
 
     directory = write_tiny_llama(
-        tmp_path_factory.mktemp("gpu-rl") / "llama-100m", seed=0, initializer_range=0.05, **MODEL
+        tmp_path_factory.mktemp("gpu-rl") / "llama-100m",
+        seed=0,
+        initializer_range=0.05,
+        **LLAMA_100M,
     )
     spec: GPTSpec = read_llama_config(directory).spec
     assert 95e6 < spec.parameter_count() < 110e6, spec.parameter_count()

@@ -50,14 +50,6 @@ register_ci_gate(
     reason="GPU hosts are shared: throughput is watched, not enforced",
 )
 
-#: ~101M parameters: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
-MODEL = dict(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=12,
-    num_key_value_heads=4,
-)
 MIN_FINAL_SCORE = 0.6
 MAX_FINAL_HELDOUT_LOSS = 0.7
 
@@ -65,9 +57,11 @@ MAX_FINAL_HELDOUT_LOSS = 0.7
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory):
     from mizzen_train.gpt import GPTSpec
-    from mizzen_train.hf import read_llama_config, write_tiny_llama
+    from mizzen_train.hf import LLAMA_100M, read_llama_config, write_tiny_llama
 
-    directory = write_tiny_llama(tmp_path_factory.mktemp("gpu-sft") / "llama-100m", seed=0, **MODEL)
+    directory = write_tiny_llama(
+        tmp_path_factory.mktemp("gpu-sft") / "llama-100m", seed=0, **LLAMA_100M
+    )
     spec: GPTSpec = read_llama_config(directory).spec
     assert 95e6 < spec.parameter_count() < 110e6, spec.parameter_count()
     return directory

@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="embedded engine backend",
     )
     engine.add_argument("--engine-seed", type=int, default=0, help="embedded engine weight seed")
-    engine.add_argument("--timeout", type=float, default=600.0, help="timeout of one engine call (s; a batch is one call)")
+    engine.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="timeout of one engine call (s; a batch is one call)",
+    )
     engine.add_argument("--concurrency", type=int, default=64, help="max engine calls in flight")
     engine.add_argument(
         "--batch-size",

@@ -21,10 +21,11 @@ from mizzen_train.hf.convert import (
 )
 from mizzen_train.hf.mapping import LINEARS, LlamaLayout, hf_linear_names, hf_param_names
 from mizzen_train.hf.peft import export_peft_adapter
-from mizzen_train.hf.tiny import tiny_llama_config, write_tiny_llama
+from mizzen_train.hf.tiny import LLAMA_100M, tiny_llama_config, write_tiny_llama
 
 __all__ = [
     "LINEARS",
+    "LLAMA_100M",
     "HFLlamaConfig",
     "ImportedModel",
     "LlamaLayout",

@@ -4,7 +4,8 @@
 packaged tiny config (``tiny_llama.json``: hidden 64, 2 layers, byte vocabulary of 259) with any
 field overridden, draws its weights from ``seed``, and saves it with the byte tokenizer
 (:func:`mizzen_rollout.engines.embedded.tokenizer.hf_byte_tokenizer`).  Tests, the README's demo
-(``model.path = "tiny"``) and the GPU e2e test (a ~100M-parameter override) all use it.
+(``model.path = "tiny"``) and the GPU e2e tests and benchmarks (:data:`LLAMA_100M`, a
+~100M-parameter override) all use it.
 
 Invariants:
 - The same ``(seed, overrides)`` writes the same weights (bit for bit) on every machine.
@@ -18,6 +19,16 @@ import shutil
 import uuid
 from pathlib import Path
 from typing import Any
+
+#: The ~101M-parameter Llama of the GPU e2e tests and benchmarks (with the byte vocabulary):
+#: 16 x (attention 1.57M + SwiGLU 4.72M) + embeddings.
+LLAMA_100M: dict[str, int] = {
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+}
 
 
 def tiny_llama_config(**overrides: Any) -> dict[str, Any]:
