@@ -143,6 +143,23 @@ def test_an_abort_ends_only_its_row():
     assert aborted.output_ids == kept.output_ids[:4] and len(aborted.logprobs) == 4
 
 
+def test_zero_new_tokens_is_answered_alone_and_beside_others():
+    from mizzen_rollout.engines.embedded.backend import GenerationItem, TransformersBackend
+
+    backend = TransformersBackend(seed=0)
+    prompt = tuple(backend.tokenizer.encode("abc"))
+    none = GenerationItem(prompt, SamplingParams(max_new_tokens=0), "none", True, lambda: False)
+    some = GenerationItem(
+        prompt, SamplingParams(max_new_tokens=3, ignore_eos=True), "some", False, lambda: False
+    )
+    (alone,) = backend.generate_batch([none])
+    beside, other = backend.generate_batch([none, some])
+    for answer in (alone, beside):
+        assert answer.output_ids == () and answer.logprobs == ()
+        assert answer.finish.kind == "length"
+    assert len(other.output_ids) == 3 and other.logprobs is None
+
+
 def test_an_abort_before_the_start_changes_no_other_row():
     """An aborted row stays in the batch (padded like the others), so its neighbours compute
     the same bits whether the abort came before the start or never."""
@@ -211,6 +228,7 @@ def test_batch_payload_is_sglang_shaped_and_round_trips():
     [
         ({"text": ["x", "y"], "rid": ["a"]}, r"'rid' has 1 entries for 2 prompts"),
         ({"text": ["x", "y"], "rid": "a"}, r"'rid' of a batch must be a list"),
+        ({"text": ["x", "y"], "rid": [["a"], "b"]}, r"prompt \[0\] of the batch: 'rid' must be"),
         ({"text": ["x"], "sampling_params": [{}, {}]}, r"'sampling_params' has 2 entries"),
         ({"text": []}, r"empty batch"),
         ({"text": ["x"] * 9}, r"holds 9 prompts; this server takes at most 8"),

@@ -12,9 +12,10 @@ Facts taken from SGLang's documentation and source (read, not copied):
   ``top_logprobs_num``, ``return_text_in_logprobs``, ``stream``, ``lora_path``
   (``docs/basic_usage/sampling_params.md``, ``io_struct.py::GenerateReqInput``).
 - A batch is the same request with lists: ``text`` a list of strings or ``input_ids`` a list of
-  token lists, and ``rid``, ``sampling_params``, ``return_logprob`` and ``lora_path`` each either
-  one value for every prompt or a list with one per prompt; the answer is a list of the single
-  answers, in the order of the prompts.
+  token lists, and ``rid`` (a list), ``sampling_params``, ``return_logprob``,
+  ``logprob_start_len``, ``top_logprobs_num`` and ``lora_path`` each either one value for every
+  prompt or a list with one per prompt; the answer is a list of the single answers, in the order
+  of the prompts.
 - ``sampling_params`` keys: ``max_new_tokens``, ``stop``, ``stop_token_ids``, ``temperature``,
   ``top_p``, ``top_k`` (-1 = off), ``min_p``, penalties, ``min_new_tokens``, constrained-decoding
   keys, ``n``, ``ignore_eos``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
@@ -543,14 +544,16 @@ def parse_generate_batch_payload(body: Any, *, max_size: int) -> list[GenerateRe
             per_prompt[field] = value
     if body.get("rid") is not None and "rid" not in per_prompt:
         raise ProtocolRequestError("'rid' of a batch must be a list with one id per prompt")
-    first_at: dict[Any, int] = {}
+    first_at: dict[str, int] = {}
     for index, rid in enumerate(per_prompt.get("rid", ())):
-        if isinstance(rid, str) and rid in first_at:
+        if not isinstance(rid, str):
+            continue  # refused as the prompt's own 'rid' below
+        if rid in first_at:
             raise ProtocolRequestError(
                 f"'rid' [{index}] repeats 'rid' [{first_at[rid]}] ({rid!r}); every prompt of a "
                 "batch needs its own request id"
             )
-        first_at.setdefault(rid, index)
+        first_at[rid] = index
     requests = []
     for index, prompt in enumerate(prompts):
         single = {k: v for k, v in body.items() if k not in ("text", "input_ids")}

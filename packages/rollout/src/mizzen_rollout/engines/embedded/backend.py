@@ -343,6 +343,8 @@ class TransformersBackend(_OneAtATime):
                 results[index] = Generation((), "", FinishReason("length"), logprobs)
         with self._lock:
             self.adapters.check_loaded(item.lora_name for item in items)
+            if not rows:
+                return [r for r in results if r is not None]
             batch = _Batch(
                 [items[i] for i in rows], self.tokenizer, self.device, server_seed=self._seed
             )
@@ -356,9 +358,7 @@ class TransformersBackend(_OneAtATime):
                         logits_processor=transformers.LogitsProcessorList(
                             [_RowSampler(batch, transformers)]
                         ),
-                        stopping_criteria=transformers.StoppingCriteriaList(
-                            [_RowStopper(batch, transformers)]
-                        ),
+                        stopping_criteria=transformers.StoppingCriteriaList([_RowStopper(batch)]),
                     )
                 sequences = out.sequences[:, batch.width :].cpu().tolist()
             else:
@@ -496,7 +496,7 @@ class _RowStopper:
     """A stopping criterion per row: abort, a stop string, an end id, the row's own
     ``max_new_tokens``; records how the row finished in the batch."""
 
-    def __init__(self, batch: _Batch, transformers: Any) -> None:
+    def __init__(self, batch: _Batch) -> None:
         self.batch = batch
         self.any_stops = any(item.sampling.stop for item in batch.items)
 
