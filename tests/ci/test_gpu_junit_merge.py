@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lane.junit import FileReport, JunitError, first_problem, merge, read_counts, write
+from mizzen_ci.junit import FileReport, JunitError, first_problem, merge, read_counts, write
 
 register_cpu_ci(est_time=6, labels=["ci", "gpu-lane"])
 

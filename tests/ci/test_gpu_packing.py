@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lane.packing import (
+from mizzen_ci.packing.gpus import (
     GpuPacker,
     PackingError,
     PackItem,

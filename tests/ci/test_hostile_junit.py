@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lane.junit import (
+from mizzen_ci.junit import (
     MAX_DEPTH,
     MAX_JUNIT_BYTES,
     MAX_TEXT_CHARS,

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from mizzen_ci import register_cpu_ci
+from mizzen_ci import junit, register_cpu_ci
 from mizzen_ci.fleet import load_fleet
-from mizzen_ci.lane import junit
 from mizzen_ci.lane.report import SummaryRow, summary_tables
 from mizzen_ci.output import Code, markdown, markdown_code, markdown_table, plain, text_table
 from mizzen_ci.plan import Plan, report

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.lane.packing import PackingError, PackItem, Slot, simulate
-from mizzen_ci.plan.packing import SEATS, job_gpu_seconds, lower_bound, pack
+from mizzen_ci.packing.gpus import PackingError, PackItem, Slot, simulate
+from mizzen_ci.packing.pool import SEATS, job_gpu_seconds, lower_bound, pack
 
 register_cpu_ci(est_time=25, labels=["ci"])
 

@@ -44,7 +44,7 @@ def test_plan_help_imports_only_the_plan_command(start):
     assert "--budget-minutes" in stdout and "--cache-dir" in stdout
     loaded = set(report["loaded"])
     assert "mizzen_ci.plan.cli" in loaded
-    for other in ("mizzen_ci.lane.cli", "mizzen_ci.lazy_imports", "mizzen_ci.registry.cli"):
+    for other in ("mizzen_ci.lane.cli", "mizzen_ci.lazy_imports", "mizzen_ci.registry_cli"):
         assert other not in loaded, f"`plan` imported {other}"
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import parse_fleet
 from mizzen_ci.history import Estimator
-from mizzen_ci.lane.packing import PackItem
+from mizzen_ci.packing.gpus import PackItem
+from mizzen_ci.packing.pool import pack
 from mizzen_ci.plan.jobs import pack_jobs
-from mizzen_ci.plan.packing import pack
 from mizzen_ci.plan.selection import Selected
 from mizzen_ci.registry import Backend, Registration
 

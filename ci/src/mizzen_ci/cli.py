@@ -23,10 +23,10 @@ from .sources import ConfigError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": (
-        "mizzen_ci.registry.cli",
+        "mizzen_ci.registry_cli",
         "check every test file's registration (exit 1 on errors)",
     ),
-    "list": ("mizzen_ci.registry.cli", "list registered tests with their derived runner pool"),
+    "list": ("mizzen_ci.registry_cli", "list registered tests with their derived runner pool"),
     "plan": ("mizzen_ci.plan.cli", "plan the CI jobs for a change (default: the working tree)"),
     "comment": ("mizzen_ci.plan.cli", "the commands of a pull-request comment, as JSON"),
     "fastfail": (

@@ -36,7 +36,7 @@ Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m
   ``.ci-artifacts/history`` and ``.ci-artifacts/flakes.jsonl``).
 
 Invariants:
-- Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.lane.junit`, the stores with
+- Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.junit`, the stores with
   ``json``.  :func:`now_utc` is the one clock of every record.
 - :func:`append_jsonl` writes all its lines with one ``write`` on a file opened for appending, so
   a crash never leaves half a batch behind a complete line.
@@ -73,7 +73,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .lane.junit import JunitError, read_testcases, testcase_outcome
+from .junit import JunitError, read_testcases, testcase_outcome
 from .output import plain, text_table
 from .registry.rules import MAX_EST_TIME_SECONDS, shown
 from .sources import read_bytes

@@ -34,13 +34,13 @@ from .. import register_ci_gate
 from ..registry.discover import TESTS_DIR, discover, registry_excludes
 from ..registry.model import RuleBroken, Violation
 from ..registry.rules import MAX_REASON_CHARS, bound_arguments, shown
-from ..registry.syntax import _literal, _signature_table
+from ..registry.syntax import literal_value, signature_table
 from ..sources import PARSE_ERRORS, read_bytes
 from .vocabulary import Vocabulary
 
 GATE_FUNCTION = "register_ci_gate"
 _NAME_BYTES = GATE_FUNCTION.encode()
-_POSITIONAL, PARAMS = _signature_table(register_ci_gate)
+_POSITIONAL, PARAMS = signature_table(register_ci_gate)
 DIRECTIONS = ("lower", "higher", "both")
 STEP_WORDS = ("last", "all")
 MAX_TOLERANCE = 10.0  # a band of 1000 % of the reference gates nothing
@@ -244,7 +244,7 @@ def _read_call(
             given[kw.arg] = None
             continue
         try:
-            given[kw.arg] = (_literal(kw.value, kw.arg), line)
+            given[kw.arg] = (literal_value(kw.value, kw.arg), line)
         except RuleBroken as b:
             bad(b.rule, b.message, b.fix, line)
             given[kw.arg] = None

@@ -17,7 +17,7 @@ Invariants:
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
-  :data:`.packing.DEFAULT_GPU_SEATS`, at most :data:`.packing.MAX_GPU_SEATS`) at once on one
+  :data:`mizzen_ci.packing.gpus.DEFAULT_GPU_SEATS`, at most :data:`mizzen_ci.packing.gpus.MAX_GPU_SEATS`) at once on one
   GPU; the others have theirs alone.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
@@ -34,10 +34,10 @@ from pathlib import Path
 from ..fleet import FLEET_RELATIVE_PATH, add_root_and_fleet_arguments, lane_name, root_and_fleet
 from ..imports import workspace_source_dirs
 from ..output import plain, plain_lines
+from ..packing.gpus import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
 from . import compile_cache
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
-from .packing import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
 from .progress import Progress
 from .refusal import LaneRefusal
 from .report import LaneOutcome, write_reports

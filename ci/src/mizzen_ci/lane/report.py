@@ -31,14 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import history
+from .. import history, junit
 from ..fleet import lane_name
 from ..output import markdown as markdown_text
 from ..output import markdown_table, plain, text_table
+from ..packing.gpus import split_held_time
 from ..sources import read_tail
-from . import junit
 from .compile_cache import CACHES, OUTCOMES, CompileCache, CompileStats
-from .packing import split_held_time
 from .runner import FileResult, LaneFile
 
 
@@ -80,7 +79,7 @@ def split_gpu_time(
     results: Sequence[FileResult],
 ) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
     """GPU-seconds of every attempt, by (target, attempt number), and the attempts that really
-    held a GPU together with another (:func:`.packing.split_held_time`; an attempt shares when it
+    held a GPU together with another (:func:`mizzen_ci.packing.gpus.split_held_time`; an attempt shares when it
     sat on a sharable seat, :attr:`Attempt.sharing`: one that ran alone is charged, and shown,
     as alone)."""
     return split_held_time(

@@ -7,7 +7,7 @@ Invariants:
   environment it starts with (``CUDA_VISIBLE_DEVICES``; ``HIP_VISIBLE_DEVICES`` on AMD, every other
   variable that would pick or renumber AMD devices removed: :class:`mizzen_ci.fleet.Vendor`), so
   nothing in it can see another GPU, whatever it imports first.
-- A file starts only when the packer (:mod:`.packing`) gives it GPUs *and* their
+- A file starts only when the packer (:mod:`mizzen_ci.packing.gpus`) gives it GPUs *and* their
   leases (:mod:`.leases`) are taken; the lease descriptors go to the process, and the
   runner drops its copies only after the whole process group is gone.  Files sharing a GPU
   (``gpu_seats`` > 1) share one lease of it: taken when the first starts, held by the runner
@@ -47,12 +47,12 @@ from pathlib import Path
 
 from .. import __file__ as _package_init
 from ..fleet import NVIDIA, VENDORS, Vendor, lane_name
+from ..junit import Counts, JunitError, first_problem, read_counts
+from ..packing.gpus import GpuPacker, PackItem
 from ..sources import read_tail
 from .compile_cache import STATS_ENV, CompileCache, CompileStats, read_stats
 from .hardware import Gpu
-from .junit import Counts, JunitError, first_problem, read_counts
 from .leases import Lease, LeaseDir
-from .packing import GpuPacker, PackItem
 from .progress import Progress
 from .retry import Classification, classify
 

@@ -20,7 +20,7 @@ Invariants:
 - The capacity summary of each arch compares the arch's finish (its last pool done) with a bound
   that pools the eligible capacity: over every set S of the arch's pools, the GPU-seconds of the
   tests that only S can host over S's GPUs, plus the set-ups of the jobs a runner needs for that
-  much work (S's least set-up each, :func:`~.packing.with_setups`); and each test plus the least
+  much work (S's least set-up each, :func:`~mizzen_ci.packing.pool.with_setups`); and each test plus the least
   set-up of its eligible pools.
 """
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from .. import history
 from ..fleet import CpuPool, Fleet, Pool, lane_name
-from ..lane.packing import PackItem
+from ..packing.gpus import PackItem
+from ..packing.pool import PackedJob, Packing, job_gpu_seconds, pack, with_setups
 from .model import ArchSummary, Job, PlannedTest, PoolSummary
-from .packing import PackedJob, Packing, job_gpu_seconds, pack, with_setups
 from .selection import Selected
 
 TIMEOUT_FACTOR = 1.25  # a job's timeout over its tests' estimate (p90s, not maxima)

@@ -4,7 +4,9 @@ The registry reads each test file's syntax tree and never imports a test, so it 
 runner with nothing installed.  Rooms: :mod:`.model` (registrations, violations, the lane
 predicate :func:`runs_in`), :mod:`.syntax` (what a file's syntax tree declares), :mod:`.rules`
 (the checks against the fleet), :mod:`.discover` (the one walk of the tree), :mod:`.reader` (all
-of it over a tree) and :mod:`.cli` (``mizzen-ci validate`` and ``list``).
+of it over a tree).  Its commands (``mizzen-ci validate`` and ``list``) live above it, in
+:mod:`mizzen_ci.registry_cli`: they also read the gate's declarations and the plan's dispatch
+rules, which depend on the registry (never the other way round).
 """
 
 from .discover import (

@@ -46,7 +46,7 @@ VENDORS_OF: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def _signature_table(func: Callable) -> tuple[list[str], dict[str, object]]:
+def signature_table(func: Callable) -> tuple[list[str], dict[str, object]]:
     """(positional-or-keyword names, {name: default or REQUIRED}) of a register function."""
     positional, params = [], {}
     for p in inspect.signature(func).parameters.values():
@@ -57,7 +57,7 @@ def _signature_table(func: Callable) -> tuple[list[str], dict[str, object]]:
 
 
 REQUIRED = object()
-SIGNATURES = {name: _signature_table(f) for name, f in REGISTER_FUNCTIONS.items()}
+SIGNATURES = {name: signature_table(f) for name, f in REGISTER_FUNCTIONS.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def _call_name(func: ast.expr) -> str | None:
     return None
 
 
-def _literal(node: ast.expr, name: str) -> object:
+def literal_value(node: ast.expr, name: str) -> object:
     t = type(node)  # fast paths giving what ast.literal_eval gives for these nodes
     if t is ast.Constant:
         return node.value
@@ -168,7 +168,7 @@ def _call_syntax(call: ast.Call, fname: str) -> CallSyntax:
             bad("not-literal", "starred argument (*args)", "write each argument out", arg.lineno)
             continue
         try:
-            given[positional[i]] = (_literal(arg, positional[i]), arg.lineno)
+            given[positional[i]] = (literal_value(arg, positional[i]), arg.lineno)
         except RuleBroken as b:
             bad(b.rule, b.message, b.fix, arg.lineno)
             given[positional[i]] = None
@@ -197,7 +197,7 @@ def _call_syntax(call: ast.Call, fname: str) -> CallSyntax:
             given[kw.arg] = None
             continue
         try:
-            given[kw.arg] = (_literal(kw.value, kw.arg), kw.value.lineno)
+            given[kw.arg] = (literal_value(kw.value, kw.arg), kw.value.lineno)
         except RuleBroken as b:
             bad(b.rule, b.message, b.fix, kw.value.lineno)
             given[kw.arg] = None

@@ -1,4 +1,8 @@
-"""Merging the per-file junit XML reports of a lane into one report.
+"""Reading junit XML reports, and merging the per-file reports of a lane into one report.
+
+A root module: the GPU lane (:mod:`mizzen_ci.lane`) writes and merges reports, the history
+store (:mod:`mizzen_ci.history`) reads them, and the lane's report records history; neither
+folder imports the other for junit.
 
 Invariants:
 - The merged report has one ``<testsuite>`` per test file, named by the file's repository path,
@@ -29,8 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..output import xml_text
-from ..sources import read_bytes
+from .output import xml_text
+from .sources import read_bytes
 
 MAX_JUNIT_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 64  # pytest writes 4 levels

@@ -5,7 +5,7 @@ The model (the one the GPU lane executes):
   ``setup`` seconds of set-up (checkout, environment, image) and then its tests, so the tests of
   a job have ``budget - setup`` seconds.
 - Inside a job, tests run side by side the way the GPU lane runs them
-  (:mod:`mizzen_ci.lane.packing`, whose item, slot and error types this module shares): longest
+  (:mod:`mizzen_ci.packing.gpus`, whose item, slot and error types this module shares): longest
   first, and whenever GPUs free up every waiting test that fits starts (backfill); files that
   share a GPU (``shares_gpu``) run :data:`SEATS` to one (the lane's default seats).  The bound
   and the placement count a sharing file 1/SEATS of its time (:func:`gpu_work`, the least it
@@ -58,9 +58,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..lane.packing import DEFAULT_GPU_SEATS as SEATS
-from ..lane.packing import PackingError, PackItem, Slot, split_held_time
-from ..lane.packing import simulate as lane_simulate
+from .gpus import DEFAULT_GPU_SEATS as SEATS
+from .gpus import PackingError, PackItem, Slot, split_held_time
+from .gpus import simulate as lane_simulate
 
 
 def gpu_work(item: PackItem) -> float:
@@ -71,7 +71,7 @@ def gpu_work(item: PackItem) -> float:
 
 def job_gpu_seconds(slots: Sequence[Slot]) -> float:
     """The GPU-seconds the lane would charge for a job that runs as ``slots``
-    (:func:`mizzen_ci.lane.packing.split_held_time`, the summary's accounting)."""
+    (:func:`mizzen_ci.packing.gpus.split_held_time`, the summary's accounting)."""
     charged, _ = split_held_time(
         (s.item.key, s.gpus, s.start, s.end, s.item.shares_gpu and SEATS > 1) for s in slots
     )
@@ -140,7 +140,7 @@ def with_setups(work: float, setup: float, budget: float, longest: float) -> flo
 
 def simulate_job(items: Sequence[PackItem], gpus: int) -> tuple[Slot, ...]:
     """The schedule the GPU lane follows for ``items`` on a runner of ``gpus`` GPUs: its own
-    packer (:func:`mizzen_ci.lane.packing.simulate`: longest first, every test that fits starts as
+    packer (:func:`mizzen_ci.packing.gpus.simulate`: longest first, every test that fits starts as
     GPUs free up), so a planned job's length is what the lane will take if estimates hold."""
     for item in items:
         if item.num_gpus > gpus:

@@ -2,7 +2,7 @@
 
 The same :class:`GpuPacker` drives the real lane (events are process exits) and
 :func:`simulate` (events are estimated end times), so what the tests check is what runs; the
-planner's pool packer (:mod:`mizzen_ci.plan.packing`) simulates its jobs with it too, on the same
+planner's pool packer (:mod:`.pool`) simulates its jobs with it too, on the same
 :class:`PackItem` and :class:`Slot` types.
 
 Invariants:

@@ -1,5 +1,10 @@
 """The registry's commands: ``mizzen-ci validate`` and ``mizzen-ci list``.
 
+A root module, not part of :mod:`mizzen_ci.registry`: ``validate`` also checks the metric gates
+(:mod:`mizzen_ci.gate`) and ``list`` derives pools through the planner's dispatch rules
+(:mod:`mizzen_ci.plan.dispatch`); both depend on the registry, so the registry folder imports
+neither.
+
 Invariants:
 - ``validate`` checks the metric gates' declarations and ``ci/quarantine.toml`` too
   (:mod:`mizzen_ci.gate.validation`); it prints every violation of the run (``file:line: [rule] message. Fix: …``), also as
@@ -16,11 +21,11 @@ import argparse
 import json
 import sys
 
-from .. import output
-from ..fleet import CPU_LANE, Fleet, add_root_and_fleet_arguments, root_and_fleet
-from ..plan.dispatch import home_arch
-from .model import Backend, Registration, Registry, runs_in
-from .reader import read_registry
+from . import output
+from .fleet import CPU_LANE, Fleet, add_root_and_fleet_arguments, root_and_fleet
+from .plan.dispatch import home_arch
+from .registry.model import Backend, Registration, Registry, runs_in
+from .registry.reader import read_registry
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
@@ -34,7 +39,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     root, fleet = root_and_fleet(args)
     registry = read_registry(root, fleet)
     if command == "validate":
-        from ..gate.validation import gate_violations  # the metric gates' declarations too
+        from .gate.validation import gate_violations  # the metric gates' declarations too
 
         registered = (r.path for r in registry.registrations)
         registry.violations.extend(gate_violations(root, fleet, registered))
