@@ -1,5 +1,5 @@
 """Never under-plan: for random single-file changes, every test whose run can observe the change
-is selected.  (A correctness check, not a benchmark; ``tests/ci/test_plan_soundness.py`` runs a
+is selected.  (A correctness check, not a benchmark; ``tests/ci/plan/test_soundness.py`` runs a
 smaller sample of it in the CPU lane.)
 
 The planner's selection (the index of :mod:`mizzen_ci.plan.index` and the impact analysis of

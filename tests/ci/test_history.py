@@ -87,9 +87,18 @@ def test_unreadable_junit_names_the_file(tmp_path):
 
 
 def test_file_of_testcase_from_classname_and_collection_errors():
-    assert file_of_testcase("tests.ci.test_cli", "test_x") == "tests/ci/test_cli.py"
-    assert file_of_testcase("tests.ci.test_cli.TestGroup", "test_x") == "tests/ci/test_cli.py"
-    assert file_of_testcase("", "tests.ci.test_cli") == "tests/ci/test_cli.py"
+    assert (
+        file_of_testcase("tests.ci.registry.test_registry_cli", "test_x")
+        == "tests/ci/registry/test_registry_cli.py"
+    )
+    assert (
+        file_of_testcase("tests.ci.registry.test_registry_cli.TestGroup", "test_x")
+        == "tests/ci/registry/test_registry_cli.py"
+    )
+    assert (
+        file_of_testcase("", "tests.ci.registry.test_registry_cli")
+        == "tests/ci/registry/test_registry_cli.py"
+    )
     assert file_of_testcase("conftest", "x") is None
     assert worst(["passed", "skipped"]) == "skipped"
     assert worst(["skipped", "error", "failed"]) == "error"

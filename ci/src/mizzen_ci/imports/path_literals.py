@@ -48,7 +48,7 @@ Invariants:
 - A pure function of the bytes: the same source gives the same literals whether or not the
   caller parsed it (so a file left unparsed by the planner's index is answered as a parsed one).
 - For a simple source, the literals read from the bytes include every literal the tree would give
-  (or are ``(OVERFLOW,)``): tested on generated sources in ``tests/ci/test_spelled_names.py``.
+  (or are ``(OVERFLOW,)``): tested on generated sources in ``tests/ci/plan/index/test_spelled_names.py``.
 - Stdlib only; never raises for bad input.
 """
 

@@ -105,7 +105,7 @@ def test_amd_only_tests_go_to_the_amd_pools_and_shared_ones_home_to_nvidia(plan)
         ("tests/t/test_cdna2.py", "cdna3"): "mi300x-8gpu",  # cdna2 has no pool
         ("tests/t/test_mi355x.py", "cdna4"): "mi355x-8gpu",
     }
-    fleet = load_fleet(Path(__file__).resolve().parents[2] / "ci" / "fleet.toml")
+    fleet = load_fleet(Path(__file__).resolve().parents[3] / "ci" / "fleet.toml")
     for job in p["jobs"]:
         if job["arch"] is None:
             assert job["vendor"] is None and job["runner_group"] is None

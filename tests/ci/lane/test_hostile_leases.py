@@ -19,7 +19,7 @@ from mizzen_ci.lane.runner import GpuLaneRunner, RunnerConfig
 
 register_cpu_ci(est_time=5, labels=["ci", "gpu-lane"])
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OTHER_UID = 54321  # a user that is neither this one nor root
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
 

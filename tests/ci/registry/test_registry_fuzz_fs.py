@@ -29,9 +29,9 @@ from mizzen_ci.registry.rules import MAX_EST_TIME_SECONDS
 
 register_cpu_ci(est_time=60, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CI_SRC = REPO / "ci" / "src"
-FLEET_FILE = Path(__file__).parent / "fixtures" / "registry" / "fleet.toml"
+FLEET_FILE = Path(__file__).parents[1] / "fixtures" / "registry" / "fleet.toml"
 FLEET = load_fleet(FLEET_FILE)
 
 FOLDERS = [

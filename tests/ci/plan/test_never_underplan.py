@@ -35,7 +35,7 @@ from mizzen_ci.plan.request import Inputs
 
 register_cpu_ci(est_time=15, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CPU = (
     "\nfrom mizzen_ci import register_cpu_ci\n\nregister_cpu_ci(est_time=5, labels=['ci']{extra})\n"
 )
@@ -447,6 +447,6 @@ def test_this_repository_lazy_import_policy_tests_watch_every_module(repo_plan):
     assert {
         "tests/rollout/test_lazy_imports.py",
         "tests/plugins/test_nemotron_h_lazy_imports.py",
-        "tests/ci/test_lazy_imports_static.py",
-        "tests/ci/test_lazy_imports_runtime.py",
+        "tests/ci/lazy_imports/test_static.py",
+        "tests/ci/lazy_imports/test_runtime.py",
     } <= set(got)

@@ -25,9 +25,9 @@ from mizzen_ci.sources import MAX_SOURCE_BYTES, RefusedFile, read_bytes, read_ta
 
 register_cpu_ci(est_time=20, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CI_SRC = REPO / "ci" / "src"
-FLEET = load_fleet(Path(__file__).parent / "fixtures" / "registry" / "fleet.toml")
+FLEET = load_fleet(Path(__file__).parents[1] / "fixtures" / "registry" / "fleet.toml")
 GOOD = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=1, labels=['ci'])\n"
 
 

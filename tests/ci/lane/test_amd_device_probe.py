@@ -31,7 +31,7 @@ from mizzen_ci.lane.hardware import (
 
 register_cpu_ci(est_time=20, labels=["ci", "gpu-lane"])
 
-RECORDED = Path(__file__).parent / "fixtures" / "amd_probe"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "amd_probe"
 MI300X = RECORDED / "amd-smi-static-asic.mi300x-x8.rocm7.json"
 MI250X = RECORDED / "amd-smi-static-asic.mi250x-x4.rocm6.json"
 MI355X = RECORDED / "rocm-smi-showproductname.mi355x-x8.json"

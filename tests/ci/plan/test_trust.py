@@ -17,7 +17,7 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=25, labels=["ci"])
 
-FLEET = (Path(__file__).parent / "fixtures" / "plan" / "small_fleet.toml").read_text()
+FLEET = (Path(__file__).parents[1] / "fixtures" / "plan" / "small_fleet.toml").read_text()
 # What a hostile head makes of the table: hosted jobs on GPU machines, GPU jobs elsewhere.
 HOSTILE_FLEET = FLEET.replace(
     'runs_on = ["self-hosted", "h200"]\nrunner_group = "mizzen-h200"',

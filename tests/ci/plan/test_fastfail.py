@@ -25,7 +25,7 @@ register_cpu_ci(est_time=20, labels=["ci"])
 HEAD = "a" * 40
 OTHER = "b" * 40
 
-FLEET = (Path(__file__).parent / "fixtures" / "plan" / "small_fleet.toml").read_text()
+FLEET = (Path(__file__).parents[1] / "fixtures" / "plan" / "small_fleet.toml").read_text()
 
 
 # -- the policy ------------------------------------------------------------------------------

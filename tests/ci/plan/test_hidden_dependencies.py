@@ -44,7 +44,7 @@ from mizzen_ci.registry import discover, read_source, registry_excludes
 
 register_cpu_ci(est_time=10, labels=["ci"])
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def records(src: str) -> tuple[list[tuple], int]:

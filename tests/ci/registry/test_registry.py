@@ -21,7 +21,7 @@ from mizzen_ci.registry.syntax import SIGNATURES
 
 register_cpu_ci(est_time=15, labels=["ci"])
 
-FIXTURES = Path(__file__).parent / "fixtures" / "registry"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "registry"
 FLEET = load_fleet(FIXTURES / "fleet.toml")
 
 
@@ -135,7 +135,7 @@ def test_discovery_finds_nested_files_and_skips_venvs_hidden_and_excluded(tmp_pa
 def test_the_repository_itself_registers_every_test_file(repo_root):
     registry = read_registry(repo_root, load_fleet(repo_root / "ci" / "fleet.toml"))
     assert [str(e) for e in registry.violations] == []
-    assert "tests/ci/test_registry.py" in registry.by_path()
+    assert "tests/ci/registry/test_registry.py" in registry.by_path()
     assert not any(p.startswith("tests/ci/fixtures/") for p in registry.by_path())
 
 

@@ -69,9 +69,9 @@ def test_nox_gpu_hopper_refuses_to_run_on_this_cpu_machine(nox):
 
 
 def test_posargs_reach_the_lane_and_named_files_are_checked_against_the_registry(nox):
-    out = nox("-s", "gpu-hopper", "--", "--fake-gpus", "1", "tests/ci/test_gpu_packing.py")
+    out = nox("-s", "gpu-hopper", "--", "--fake-gpus", "1", "tests/ci/packing/test_gpus.py")
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "tests/ci/test_gpu_packing.py:" in text
+    assert "tests/ci/packing/test_gpus.py:" in text
     assert "registered for the cpu lane, not for gpu-hopper" in text
     assert "START " not in text

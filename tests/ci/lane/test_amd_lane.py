@@ -24,7 +24,7 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=60, labels=["ci", "gpu-lane"])
 
-RECORDED = Path(__file__).parent / "fixtures" / "amd_probe"
+RECORDED = Path(__file__).parents[1] / "fixtures" / "amd_probe"
 PINNING = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 HEAD = "import json, os, pathlib, time, pytest\n"

@@ -94,7 +94,7 @@ def test_list_lane_filters_to_what_the_lane_runs(mizzen_ci, fixture_args):
 def test_table_lists_every_repository_test_with_its_pool(mizzen_ci):
     out = mizzen_ci("list")
     assert out.returncode == 0, out.stderr
-    assert "tests/ci/test_cli.py" in out.stdout and "cpu-hosted" in out.stdout
+    assert "tests/ci/registry/test_registry_cli.py" in out.stdout and "cpu-hosted" in out.stdout
 
 
 def test_missing_fleet_is_a_clear_usage_error(mizzen_ci, tmp_path: Path):
