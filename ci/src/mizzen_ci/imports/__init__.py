@@ -1,8 +1,9 @@
 """Imports read from syntax trees, never executed: one file's facts (:mod:`.facts`) and the
 files it names by string literals (:mod:`.path_literals`), their resolution to absolute names and
 sibling files (:mod:`.resolve`), the workspace's files and entry points (:mod:`.workspace`), the
-graph with its chains (:mod:`.graph`) and the inverted one-step relations for reverse searches
-(:mod:`.reach`).  The lazy-import check and the planner's impact analysis both build on them.
+graph with its chains (:mod:`.graph`), the inverted one-step relations for reverse searches
+(:mod:`.reach`) and the folder-level rules of a package (:mod:`.folders`: no folder cycle, no
+private name across a folder).  The lazy-import check and the planner's impact analysis both build on them.
 """
 
 from .facts import ModuleFacts, RawImport, facts_of_parse_error, facts_of_tree, parse_facts
