@@ -6,18 +6,20 @@ slot checkpoints.  Rollout samples come from :mod:`mizzen_rollout.samples`, the 
 
 Modules (each states its invariants in its docstring):
 
-- :mod:`~mizzen_train.sft` -- ``mizzen-train sft``: the SFT trainer, its configuration, run
-  directory (checkpoints, resume) and metrics; :mod:`~mizzen_train.cli` the command line.
+- :mod:`~mizzen_train.run` -- the run framework SFT and RL share: the configuration machinery
+  and shared sections, the public ``Trainer`` base (set-up, steps, checkpoints, resume, eval
+  points, the end), the run directory, metrics and curves, the process's device and rank.
+- :mod:`~mizzen_train.sft` -- ``mizzen-train sft``: SFT's configuration and trainer (a ``Trainer``
+  whose step is one packed batch); :mod:`~mizzen_train.cli` the command line.
 - :mod:`~mizzen_train.rl` -- ``mizzen-train rl``: GRPO on K LoRA tenants (rollout through the
   engines with each tenant's published adapter, reward, policy step, adapter sync), its
-  configuration, advantages and the toy tasks of the README demo.
+  configuration, advantages and the toy tasks of the README demo.  ``sft`` and ``rl`` import
+  ``run`` and never each other.
 - :mod:`~mizzen_train.hf` -- Hugging Face Llama import into megatron-core, merged-snapshot and
   PEFT adapter export (the one megatron <-> HF name table), small Llamas created by code.
 - :mod:`~mizzen_train.data` -- SFT records, tokenisation with response-only loss, packing.
 - :mod:`~mizzen_train.eval_dispatch` -- the eval dispatcher (snapshots evaluated on the side);
   :mod:`~mizzen_train.evaluators` its built-in generation and held-out loss evaluators.
-- :mod:`~mizzen_train.runplan` -- ``engines_needed``, derived once from a configuration.
-- :mod:`~mizzen_train.plot` -- ``mizzen-train plot``: loss and eval curves (matplotlib).
 
 - :mod:`~mizzen_train.executor` -- ``SlotExecutor``: load_slot / unload_slot / forward_backward /
   optim_step, forward_logprobs, save_slot / restore_slot; the failure policy.

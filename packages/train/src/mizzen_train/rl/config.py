@@ -1,20 +1,22 @@
-"""The configuration of an RL run, in the one table machinery of :mod:`mizzen_train.sft.config`.
+"""The configuration of an RL run: RL's sections composed with the shared ones of
+:mod:`mizzen_train.run.sections`, in the table machinery of :mod:`mizzen_train.run.config`.
 
-Sections (``[run]``, ``[model]`` and ``[eval]`` are SFT's, field for field)::
+Sections (``[run]``, ``[model]`` and ``[eval]`` are the shared ones, field for field)::
 
     [run]              dir, steps, checkpoint_interval (required), seed, device, dtype, ...
     [model]            path (an HF Llama directory, or "tiny"), tokenizer, [model.tiny]
     [rollout]          engines (embedded | urls | ray), sampling, off_policy, old_logprobs, ...
     [algo]             advantage estimator, clip range, kl_coef
     [[tenants]]        name, data (prompts), reward, lr, prompts_per_step, n_samples, join/leave
-                       steps, and SFT's LoRA / AdamW / schedule fields
-    [eval]             SFT's: interval, snapshot_dir, ...; evaluators of kind "generate" (on the
+                       steps, and the shared LoRA / AdamW / schedule fields
+    [eval]             the shared one: interval, snapshot_dir, ...; evaluators of kind "generate" (on the
                        tenant's adapter snapshot, served by the run's engines) or "python"
 
 Invariants:
-- Every field is declared once, below or in the shared SFT sections; ``--set``, the reader and
-  ``mizzen-train rl --help-config`` read those declarations.  Errors are
-  :class:`~mizzen_train.sft.config.ConfigError` naming the file and field, before anything runs.
+- :data:`SECTIONS` is RL's one table: every field is declared once, below or in the shared
+  sections; ``--set``, the reader, the flags and ``mizzen-train rl --help-config`` read it.
+  Errors are :class:`~mizzen_train.run.config.ConfigError` naming the file and field, before
+  anything runs.
 - :attr:`RlConfig.engines_needed` is ``train+eval``: rollouts need engines.
 """
 
@@ -23,27 +25,31 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from mizzen_train.runplan import EnginesNeeded, engines_needed
-from mizzen_train.sft.config import (
+from mizzen_train.run.config import (
+    ConfigError,
+    Presence,
+    Section,
+    build_sections,
+    config_help,
+    opt,
+    read_config_source,
+)
+from mizzen_train.run.engines_needed import EnginesNeeded, engines_needed
+from mizzen_train.run.sections import (
     ENGINE_MAX_BATCH,
     AdapterTrainingConfig,
-    ConfigError,
     EvalConfig,
     EvaluatorConfig,
     ModelConfig,
     RunConfig,
     RunLayout,
-    build_section,
     check_adapter_training,
     check_eval,
     check_model,
     check_tenant_names,
-    config_help,
-    opt,
-    read_config_source,
 )
 
 __all__ = [
@@ -57,7 +63,7 @@ __all__ = [
 ]
 
 ENGINE_KINDS = ("embedded", "urls", "ray")
-#: The engine fields of a generate evaluator (SFT's: it starts its own engines) that RL refuses,
+#: The engine fields of a generate evaluator (in SFT it starts its own engines) that RL refuses,
 #: since RL evaluates on the run's engines, and what sets them there.
 RL_EVAL_ENGINE_FIELDS = {
     "engine_urls": "[rollout] engines and engine_urls",
@@ -160,48 +166,25 @@ class RlConfig(RunLayout):
         return json.loads(json.dumps(out))
 
 
-SECTIONS: dict[str, type] = {
-    "run": RunConfig,
-    "model": ModelConfig,
-    "rollout": RolloutSection,
-    "algo": AlgoConfig,
-    "tenants": RlTenantConfig,
-    "eval": EvalConfig,
-    "eval.evaluators": EvaluatorConfig,
+#: RL's one table of sections, in file order.
+SECTIONS: dict[str, Section] = {
+    "run": Section(RunConfig, Presence.REQUIRED),
+    "model": Section(ModelConfig, Presence.REQUIRED),
+    "rollout": Section(RolloutSection, Presence.DEFAULTED),
+    "algo": Section(AlgoConfig, Presence.DEFAULTED),
+    "tenants": Section(RlTenantConfig, Presence.MANY),
+    "eval": Section(EvalConfig, Presence.OPTIONAL),
+    "eval.evaluators": Section(EvaluatorConfig, Presence.MANY),
 }
 
 
 def parse_rl_config(raw: Mapping[str, Any], *, source: str = "<config>") -> RlConfig:
-    raw = dict(raw)
-    known = ("run", "model", "rollout", "algo", "tenants", "eval")
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(
-            unknown[0], raw[unknown[0]], "unknown section",
-            "use [run], [model], [rollout], [algo], [[tenants]] and [eval]", source=source,
-        )  # fmt: skip
-    for section in ("run", "model"):
-        if section not in raw:
-            raise ConfigError(
-                section, MISSING, "the section is required", f"add [{section}]", source=source
-            )
-    run = build_section(RunConfig, raw["run"], "run", source)
-    model = build_section(ModelConfig, raw["model"], "model", source)
-    rollout = build_section(RolloutSection, raw.get("rollout", {}), "rollout", source)
-    algo = build_section(AlgoConfig, raw.get("algo", {}), "algo", source)
-    tenants_raw = raw.get("tenants")
-    if not isinstance(tenants_raw, list) or not tenants_raw:
-        raise ConfigError(
-            "tenants", tenants_raw if tenants_raw is not None else MISSING,
-            "at least one [[tenants]] table is required",
-            'add [[tenants]] with name, data, reward, lr and prompts_per_step',
-            source=source,
-        )  # fmt: skip
-    tenants = tuple(
-        build_section(RlTenantConfig, t, f"tenants[{i}]", source) for i, t in enumerate(tenants_raw)
-    )
-    evaluation = build_section(EvalConfig, raw["eval"], "eval", source) if "eval" in raw else None
-    config = RlConfig(run, model, rollout, algo, tenants, evaluation, source)
+    """Validate an RL configuration table (see the module docstring); raises ConfigError."""
+    built = build_sections(
+        dict(raw), SECTIONS, source=source,
+        many_fix="add [[tenants]] with name, data, reward, lr and prompts_per_step",
+    )  # fmt: skip
+    config = RlConfig(**built, source=source)
     _check(config)
     return config
 

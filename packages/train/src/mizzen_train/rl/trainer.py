@@ -1,8 +1,8 @@
 """The RL trainer: K LoRA tenants on one base model, rollout -> reward -> policy step -> adapter sync.
 
-:func:`run_rl` runs one configuration (:mod:`mizzen_train.rl.config`) in this process.  It is the
-SFT trainer (:class:`mizzen_train.sft.trainer._Trainer`: run directory, base model import, the
-executor, metrics, checkpoints, the eval dispatcher) with an RL loop:
+:func:`run_rl` runs one configuration (:mod:`mizzen_train.rl.config`) in this process.  It is a
+:class:`~mizzen_train.run.trainer.Trainer` (run directory, base model import, the executor,
+metrics, checkpoints, the eval dispatcher) with an RL loop:
 
 1. start the engines (embedded servers on the base model, SGLang servers by URL, or the Ray
    rollout manager's engines); give every tenant active at step 1 a slot and publish its adapter
@@ -21,7 +21,7 @@ executor, metrics, checkpoints, the eval dispatcher) with an RL loop:
    step count); every sample carries the version that generated it;
 5. tenants join (slot loaded, version 0 published) before the first step they train and leave
    (slot and adapters unloaded) after their last;
-6. checkpoints (SFT's format: slots of the active tenants, cursors, RNG, and the adapter versions)
+6. checkpoints (the run framework's format: slots of the active tenants, cursors, RNG, and the adapter versions)
    every ``checkpoint_interval`` steps; at eval points the dispatcher exports each active
    tenant's adapter snapshot and evaluates it on the run's engines, on the side.
 
@@ -54,34 +54,13 @@ from typing import Any, TextIO
 import torch
 
 from mizzen_train.rl.config import RlConfig, RlTenantConfig
-from mizzen_train.sft.config import ConfigError
-from mizzen_train.sft.metrics import (
-    METRICS_FILE,
-    MetricsLog,
-    Progress,
-    format_duration,
-    rewrite_for_resume,
-)
-from mizzen_train.sft.state import (
-    RunStateError,
-    check_run_dir,
-    complete_checkpoints,
-    load_checkpoint,
-    open_run,
-    remove_partial_checkpoints,
-    save_checkpoint,
-    set_rng_state,
-)
-from mizzen_train.sft.trainer import (
-    _base_model_dir,
-    _resolve_device,
-    _single_rank,
-    _tokenizer,
-    _Trainer,
-    lr_at,
-)
+from mizzen_train.run.config import ConfigError
+from mizzen_train.run.process import resolve_device, single_rank
+from mizzen_train.run.sections import EvaluatorConfig
+from mizzen_train.run.state import LoadedCheckpoint, RunStateError
+from mizzen_train.run.trainer import Trainer
 
-__all__ = ["run_rl"]
+__all__ = ["RlTrainer", "run_rl"]
 
 INJECT_NAN_ENV = "MIZZEN_RL_INJECT_NAN"
 ADAPTERS_DIR = "adapters"
@@ -103,34 +82,28 @@ def version_dir_name(version: int) -> str:
     return f"v{version:08d}"
 
 
-class _RlTrainer(_Trainer):
+class RlTrainer(Trainer):
+    """RL's step: rollout through the engines with each tenant's published adapter, reward,
+    group advantages, one clipped policy-gradient step, adapter re-published."""
+
+    command = "rl"
     SNAPSHOT_MARKER = "adapter_config.json"
+    config: RlConfig
 
     def __init__(self, config: RlConfig, *, resume: bool, stream: TextIO | None) -> None:
-        self.config = config  # type: ignore[assignment]
-        self.resume = resume
-        self.progress = Progress(config.run.steps, stream=stream, command="rl")
-        self.run_dir = config.run_dir
+        super().__init__(config, resume=resume, stream=stream)
         self.nan_plan = _inject_nan_plan()
         self.launched: list[Any] = []  # engines spawned before set-up (launch_engines)
 
-    # -- setup ------------------------------------------------------------------------------
+    # -- validation and set-up --------------------------------------------------------------
 
-    def validate(self, device: str, dtype: str) -> None:
+    def validate_inputs(self, model_spec) -> None:
         from mizzen_rollout.data import DataError, PromptDataset
         from mizzen_rollout.rewards import load_reward
-        from mizzen_train.hf import read_llama_config
         from mizzen_train.rl.advantages import load_estimator
 
         config = self.config
-        self.device, self.dtype = device, dtype
-        check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
-        if config.run.threads:
-            torch.set_num_threads(config.run.threads)
-        self.model_dir = _base_model_dir(config)  # type: ignore[arg-type]
-        spec = read_llama_config(self.model_dir, dtype=dtype).spec
-        self.max_positions = spec.max_sequence_length
-        self.tokenizer = _tokenizer(config, self.model_dir)  # type: ignore[arg-type]
+        self.max_positions = model_spec.max_sequence_length
         self.prompts, self.rewards = {}, {}
         for i, tenant in enumerate(config.tenants):
             try:
@@ -156,7 +129,6 @@ class _RlTrainer(_Trainer):
                     f"{self.max_positions} positions", "lower it or shorten the prompts",
                     source=config.source,
                 )  # fmt: skip
-        self.evaluators = [self._build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
 
     def _prompt_tokens(self, prompt) -> int:
         """Tokens of a prompt as the engine sees it (an upper bound: one spare for BOS)."""
@@ -165,129 +137,53 @@ class _RlTrainer(_Trainer):
             return len(hf(prompt, add_special_tokens=True)["input_ids"]) + 1
         return len(self.tokenizer._render(prompt, generation_prompt=True)) + 1
 
-    def _build_evaluator(self, ev, index: int):
+    def build_data_evaluator(self, ev: EvaluatorConfig, index: int):
         from mizzen_rollout.data import DataError, PromptDataset
-        from mizzen_train.eval_dispatch import load_evaluator
         from mizzen_train.evaluators import GenerationEvaluator
 
-        if ev.kind == "python":
-            evaluator = load_evaluator(ev.factory, ev.options)
-        else:
-            try:
-                dataset = PromptDataset.from_jsonl(_data_path(ev.data))
-            except DataError as exc:
-                raise ConfigError(
-                    f"eval.evaluators[{index}].data", ev.data, str(exc), "give a prompt data set",
-                    source=self.config.source,
-                ) from None  # fmt: skip
-            records = dataset.records[: ev.limit] if ev.limit else dataset.records
-            evaluator = GenerationEvaluator(
-                name=ev.name or ev.kind,
-                prompts=list(records),
-                reward=ev.reward,
-                max_new_tokens=ev.max_new_tokens,
-                temperature=ev.temperature,
-                batch_size=ev.batch_size,
-                startup_timeout_s=ev.startup_timeout_s,
-                request_timeout_s=ev.request_timeout_s,
-            )
-        if ev.tenants:
-            evaluator.tenants = list(ev.tenants)
-        return evaluator
-
-    def setup(self) -> None:
-        from mizzen_rollout.data import DataCursor
-        from mizzen_train.executor import SlotExecutor
-        from mizzen_train.hf import import_hf_llama
-        from mizzen_train.specs import ExecutorConfig
-
-        config = self.config
-        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
-        self.model, self.source = imported.model, imported.source
-        spec = imported.spec
-        self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
-        self.executor = SlotExecutor(
-            self.model,
-            ExecutorConfig(
-                num_slots=len(config.tenants),
-                max_rank=max(t.lora_rank for t in config.tenants),
-                micro_batch_size=config.run.micro_batch_size,
-            ),
+        try:
+            dataset = PromptDataset.from_jsonl(_data_path(ev.data))
+        except DataError as exc:
+            raise ConfigError(
+                f"eval.evaluators[{index}].data", ev.data, str(exc), "give a prompt data set",
+                source=self.config.source,
+            ) from None  # fmt: skip
+        records = dataset.records[: ev.limit] if ev.limit else dataset.records
+        return GenerationEvaluator(
+            name=ev.name or ev.kind,
+            prompts=list(records),
+            reward=ev.reward,
+            max_new_tokens=ev.max_new_tokens,
+            temperature=ev.temperature,
+            batch_size=ev.batch_size,
+            startup_timeout_s=ev.startup_timeout_s,
+            request_timeout_s=ev.request_timeout_s,
         )
-        self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
-        self.tenant_of = {t.name: t for t in config.tenants}
+
+    def prepare_data(self) -> None:
+        from mizzen_rollout.data import DataCursor
+
         self.cursors = {
             t.name: DataCursor(self.prompts[t.name], seed=t.data_seed, shuffle=True)
-            for t in config.tenants
+            for t in self.config.tenants
         }
         self.cursor_before: dict[int, dict[str, Any]] = {}
         self.versions: dict[str, int] = {}
         self.published: dict[str, Any] = {}  # tenant -> AdapterRef serving its next rollout
-        self.loaded_refs: dict[str, list[Any]] = {t.name: [] for t in config.tenants}
-        self.metrics_path = self.run_dir / METRICS_FILE
-        self.start_step = self._restore_or_init()
-        records, broken = [], 0
-        if self.identity.resumed and self.metrics_path.exists():
-            records, broken = rewrite_for_resume(self.metrics_path, self.start_step)
-        if not self.identity.resumed and self.metrics_path.exists():
-            self.metrics_path.unlink()
-        self.metrics = MetricsLog(self.metrics_path)
-        event = "resumed" if self.identity.resumed else "run_started"
-        self.metrics.event(
-            event,
-            run_id=self.identity.run_id,
-            from_step=self.start_step,
-            steps=config.run.steps,
-            engines_needed=str(config.engines_needed),
-            engines=config.rollout.engines,
-            off_policy=config.rollout.off_policy,
-            device=self.device,
-            dtype=self.dtype,
-            base_model=str(self.model_dir),
-            base_parameters=spec.parameter_count(),
-            trainable_parameters_per_slot=self.executor.trainable_parameters_per_slot(),
-            tenants=[t.name for t in config.tenants],
-            adapter_versions=dict(self.versions),
-            eval_points=config.eval_points(),
-            broken_metric_lines=broken,
-        )
-        self.progress.print(
-            f"{event} run {self.identity.run_id} in {self.run_dir} from step {self.start_step}: "
-            f"{len(config.tenants)} tenant(s) on {self.model_dir} ({spec.parameter_count():,} "
-            f"parameters, {self.device}, {self.dtype}); engines: {config.rollout.engines}"
-        )
-        self.dispatcher = self._dispatcher(records) if self.evaluators else None
-        if self.dispatcher is not None:
-            self.dispatcher.start()
+        self.loaded_refs: dict[str, list[Any]] = {t.name: [] for t in self.config.tenants}
 
-    def _restore_or_init(self) -> int:
-        removed = remove_partial_checkpoints(self.run_dir)
-        if removed:
-            self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
-        checkpoints = complete_checkpoints(self.run_dir) if self.identity.resumed else []
-        if not checkpoints:
-            import random
+    def init_slots(self) -> None:
+        """None: a tenant's slot is loaded when it joins (:meth:`_join`)."""
 
-            random.seed(self.config.run.seed)
-            torch.manual_seed(self.config.run.seed)
-            return 0
-        checkpoint = load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
+    def restore(self, checkpoint: LoadedCheckpoint) -> None:
         versions = checkpoint.extra.get("adapter_versions")
         if not isinstance(versions, dict):
             raise RunStateError(f"{checkpoint.path}: holds no adapter versions (not an RL run?)")
         for name in versions:
-            tenant = self.tenant_of.get(name)
-            if tenant is None:
+            if name not in self.tenant_of:
                 raise RunStateError(f"{checkpoint.path}: holds tenant {name!r}, not in the config")
-            slot = self.slot_of[name]
-            spec = self.executor.restore_slot(slot, str(checkpoint.path / "slots" / name))
-            if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
-                raise ConfigError(
-                    f"tenants[{slot}].lora_rank", tenant.lora_rank,
-                    f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
-                    "resume with the original LoRA settings", source=self.config.source,
-                )  # fmt: skip
-            step = self.executor.inspect_slot(slot)["step"]
+            self.restore_slot(name, checkpoint)
+            step = self.executor.inspect_slot(self.slot_of[name])["step"]
             if step != versions[name]:
                 raise RunStateError(
                     f"{checkpoint.path}: slot {name} is at optimizer step {step} but the "
@@ -297,13 +193,20 @@ class _RlTrainer(_Trainer):
         for name, state in checkpoint.streams.items():
             if name in self.cursors:
                 self.cursors[name].load_state_dict(state)
-        set_rng_state(checkpoint.rng)
-        self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
-        return checkpoint.step
+
+    def start_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        rollout = self.config.rollout
+        return (
+            {"engines": rollout.engines, "off_policy": rollout.off_policy},
+            {"adapter_versions": dict(self.versions)},
+        )
+
+    def engines_text(self) -> str:
+        return f"engines: {self.config.rollout.engines}"
 
     # -- eval -------------------------------------------------------------------------------
 
-    def _export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
+    def export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
         from mizzen_train.hf import export_peft_adapter
 
         export_peft_adapter(
@@ -314,7 +217,7 @@ class _RlTrainer(_Trainer):
             base_model_name_or_path=str(self.model_dir),
         )
 
-    def _tenants_at(self, step: int) -> list[str]:
+    def tenants_at(self, step: int) -> list[str]:
         return [t.name for t in self.config.active(step)]
 
     # -- engines ----------------------------------------------------------------------------
@@ -581,7 +484,6 @@ class _RlTrainer(_Trainer):
         """One policy step of every tenant of ``rollout`` (runs in a worker thread)."""
         from mizzen_train.batch import SlotBatch
         from mizzen_train.losses import ClippedPolicyGradientLoss
-        from mizzen_train.specs import AdamParams
 
         config = self.config
         t0 = time.perf_counter()
@@ -673,20 +575,7 @@ class _RlTrainer(_Trainer):
             kl_coef=config.algo.kl_coef,
         )
         reports = self.executor.forward_backward(batch, loss)
-        lrs = {name: lr_at(self.tenant_of[name], step, config.run.steps) for name in per_tenant}
-        requests = {
-            self.slot_of[name]: AdamParams(
-                lr=lrs[name],
-                betas=tuple(self.tenant_of[name].betas),
-                eps=self.tenant_of[name].eps,
-                weight_decay=self.tenant_of[name].weight_decay,
-                max_grad_norm=self.tenant_of[name].max_grad_norm or None,
-            )
-            for name in per_tenant
-        }
-        step_reports = self.executor.optim_step(requests)
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        lrs, step_reports = self.optimizer_step(per_tenant, step)
         step_s = time.perf_counter() - t0
         tokens = int((input_ids != self.tokenizer.pad_token_id).sum())
         for name, stats in per_tenant.items():
@@ -715,13 +604,11 @@ class _RlTrainer(_Trainer):
     async def _train(self) -> dict[str, Any]:
         config = self.config
         steps = config.run.steps
-        points = set(config.eval_points())
         try:
             self._start_engines()  # inside: engines it started stop however it fails
-            self._recover_points()
+            self.recover_points()
             started = time.perf_counter()
-            totals = {"samples": 0, "tokens": 0, "rollout_s": 0.0, "train_s": 0.0}
-            last: dict[str, dict[str, Any]] = {}
+            self.totals = totals = {"samples": 0, "tokens": 0, "rollout_s": 0.0, "train_s": 0.0}
             first = self.start_step + 1
             for name in list(self.versions):  # resumed: the checkpoint's adapters, as they were
                 await self._publish(name)
@@ -751,36 +638,24 @@ class _RlTrainer(_Trainer):
                             "stays published"
                         )
                     self._log_train(step, name, stats, result)
-                    last[name] = stats
                 if step % config.run.log_interval == 0 or step == steps:
                     rewards = {n: s["reward_mean"] for n, s in result["tenants"].items()}
                     rate = result["tokens"] / result["step_s"] if result["step_s"] else 0.0
                     self.progress.step(step, rewards, rate, result["step_s"], label="reward")
-                if step % config.run.checkpoint_interval == 0 or step == steps:
-                    self._checkpoint(step)
-                if self.dispatcher is not None and step in points:
-                    self.dispatcher.tenants = self._tenants_at(step)
-                    state = self.dispatcher.submit(step, final=step == steps)
-                    if state == "skipped":
-                        self.progress.print(f"eval point {step} skipped (see metrics)")
+                self.end_step(step)
                 if step < steps:
                     await self._leaves(step + 1)
                 if not overlap and step < steps:
                     await self._joins(step + 1)
                     pending = asyncio.ensure_future(self._rollout(step + 1))
             wall = time.perf_counter() - started
-            if self.dispatcher is not None:
-                self.progress.print("waiting for the evaluations in flight...")
-                try:
-                    self.dispatcher.drain()
-                finally:
-                    self.dispatcher.close()
+            self.drain_evaluations()
         finally:
             try:
                 await self._close_dispatch()
             finally:  # however closing the clients ends, the engines stop
                 self._stop_engines()
-        return self._finish_rl(wall, totals, last)
+        return self.finish(wall)
 
     async def _close_dispatch(self) -> None:
         close = getattr(getattr(self, "dispatch", None), "aclose", None)
@@ -816,80 +691,50 @@ class _RlTrainer(_Trainer):
             old_logprobs=stats["old_logprobs"],
         )
 
-    def _checkpoint(self, step: int) -> None:
+    def checkpoint_state(self, step: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
         active = sorted(self.versions)
-
-        def save_slots(directory: Path) -> None:
-            for name in active:
-                self.executor.save_slot(self.slot_of[name], str(directory / name))
-
         # the cursors as they were before the next step's prompts were drawn (off-policy runs
         # draw them before this step trained)
         streams = {name: cursor.state_dict() for name, cursor in self.cursors.items()}
         streams.update(self.cursor_before.get(step + 1, {}))
-        path = save_checkpoint(
-            self.run_dir,
-            step=step,
-            run_id=self.identity.run_id,
-            streams=streams,
-            save_slots=save_slots,
-            keep=self.config.run.keep_checkpoints,
-            extra={"adapter_versions": {name: self.versions[name] for name in active}},
-        )
+        extra = {"adapter_versions": {name: self.versions[name] for name in active}}
+        return active, streams, extra
+
+    def checkpoint(self, step: int) -> Path:
+        path = super().checkpoint(step)
         for old in [s for s in self.cursor_before if s <= step]:
             del self.cursor_before[old]
-        self.metrics.event("checkpoint", step=step, path=str(path), versions=dict(self.versions))
+        return path
 
-    def _finish_rl(self, wall: float, totals: dict[str, Any], last: dict) -> dict[str, Any]:
-        from mizzen_train.sft.metrics import read_metrics
+    def checkpoint_fields(self) -> dict[str, Any]:
+        return {"versions": dict(self.versions)}
 
-        config = self.config
-        records, _ = read_metrics(self.metrics_path)
-        final_step = config.run.steps
-        final_eval: dict[str, dict[str, Any]] = {}
-        for record in records:
-            if record["kind"] == "eval" and int(record["step"]) == final_step:
-                final_eval.setdefault(record["tenant"], {})[record["evaluator"]] = (
-                    record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
-                )
-        last_reward: dict[str, float] = {}
-        for record in records:
-            if record["kind"] == "train":
-                last_reward[record["tenant"]] = record["reward_mean"]
-        summary = self.metrics.write(
-            "summary",
-            run_id=self.identity.run_id,
-            steps=final_step,
-            eval_points=sorted({int(r["step"]) for r in records if r["kind"] == "eval_point"}),
-            final_eval=final_eval,
-            final_reward=last_reward,
-            adapter_versions=dict(self.versions),
-            wall_s=round(wall, 3),
-            samples_per_s=totals["samples"] / totals["rollout_s"] if totals["rollout_s"] else 0.0,
-            train_tokens_per_s=totals["tokens"] / totals["train_s"] if totals["train_s"] else 0.0,
-            engines_needed=str(config.engines_needed),
-        )
-        self.metrics.close()
-        curves = self._plot()
-        self.progress.print(f"done: {final_step} steps in {format_duration(wall)}")
-        self.progress.print(f"metrics:     {self.metrics_path}")
-        if curves is not None:
-            self.progress.print(f"curves:      {curves}")
-        self.progress.print(f"adapters:    {self.run_dir / ADAPTERS_DIR}")
-        checkpoints = complete_checkpoints(self.run_dir)
-        if checkpoints:
-            self.progress.print(f"checkpoint:  {checkpoints[-1]}")
-        for tenant, reward in last_reward.items():
-            self.progress.print(f"final reward {tenant}: {reward:.4f}")
-        for tenant, by_evaluator in final_eval.items():
-            for name, values in by_evaluator.items():
-                shown = " ".join(
-                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in values.items()
-                )
-                self.progress.print(f"final eval {tenant}/{name}: {shown}")
-        del last
-        return summary
+    # -- the end ----------------------------------------------------------------------------
+
+    def summary_fields(self, records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+        totals = self.totals
+        return {
+            "final_reward": _last_rewards(records),
+            "adapter_versions": dict(self.versions),
+            "wall_s": round(wall, 3),
+            "samples_per_s": totals["samples"] / totals["rollout_s"]
+            if totals["rollout_s"]
+            else 0.0,
+            "train_tokens_per_s": (
+                totals["tokens"] / totals["train_s"] if totals["train_s"] else 0.0
+            ),
+        }
+
+    def output_lines(self, records: list[dict[str, Any]]) -> list[str]:
+        return [f"adapters:    {self.run_dir / ADAPTERS_DIR}"]
+
+    def final_lines(self, records: list[dict[str, Any]]) -> list[str]:
+        return [f"final reward {t}: {r:.4f}" for t, r in _last_rewards(records).items()]
+
+
+def _last_rewards(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Each tenant's ``reward_mean`` of its last training record."""
+    return {r["tenant"]: r["reward_mean"] for r in records if r["kind"] == "train"}
 
 
 def _data_path(spec: str) -> str:
@@ -906,10 +751,10 @@ def _data_path(spec: str) -> str:
 
 def run_rl(config: RlConfig, *, resume: bool = False, stream: TextIO | None = None) -> dict:
     """Run (or ``resume``) the RL job ``config`` in this process; returns the summary record."""
-    device, dtype = _resolve_device(config)  # type: ignore[arg-type]
-    trainer = _RlTrainer(config, resume=resume, stream=stream)
+    device, dtype = resolve_device(config)
+    trainer = RlTrainer(config, resume=resume, stream=stream)
     trainer.validate(device, dtype)
-    with _single_rank(device):
+    with single_rank(device):
         trainer.launch_engines()  # they load while set-up imports megatron and the model
         try:
             trainer.setup()

@@ -1,9 +1,11 @@
 """Supervised fine-tuning with checkpoint-snapshot evaluation (``mizzen-train sft``).
 
-- :mod:`.config` -- the configuration table (TOML + ``--set``), validated before step 0.
-- :mod:`.trainer` -- :func:`~mizzen_train.sft.trainer.run_sft`, the training loop.
-- :mod:`.state` -- the run directory: run id, atomic checkpoints, resume.
-- :mod:`.metrics` -- ``metrics.jsonl`` records and the progress line.
+- :mod:`.config` -- SFT's sections (``[data]``, ``[[tenants]]``) composed with the shared ones of
+  :mod:`mizzen_train.run.sections`, validated before step 0.
+- :mod:`.trainer` -- :class:`~mizzen_train.sft.trainer.SftTrainer` (a
+  :class:`~mizzen_train.run.trainer.Trainer` whose step is one packed batch) and
+  :func:`~mizzen_train.sft.trainer.run_sft`.
 
-Invariant: importing this package imports nothing heavy (the modules import torch at most).
+Invariant: importing this package imports nothing heavy (the modules import torch at most); it
+imports :mod:`mizzen_train.run`, never :mod:`mizzen_train.rl`.
 """

@@ -19,7 +19,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-from mizzen_train.sft.metrics import read_metrics
+from mizzen_train.run.metrics import read_metrics
 
 #: Eval metrics that count things rather than measure the model.
 COUNTERS = frozenset({"samples", "tokens", "failed"})

@@ -8,7 +8,7 @@ Layout::
                                             the trainer's extra state (RL: adapter versions)
         rng.pt                              python, torch CPU (and CUDA) generator states
         slots/<tenant>/                     the tenant's slot checkpoint (executor.save_slot)
-    <run.dir>/metrics.jsonl                 see :mod:`mizzen_train.sft.metrics`
+    <run.dir>/metrics.jsonl                 see :mod:`mizzen_train.run.metrics`
 
 Invariants:
 - A checkpoint directory is written under a temporary name (``.tmp-step-...``), fsynced and

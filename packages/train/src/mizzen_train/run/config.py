@@ -1,0 +1,361 @@
+"""The configuration machinery every run command shares: fields declared once, read from TOML
+and ``--set`` overrides, checked before anything is built.
+
+A command describes its configuration by one table, :data:`Sections` (``{name: Section}``): each
+section's dataclass (its fields declared with :func:`opt`: type, default or required, allowed
+values, bounds, help) and its :class:`Presence` in a file.  Everything else is derived from that
+table: the reader (:func:`build_sections`), the ``--set`` parser (:func:`apply_overrides`), the
+field list of ``--help-config`` (:func:`config_help`) and the command line's ``--section.field``
+flags (:func:`flag_sections`).
+
+Invariants:
+- Everything read is untrusted: an unknown section or key, a wrong type, a value out of range or
+  a missing required field raises :class:`ConfigError` naming the source, the field, the rule and
+  the fix -- before anything is built.  Nothing meaningful is defaulted silently: fields without
+  a safe default are required.
+- A configuration is immutable: lists are stored as tuples, tables as fresh dicts.
+- This module imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "Presence",
+    "Section",
+    "Sections",
+    "apply_overrides",
+    "build_section",
+    "build_sections",
+    "config_help",
+    "flag_sections",
+    "opt",
+    "read_config_source",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; names the source, the field, the rule and the fix.
+
+    The one error of every configuration table of mizzen-train (``sft`` and ``rl``)."""
+
+    def __init__(self, field: str, value: Any, rule: str, fix: str, *, source: str = "") -> None:
+        self.field, self.value, self.rule, self.fix, self.source = field, value, rule, fix, source
+        where = f"{source}: " if source else ""
+        shown = "<missing>" if value is MISSING else repr(value)
+        super().__init__(f"{where}{field}={shown}: {rule}. Fix: {fix}")
+
+
+def opt(
+    default: Any = MISSING, *, kind: str, help: str, choices=None, low=None, high=None, item=None
+):
+    """Declare a config field: ``kind`` in int|float|str|bool|list[str]|list[float]|table, or
+    ``tables`` (a list of ``item`` dataclass tables, e.g. ``[[eval.evaluators]]``)."""
+    meta = {"kind": kind, "help": help, "choices": choices, "low": low, "high": high, "item": item}
+    if isinstance(default, dict):  # lists are stored as tuples: a config is immutable
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Presence(enum.Enum):
+    """How a section appears in a configuration file."""
+
+    REQUIRED = "required"  # [name], must be there
+    OPTIONAL = "optional"  # [name], None when absent
+    DEFAULTED = "defaulted"  # [name], built from {} (every field's default) when absent
+    MANY = "many"  # [[name]], a non-empty list of tables
+
+
+@dataclass(frozen=True)
+class Section:
+    cls: type
+    presence: Presence
+
+    def header(self, name: str) -> str:
+        return f"[[{name}]]" if self.presence is Presence.MANY else f"[{name}]"
+
+
+#: A command's one table of sections, in file order; a dotted name (``eval.evaluators``) is a
+#: table nested in its parent's ``tables`` field, listed for the help only.
+Sections = Mapping[str, Section]
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> Any:
+    kind = meta["kind"]
+
+    def fail(rule: str, fix: str) -> ConfigError:
+        return ConfigError(path, value, rule, fix, source=source)
+
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail("must be an integer", f"write e.g. {path.rsplit('.', 1)[-1]} = 1")
+    elif kind == "float":
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise fail("must be a finite number", "write a number")
+        value = float(value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise fail("must be a string", 'quote it: "..."')
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise fail("must be true or false", "write true or false")
+    elif kind == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise fail("must be a list of non-empty strings", 'write e.g. ["a", "b"]')
+        value = tuple(value)
+    elif kind == "list[float]":
+        if not isinstance(value, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            raise fail("must be a list of numbers", "write e.g. [0.9, 0.999]")
+        value = tuple(float(v) for v in value)
+    elif kind == "table":
+        if not isinstance(value, dict):
+            raise fail("must be a table", "write it as [section.name] or {key = value}")
+        value = dict(value)
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise fail(f"must be one of {list(choices)}", f"use one of {list(choices)}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and isinstance(value, int | float) and value < low:
+        raise fail(f"must be >= {low}", f"use a value >= {low}")
+    if high is not None and isinstance(value, int | float) and value > high:
+        raise fail(f"must be <= {high}", f"use a value <= {high}")
+    return value
+
+
+def build_section(cls: type, table: Any, path: str, source: str) -> Any:
+    """The dataclass ``cls`` from the TOML table at ``path``, every field checked."""
+    if not isinstance(table, dict):
+        raise ConfigError(path, table, "must be a table", f"write it as [{path}]", source=source)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{path}.{unknown[0]}",
+            table[unknown[0]],
+            f"unknown key in [{path}]",
+            f"use one of {sorted(known)} (mizzen-train sft --help-config lists them)",
+            source=source,
+        )
+    values = {}
+    for name, spec in known.items():
+        where = f"{path}.{name}"
+        if name not in table:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise ConfigError(
+                    where,
+                    MISSING,
+                    "is required",
+                    f"set it in [{path}] ({spec.metadata['help']}) or with --set {where}=...",
+                    source=source,
+                )
+            continue
+        value = table[name]
+        if spec.metadata["kind"] == "tables":
+            if not isinstance(value, list):
+                raise ConfigError(
+                    where,
+                    value,
+                    "must be a list of tables",
+                    f"write [[{path}.{name}]]",
+                    source=source,
+                )
+            values[name] = tuple(
+                build_section(spec.metadata["item"], item, f"{where}[{i}]", source)
+                for i, item in enumerate(value)
+            )
+            continue
+        values[name] = check_value(where, value, spec.metadata, source)
+    return cls(**values)
+
+
+def build_sections(
+    raw: Mapping[str, Any], sections: Sections, *, source: str, many_fix: str
+) -> dict[str, Any]:
+    """Every top-level section of ``sections`` built from ``raw`` by its presence rule;
+    ``many_fix`` says what a missing ``[[...]]`` list needs."""
+    top = {name: section for name, section in sections.items() if "." not in name}
+    unknown = sorted(set(raw) - set(top))
+    if unknown:
+        listed = [section.header(name) for name, section in top.items()]
+        raise ConfigError(
+            unknown[0], raw[unknown[0]], "unknown section",
+            f"use {', '.join(listed[:-1])} and {listed[-1]}", source=source,
+        )  # fmt: skip
+    for name, section in top.items():
+        if section.presence is Presence.REQUIRED and name not in raw:
+            raise ConfigError(name, MISSING, "the section is required", f"add [{name}]",
+                              source=source)  # fmt: skip
+    return {
+        name: _build_present(raw, name, section, source, many_fix) for name, section in top.items()
+    }
+
+
+def _build_present(raw: Mapping[str, Any], name: str, section: Section, source: str, many_fix: str):
+    if section.presence is Presence.MANY:
+        tables = raw.get(name)
+        if not isinstance(tables, list) or not tables:
+            raise ConfigError(
+                name, tables if tables is not None else MISSING,
+                f"at least one [[{name}]] table is required", many_fix, source=source,
+            )  # fmt: skip
+        return tuple(
+            build_section(section.cls, t, f"{name}[{i}]", source) for i, t in enumerate(tables)
+        )
+    if name not in raw:
+        return (
+            build_section(section.cls, {}, name, source)
+            if (section.presence is Presence.DEFAULTED)
+            else None
+        )
+    return build_section(section.cls, raw[name], name, source)
+
+
+# -- overrides ----------------------------------------------------------------------------------
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``raw`` with every ``KEY=VALUE`` applied (dotted keys; list items by index)."""
+    raw = _deep_copy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                item, MISSING, "an override is KEY=VALUE", 'write e.g. --set run.steps=60',
+                source="--set",
+            )  # fmt: skip
+        parts = key.split(".")
+        node: Any = raw
+        for depth, part in enumerate(parts[:-1]):
+            nxt = parts[depth + 1]
+            if isinstance(node, list):
+                index = _index(part, node, key)
+                node = node[index]
+                continue
+            if part not in node:
+                node[part] = [] if nxt.isdigit() else {}
+            node = node[part]
+        last = parts[-1]
+        value = _parse_value(text.strip())
+        if isinstance(node, list):
+            if last.isdigit() and int(last) == len(node):
+                node.append(value)
+            else:
+                node[_index(last, node, key)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(key, value, "does not name a table field", "check the key",
+                              source="--set")  # fmt: skip
+    return raw
+
+
+def _index(part: str, node: list, key: str) -> int:
+    if not part.isdigit() or int(part) > len(node):
+        raise ConfigError(
+            key, MISSING, f"list index {part!r} does not exist (the list has {len(node)})",
+            f"use an index below {len(node) + 1} (== {len(node)} appends)", source="--set",
+        )  # fmt: skip
+    if int(part) == len(node):
+        node.append({})
+    return int(part)
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def read_config_source(
+    path: str | os.PathLike | None, overrides: Sequence[str] = ()
+) -> tuple[dict[str, Any], str]:
+    """The raw table of ``path`` (TOML, or ``example:NAME`` for a shipped one; None: overrides
+    only) with the overrides applied, and its source name for messages."""
+    raw: dict[str, Any] = {}
+    source = "--set"
+    if path is not None:
+        source = os.fspath(path)
+        if source.startswith("example:"):
+            from mizzen_train.data import example_paths
+
+            name = source[len("example:") :]
+            shipped = example_paths(".toml")
+            if name not in shipped:
+                raise ConfigError(
+                    "--config", source, "is no shipped configuration",
+                    f"use one of {sorted('example:' + n for n in shipped)} or a file",
+                )  # fmt: skip
+            path = shipped[name]
+        try:
+            with open(path, "rb") as handle:
+                raw = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError("--config", source, "no such file", "give a TOML file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(
+                "--config", source, f"is not valid TOML ({exc})", "fix the syntax"
+            ) from None
+        except OSError as exc:
+            raise ConfigError("--config", source, f"cannot be read ({exc})", "check it") from None
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        source = f"{source} + --set"
+    return raw, source
+
+
+# -- derived views of the table -----------------------------------------------------------------
+
+
+def flag_sections(sections: Sections) -> list[str]:
+    """The sections whose fields get ``--section.field`` flags: the single top-level tables."""
+    return [n for n, s in sections.items() if "." not in n and s.presence is not Presence.MANY]
+
+
+def config_help(sections: Sections) -> str:
+    """Every field of ``sections``: section, name, type, default or required, what it is for."""
+    lines = []
+    for name, section in sections.items():
+        lines.append(section.header(name))
+        for spec in dataclasses.fields(section.cls):
+            meta = spec.metadata
+            if meta["kind"] == "tables":
+                continue
+            if spec.default is not MISSING:
+                default = f"default {spec.default!r}"
+            elif spec.default_factory is not MISSING:
+                default = f"default {spec.default_factory()!r}"
+            else:
+                default = "required"
+            choices = f" {list(meta['choices'])}" if meta["choices"] else ""
+            lines.append(
+                f"  {spec.name:<20} {meta['kind']:<11} {default:<26} {meta['help']}{choices}"
+            )
+    return "\n".join(lines)

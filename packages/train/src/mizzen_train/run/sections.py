@@ -1,0 +1,315 @@
+"""The configuration sections every run command shares, and their rules.
+
+``[run]`` (the run directory, steps, checkpoints, device), ``[model]`` (the base model),
+``[eval]`` with its ``[[eval.evaluators]]``, and the LoRA / AdamW / schedule fields every tenant
+has (:class:`AdapterTrainingConfig`, which each command's tenant section extends).
+:class:`RunLayout` is what a configuration derives from ``[run]`` and ``[eval]``: the run
+directory, the snapshot root and the eval points.
+
+Invariants:
+- Each field is declared once, here, with :func:`~mizzen_train.run.config.opt`; SFT and RL
+  compose these sections into their own tables (:mod:`mizzen_train.sft.config`,
+  :mod:`mizzen_train.rl.config`) and never import each other's.
+- The checks below raise :class:`~mizzen_train.run.config.ConfigError` naming the field.
+- The eval points of a run are defined once, by :meth:`RunLayout.eval_points`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mizzen_train.run.config import ConfigError, opt
+
+__all__ = [
+    "ENGINE_MAX_BATCH",
+    "EVALUATOR_KINDS",
+    "AdapterTrainingConfig",
+    "EvalConfig",
+    "EvaluatorConfig",
+    "ModelConfig",
+    "RunConfig",
+    "RunLayout",
+    "check_adapter_training",
+    "check_eval",
+    "check_model",
+    "check_tenant_names",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = opt(kind="str", help="run directory: checkpoints, snapshots, metrics.jsonl")
+    steps: int = opt(kind="int", low=1, help="optimizer steps to train")
+    checkpoint_interval: int = opt(
+        kind="int", low=1, help="save a checkpoint every N steps (and always at the last step)"
+    )
+    keep_checkpoints: int = opt(2, kind="int", low=1, help="newest checkpoints kept on disk")
+    seed: int = opt(0, kind="int", low=0, help="seed of the trainer's RNGs")
+    device: str = opt(
+        "auto", kind="str", choices=("auto", "cpu", "cuda"), help="auto: cuda when available"
+    )
+    dtype: str = opt(
+        "auto", kind="str", choices=("auto", "fp32", "bf16"), help="auto: bf16 on cuda, else fp32"
+    )
+    micro_batch_size: int = opt(4, kind="int", low=1, help="rows per micro-batch")
+    threads: int = opt(0, kind="int", low=0, help="torch CPU threads (0: torch's default)")
+    log_interval: int = opt(1, kind="int", low=1, help="print a progress line every N steps")
+    plot: bool = opt(True, kind="bool", help="draw curves.png at the end (needs matplotlib)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = opt(kind="str", help='a local Hugging Face Llama directory, or "tiny"')
+    tokenizer: str = opt(
+        "model", kind="str", help='"model" (the model directory\'s), "byte", or a directory'
+    )
+    tiny: Mapping = opt(
+        {},
+        kind="table",
+        help='with path = "tiny": "seed" and fields of the tiny Llama config to override',
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterTrainingConfig:
+    """A tenant's LoRA shape, AdamW settings and schedule: the fields SFT and RL tenants share."""
+
+    lr: float = opt(kind="float", low=0.0, help="peak learning rate (AdamW), > 0")
+    lora_rank: int = opt(16, kind="int", low=1, help="LoRA rank")
+    lora_alpha: float = opt(32.0, kind="float", low=0.0, help="LoRA alpha (scale alpha/rank)")
+    lora_init: str = opt(
+        "kaiming_uniform", kind="str", choices=("kaiming_uniform", "gaussian"), help="A init"
+    )
+    lora_seed: int = opt(0, kind="int", low=0, help="seed of the A initialisation")
+    lr_schedule: str = opt(
+        "constant", kind="str", choices=("constant", "cosine", "linear"), help="after warmup"
+    )
+    warmup_steps: int = opt(0, kind="int", low=0, help="linear warmup steps")
+    min_lr_ratio: float = opt(0.0, kind="float", low=0.0, high=1.0, help="decayed lr floor")
+    weight_decay: float = opt(0.0, kind="float", low=0.0, help="AdamW weight decay")
+    betas: tuple = opt((0.9, 0.999), kind="list[float]", help="AdamW betas")
+    eps: float = opt(1e-8, kind="float", low=0.0, help="AdamW eps")
+    max_grad_norm: float = opt(1.0, kind="float", low=0.0, help="clip norm (0: no clipping)")
+    data_seed: int = opt(0, kind="int", low=0, help="seed of the data order")
+
+
+EVALUATOR_KINDS = ("generate", "loss", "python")
+#: The most prompts one engine call carries: the embedded server's ``MAX_BATCH_SIZE`` (a test
+#: pins the two equal; this module does not import the rollout package).
+ENGINE_MAX_BATCH = 256
+
+
+@dataclass(frozen=True)
+class EvaluatorConfig:
+    kind: str = opt(kind="str", choices=EVALUATOR_KINDS, help="generate | loss | python")
+    name: str = opt("", kind="str", help="unique name of its results (default: the kind)")
+    tenants: tuple = opt((), kind="list[str]", help="tenants it evaluates (default: all)")
+    data: str = opt("", kind="str", help="generate/loss: the eval set (JSON lines or example:)")
+    limit: int = opt(0, kind="int", low=0, help="generate/loss: first N records (0: all)")
+    reward: str = opt("", kind="str", help="generate: math | f1 | module:function")
+    max_new_tokens: int = opt(64, kind="int", low=1, help="generate: tokens per answer")
+    temperature: float = opt(0.0, kind="float", low=0.0, help="generate: 0 = greedy")
+    engine_urls: tuple = opt((), kind="list[str]", help="generate: SGLang/embedded server URLs")
+    num_engines: int = opt(1, kind="int", low=1, high=64, help="generate: embedded engines")
+    engine_threads: int = opt(1, kind="int", low=1, help="generate: torch threads per engine")
+    startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per engine call")
+    batch_size: int = opt(
+        8, kind="int", low=1,
+        help="generate: prompts per engine call (one batched /generate, at most "
+        "ENGINE_MAX_BATCH); loss: examples per forward",
+    )  # fmt: skip
+    device: str = opt(
+        "cpu", kind="str", choices=("cpu", "cuda"),
+        help="generate: where its embedded engines run; loss: where it runs",
+    )  # fmt: skip
+    factory: str = opt("", kind="str", help="python: module:factory building the evaluator")
+    options: Mapping = opt({}, kind="table", help="python: keyword arguments of the factory")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    interval: int = opt(kind="int", low=1, help="evaluate every N steps (the last step always)")
+    snapshot_dir: str = opt(
+        "", kind="str", help="required: where snapshots are exported (relative: under run.dir)"
+    )
+    max_in_flight: int = opt(1, kind="int", low=1, help="eval points evaluated at once")
+    overflow: str = opt(
+        "skip", kind="str", choices=("skip", "wait"), help="a point beyond max_in_flight"
+    )
+    keep_snapshots: int = opt(1, kind="int", low=0, help="newest settled snapshots kept")
+    runner: str = opt("thread", kind="str", choices=("thread", "ray"), help="where evals run")
+    ray_address: str = opt("", kind="str", help="ray runner: cluster address (default: local)")
+    export_dtype: str = opt(
+        "auto", kind="str", choices=("auto", "fp32", "bf16"), help="snapshot weights' dtype"
+    )
+    evaluators: tuple = opt(
+        (), kind="tables", item=EvaluatorConfig, help="[[eval.evaluators]] tables"
+    )
+
+
+class RunLayout:
+    """What a run's configuration derives from its ``run`` and ``eval`` sections, for SFT and RL
+    alike: the run directory, the snapshot root and the eval points."""
+
+    run: RunConfig
+    eval: EvalConfig | None
+
+    @property
+    def evaluators(self) -> tuple[EvaluatorConfig, ...]:
+        return tuple(self.eval.evaluators) if self.eval is not None else ()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+    @property
+    def snapshot_root(self) -> Path | None:
+        if self.eval is None:
+            return None
+        path = Path(self.eval.snapshot_dir)
+        return path if path.is_absolute() else self.run_dir / path
+
+    def eval_points(self) -> list[int]:
+        """The steps evaluated: every ``interval`` and the last step (forced)."""
+        if self.eval is None:
+            return []
+        points = list(range(self.eval.interval, self.run.steps + 1, self.eval.interval))
+        if not points or points[-1] != self.run.steps:
+            points.append(self.run.steps)
+        return points
+
+
+def check_tenant_names(names: Sequence[str], source: str) -> None:
+    for i, name in enumerate(names):
+        if not _NAME.match(name):
+            raise ConfigError(
+                f"tenants[{i}].name", name,
+                "must be 1-64 letters, digits, '_', '-' or '.' (it names directories)",
+                'rename it, e.g. "colours"', source=source,
+            )  # fmt: skip
+        if name in names[:i]:
+            raise ConfigError(
+                f"tenants[{i}].name", name, "is not unique", "give each tenant its own name",
+                source=source,
+            )  # fmt: skip
+
+
+def check_adapter_training(
+    tenant: AdapterTrainingConfig, where: str, run: RunConfig, source: str
+) -> None:
+    """The rules of the LoRA / AdamW / schedule fields of one tenant."""
+
+    def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
+        return ConfigError(f"{where}.{field}", value, rule, fix, source=source)
+
+    if tenant.lr <= 0:
+        raise fail("lr", tenant.lr, "must be > 0", "e.g. lr = 1e-4")
+    if tenant.lora_alpha <= 0:
+        raise fail("lora_alpha", tenant.lora_alpha, "must be > 0", "e.g. 32")
+    if tenant.eps <= 0:
+        raise fail("eps", tenant.eps, "must be > 0", "e.g. 1e-8")
+    if len(tenant.betas) != 2 or not all(0 <= b < 1 for b in tenant.betas):
+        raise fail("betas", tenant.betas, "must be two numbers in [0, 1)", "e.g. [0.9, 0.999]")
+    if tenant.warmup_steps >= run.steps and tenant.warmup_steps:
+        raise fail(
+            "warmup_steps", tenant.warmup_steps,
+            f"is not shorter than the run (run.steps={run.steps})", "shorten the warmup",
+        )  # fmt: skip
+
+
+def check_model(model: ModelConfig, source: str) -> None:
+    if model.path == "tiny":
+        unknown = sorted(set(model.tiny) - _tiny_fields())
+        if unknown:
+            raise ConfigError(
+                f"model.tiny.{unknown[0]}", model.tiny[unknown[0]],
+                "is not a field of the tiny Llama config",
+                f"use some of {sorted(_tiny_fields())}", source=source,
+            )  # fmt: skip
+    elif model.tiny:
+        raise ConfigError(
+            "model.tiny", model.tiny, 'applies to model.path = "tiny" only',
+            "remove [model.tiny], or set model.path = \"tiny\"", source=source,
+        )  # fmt: skip
+
+
+def check_eval(
+    evaluation: EvalConfig | None,
+    run: RunConfig,
+    names: Sequence[str],
+    source: str,
+    *,
+    kinds: Sequence[str],
+) -> None:
+    """The rules of [eval] and its evaluators (``kinds``: the evaluator kinds the run offers)."""
+
+    def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
+        return ConfigError(field, value, rule, fix, source=source)
+
+    if evaluation is None:
+        return
+    if not evaluation.evaluators:
+        raise fail(
+            "eval.evaluators", [], "[eval] is set but lists no evaluator",
+            'add [[eval.evaluators]] (kind = "generate" or "loss"), or remove [eval]',
+        )  # fmt: skip
+    if evaluation.interval > run.steps:
+        raise fail(
+            "eval.interval", evaluation.interval,
+            f"is longer than the run (run.steps={run.steps}): no interval point would exist, "
+            "only the forced final one",
+            f"set eval.interval <= {run.steps}, or raise run.steps",
+        )  # fmt: skip
+    if not evaluation.snapshot_dir:
+        raise fail(
+            "eval.snapshot_dir", evaluation.snapshot_dir,
+            "evaluation reads exported snapshots, and no snapshot source is configured",
+            'set eval.snapshot_dir = "snapshots" (a directory under run.dir), or remove [eval]',
+        )  # fmt: skip
+    seen = set()
+    for i, ev in enumerate(evaluation.evaluators):
+        where = f"eval.evaluators[{i}]"
+        name = ev.name or ev.kind
+        if name in seen:
+            raise fail(f"{where}.name", name, "is not unique", "give each evaluator a name")
+        seen.add(name)
+        for tenant in ev.tenants:
+            if tenant not in names:
+                raise fail(f"{where}.tenants", ev.tenants, f"names no tenant {tenant!r}",
+                           f"use tenants of [[tenants]]: {names}")  # fmt: skip
+        if ev.kind not in kinds:
+            raise fail(f"{where}.kind", ev.kind, "is no evaluator kind of this command",
+                       f"use one of {list(kinds)}")  # fmt: skip
+        if ev.kind in ("generate", "loss") and not ev.data:
+            raise fail(f"{where}.data", ev.data, f"a {ev.kind} evaluator needs an eval set",
+                       'set data = "eval.jsonl" (or example:NAME)')  # fmt: skip
+        if ev.kind == "generate" and ev.batch_size > ENGINE_MAX_BATCH:
+            raise fail(f"{where}.batch_size", ev.batch_size,
+                       f"an engine call carries at most {ENGINE_MAX_BATCH} prompts",
+                       f"use batch_size <= {ENGINE_MAX_BATCH}")  # fmt: skip
+        if ev.kind == "generate" and not ev.reward:
+            raise fail(f"{where}.reward", ev.reward, "a generate evaluator scores its answers",
+                       'set reward = "f1", "math" or "module:function"')  # fmt: skip
+        if ev.kind == "python" and not ev.factory:
+            raise fail(f"{where}.factory", ev.factory, "a python evaluator is built by a factory",
+                       'set factory = "my_pkg.evals:make"')  # fmt: skip
+        if ev.kind != "python" and (ev.factory or ev.options):
+            raise fail(f"{where}.factory", ev.factory, f"applies to kind = 'python', not {ev.kind!r}",
+                       "remove factory/options")  # fmt: skip
+        for url in ev.engine_urls:
+            if not url.startswith(("http://", "https://")):
+                raise fail(f"{where}.engine_urls", url, "is not an http(s) URL",
+                           'write e.g. "http://127.0.0.1:30000"')  # fmt: skip
+
+
+def _tiny_fields() -> set[str]:
+    from mizzen_rollout.engines.embedded.backend import load_tiny_config
+
+    return (set(load_tiny_config()) - {"model_type"}) | {"seed", "head_dim", "rope_theta"}

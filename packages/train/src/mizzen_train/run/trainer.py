@@ -1,0 +1,522 @@
+"""The trainer every run command specialises: K LoRA tenants in the slots of one base model,
+with a run directory, checkpoints, resume, metrics and evaluation points on the side.
+
+:class:`Trainer` owns what a run is, whatever it trains by:
+
+1. :meth:`Trainer.validate` -- everything that can be wrong (run directory, base model,
+   tokenizer, the command's inputs through :meth:`Trainer.validate_inputs`, evaluators) before
+   megatron starts;
+2. :meth:`Trainer.setup` -- the base model imported into megatron-core, the run directory opened
+   (a fresh run id, or the resumed run's), the slot executor, the newest complete checkpoint
+   restored (or fresh slots and seeded RNGs), ``metrics.jsonl`` opened, the eval dispatcher
+   started;
+3. per step, the command's own work (SFT: one packed batch; RL: rollout, reward, policy step),
+   then :meth:`Trainer.optimizer_step` and :meth:`Trainer.end_step`: the checkpoint every
+   ``checkpoint_interval`` steps (and at the last), the eval point at every point of
+   :meth:`~mizzen_train.run.sections.RunLayout.eval_points`;
+4. :meth:`Trainer.finish` -- evaluations drained, the ``summary`` record, ``curves.png``, and
+   where everything is.
+
+A subclass sets :attr:`Trainer.command` and :attr:`Trainer.SNAPSHOT_MARKER` and implements the
+hooks marked "hook" below; it never re-implements a step of the run's life cycle.
+
+Invariants:
+- A step is 1-based and ends with :meth:`end_step`; a checkpoint holds exactly the state after
+  its step (slots, data positions, RNGs and the command's extra state).
+- A resumed run continues from the checkpoint's step with the checkpoint's slots, data position
+  and RNG states, keeps its run id, evaluates only the points it has no results for (first the
+  unsettled points whose snapshots survived), and rewrites nothing it already logged except the
+  training records after the checkpoint, which it produces again.
+- The process trains as one rank (:func:`~mizzen_train.run.process.single_rank`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TextIO
+
+import torch
+
+from mizzen_train.run.config import ConfigError
+from mizzen_train.run.metrics import (
+    METRICS_FILE,
+    MetricsLog,
+    Progress,
+    format_duration,
+    read_metrics,
+    rewrite_for_resume,
+    settled_eval_keys,
+)
+from mizzen_train.run.schedule import adam_params, lr_at
+from mizzen_train.run.sections import EvaluatorConfig, RunLayout
+from mizzen_train.run.state import (
+    LoadedCheckpoint,
+    check_run_dir,
+    complete_checkpoints,
+    load_checkpoint,
+    open_run,
+    remove_partial_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+)
+
+__all__ = ["Trainer", "base_model_dir", "load_tokenizer"]
+
+
+def base_model_dir(config: RunLayout) -> Path:
+    """The base model's Hugging Face directory (``model.path = "tiny"``: written once per tiny
+    configuration under the run directory)."""
+    if config.model.path != "tiny":
+        return Path(config.model.path)
+    from mizzen_train.hf.tiny import write_tiny_llama
+
+    overrides = dict(config.model.tiny)
+    digest = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:10]
+    target = config.run_dir / f"base-model-tiny-{digest}"  # one directory per tiny config
+    if not target.exists():
+        seed = int(overrides.pop("seed", 0))
+        write_tiny_llama(target, seed=seed, **overrides)
+    return target
+
+
+def load_tokenizer(config: RunLayout, model_dir: Path):
+    """The run's tokenizer: the model directory's, the byte one, or a directory's."""
+    from mizzen_train.data import SftTokenizer
+
+    choice = config.model.tokenizer
+    return SftTokenizer.load(model_dir if choice == "model" else choice)
+
+
+class Trainer:
+    """One run of K LoRA tenants on one base model (see the module docstring)."""
+
+    #: The command's name in progress lines (``[mizzen-train sft] ...``).
+    command: ClassVar[str]
+    #: The file that marks an exported snapshot directory as complete (read on recovery).
+    SNAPSHOT_MARKER: ClassVar[str]
+
+    def __init__(self, config: RunLayout, *, resume: bool, stream: TextIO | None) -> None:
+        self.config = config
+        self.resume = resume
+        self.progress = Progress(config.run.steps, stream=stream, command=self.command)
+        self.run_dir = config.run_dir
+        self.eval_points = set(config.eval_points())
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def validate_inputs(self, model_spec) -> None:
+        """Hook: load and check the command's data (called by :meth:`validate`)."""
+        raise NotImplementedError
+
+    def build_data_evaluator(self, ev: EvaluatorConfig, index: int):
+        """Hook: the evaluator of a non-``python`` ``[[eval.evaluators]]`` table."""
+        raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        """Hook: the data streams of a fresh run (:meth:`restore` may then move them)."""
+        raise NotImplementedError
+
+    def init_slots(self) -> None:
+        """Hook: the slots of a fresh run."""
+        raise NotImplementedError
+
+    def restore(self, checkpoint: LoadedCheckpoint) -> None:
+        """Hook: slots, data streams and extra state from ``checkpoint``."""
+        raise NotImplementedError
+
+    def start_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Hook: the command's fields of the ``run_started``/``resumed`` event: those written
+        after ``engines_needed`` and those after ``tenants``."""
+        return {}, {}
+
+    def engines_text(self) -> str:
+        """Hook: the engines part of the start line."""
+        return f"engines needed: {self.config.engines_needed}"
+
+    def export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
+        """Hook: one tenant's eval snapshot of ``step`` into ``directory``."""
+        raise NotImplementedError
+
+    def tenants_at(self, step: int) -> list[str]:
+        """The tenants that train (and are evaluated) at ``step``; all of them by default."""
+        del step
+        return [t.name for t in self.config.tenants]
+
+    def checkpoint_state(self, step: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+        """Hook: the tenants whose slots a checkpoint of ``step`` saves, their data stream
+        states and the command's extra state."""
+        raise NotImplementedError
+
+    def summary_fields(self, records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+        """Hook: the command's fields of the ``summary`` record (after ``final_eval``)."""
+        raise NotImplementedError
+
+    def output_lines(self, records: list[dict[str, Any]]) -> Iterable[str]:
+        """Hook: what the end of the run says after the curves (before the checkpoint line)."""
+        return ()
+
+    def final_lines(self, records: list[dict[str, Any]]) -> Iterable[str]:
+        """Hook: what the end of the run says before the final eval lines."""
+        return ()
+
+    # -- 1. validation ----------------------------------------------------------------------
+
+    def validate(self, device: str, dtype: str) -> None:
+        """Everything that can be wrong with the configuration, its files and the run directory,
+        checked before megatron starts."""
+        from mizzen_train.hf import read_llama_config
+
+        config = self.config
+        self.device, self.dtype = device, dtype
+        check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        self.model_dir = base_model_dir(config)
+        self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
+        self.tokenizer = load_tokenizer(config, self.model_dir)
+        self.validate_inputs(self.model_spec)
+        self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def build_evaluator(self, ev: EvaluatorConfig, index: int):
+        """The evaluator of ``eval.evaluators[index]``: a user's factory, or the command's."""
+        from mizzen_train.eval_dispatch import load_evaluator
+
+        if ev.kind == "python":
+            evaluator = load_evaluator(ev.factory, ev.options)
+            if ev.name and evaluator.name != ev.name:
+                evaluator.name = ev.name
+        else:
+            evaluator = self.build_data_evaluator(ev, index)
+        if ev.tenants:
+            evaluator.tenants = list(ev.tenants)
+        return evaluator
+
+    # -- 2. set-up --------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from mizzen_train.executor import SlotExecutor
+        from mizzen_train.hf import import_hf_llama
+        from mizzen_train.specs import ExecutorConfig
+
+        config = self.config
+        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
+        self.model, self.source, spec = imported.model, imported.source, imported.spec
+        # everything is validated: only now does the run directory become a run
+        self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
+        self.executor = SlotExecutor(
+            self.model,
+            ExecutorConfig(
+                num_slots=len(config.tenants),
+                max_rank=max(t.lora_rank for t in config.tenants),
+                micro_batch_size=config.run.micro_batch_size,
+            ),
+        )
+        self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
+        self.tenant_of = {t.name: t for t in config.tenants}
+        self.metrics_path = self.run_dir / METRICS_FILE
+        self.prepare_data()
+        self.start_step = self._restore_or_init()
+        records, broken = self._open_metrics()
+        event = "resumed" if self.identity.resumed else "run_started"
+        after_engines, after_tenants = self.start_fields()
+        self.metrics.event(
+            event,
+            run_id=self.identity.run_id,
+            from_step=self.start_step,
+            steps=config.run.steps,
+            engines_needed=str(config.engines_needed),
+            **after_engines,
+            device=self.device,
+            dtype=self.dtype,
+            base_model=str(self.model_dir),
+            base_parameters=spec.parameter_count(),
+            trainable_parameters_per_slot=self.executor.trainable_parameters_per_slot(),
+            tenants=[t.name for t in config.tenants],
+            **after_tenants,
+            eval_points=config.eval_points(),
+            broken_metric_lines=broken,
+        )
+        self.progress.print(
+            f"{event} run {self.identity.run_id} in {self.run_dir} from step {self.start_step}: "
+            f"{len(config.tenants)} tenant(s) on {self.model_dir} ({spec.parameter_count():,} "
+            f"parameters, {self.device}, {self.dtype}); {self.engines_text()}"
+        )
+        self.dispatcher = self._dispatcher(records) if self.evaluators else None
+        if self.dispatcher is not None:
+            self._start_dispatcher()
+
+    def _start_dispatcher(self) -> None:
+        try:
+            self.dispatcher.start()  # a runner that cannot start fails before step 0
+        except Exception as exc:
+            raise ConfigError(
+                "eval.ray_address",
+                self.config.eval.ray_address,
+                f"the Ray runner did not start ({type(exc).__name__}: {exc})",
+                'fix the address, or use eval.runner = "thread"',
+                source=self.config.source,
+            ) from None
+
+    def _open_metrics(self) -> tuple[list[dict[str, Any]], int]:
+        """``metrics.jsonl`` for this run: a resumed run's records up to its checkpoint (and the
+        count of broken lines dropped), a fresh run's leftover removed."""
+        records, broken = [], 0
+        if self.identity.resumed and self.metrics_path.exists():
+            records, broken = rewrite_for_resume(self.metrics_path, self.start_step)
+        if not self.identity.resumed and self.metrics_path.exists():
+            self.metrics_path.unlink()  # a leftover of a start that never became a run
+        self.metrics = MetricsLog(self.metrics_path)
+        return records, broken
+
+    def _restore_or_init(self) -> int:
+        removed = remove_partial_checkpoints(self.run_dir)
+        if removed:
+            self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
+        checkpoints = complete_checkpoints(self.run_dir) if self.identity.resumed else []
+        if not checkpoints:
+            random.seed(self.config.run.seed)
+            torch.manual_seed(self.config.run.seed)
+            self.init_slots()
+            return 0
+        checkpoint = load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
+        self.restore(checkpoint)
+        set_rng_state(checkpoint.rng)
+        self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
+        return checkpoint.step
+
+    def load_fresh_slot(self, name: str) -> None:
+        """Tenant ``name``'s slot with a fresh adapter (its rank, alpha and initialisation)."""
+        tenant = self.tenant_of[name]
+        self.executor.load_slot(
+            self.slot_of[name],
+            tenant.lora_rank,
+            tenant.lora_alpha,
+            init=tenant.lora_init,
+            seed=tenant.lora_seed,
+        )
+
+    def restore_slot(self, name: str, checkpoint: LoadedCheckpoint) -> None:
+        """Tenant ``name``'s slot from ``checkpoint``, refused if its LoRA shape changed."""
+        tenant, slot = self.tenant_of[name], self.slot_of[name]
+        spec = self.executor.restore_slot(slot, str(checkpoint.path / "slots" / name))
+        if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
+            raise ConfigError(
+                f"tenants[{slot}].lora_rank", tenant.lora_rank,
+                f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
+                "resume with the original LoRA settings", source=self.config.source,
+            )  # fmt: skip
+
+    # -- evaluation points ------------------------------------------------------------------
+
+    def _dispatcher(self, records: list[dict[str, Any]]):
+        from mizzen_train.eval_dispatch import EvalDispatcher, point_dir_name
+
+        config = self.config
+        evaluation = config.eval
+        root = config.snapshot_root
+        assert evaluation is not None and root is not None
+        settled_points = {
+            int(r["step"])
+            for r in records
+            if r["kind"] == "eval_point" and r["status"] != "skipped"
+        }
+        retained = [
+            (step, root / point_dir_name(step))
+            for step in sorted(settled_points)
+            if (root / point_dir_name(step)).is_dir()
+        ]
+        return EvalDispatcher(
+            evaluators=self.evaluators,
+            tenants=[t.name for t in config.tenants],
+            export=self.export_snapshot,
+            snapshot_root=root,
+            snapshot_marker=self.SNAPSHOT_MARKER,
+            max_in_flight=evaluation.max_in_flight,
+            overflow=evaluation.overflow,
+            keep_snapshots=evaluation.keep_snapshots,
+            runner=evaluation.runner,
+            on_record=self._on_eval_record,
+            on_point=self._on_eval_point,
+            settled=settled_eval_keys(records),
+            retained=retained,
+            ray_options={"address": evaluation.ray_address or None},
+        )
+
+    def _on_eval_record(self, record) -> None:
+        for event in record.events:
+            fields = {k: v for k, v in event.items() if k not in ("event",)}
+            self.metrics.event(
+                event["event"], step=record.step, tenant=record.tenant,
+                evaluator=record.evaluator, **fields,
+            )  # fmt: skip
+        self.metrics.write(
+            "eval",
+            step=record.step,
+            tenant=record.tenant,
+            evaluator=record.evaluator,
+            status=record.status,
+            metrics=record.metrics,
+            reason=record.reason,
+            wall_s=record.wall_s,
+        )
+        shown = " ".join(f"{k}={v:.4g}" for k, v in record.metrics.items())
+        text = shown if record.status == "ok" else f"skipped: {record.reason}"
+        self.progress.print(f"eval step {record.step} {record.tenant}/{record.evaluator}: {text}")
+
+    def _on_eval_point(self, outcome) -> None:
+        if outcome.status == "already":
+            return
+        self.metrics.write(
+            "eval_point",
+            step=outcome.step,
+            status=outcome.status,
+            final=outcome.final,
+            reason=outcome.reason,
+            wall_s=outcome.wall_s,
+        )
+
+    def recover_points(self) -> None:
+        """The eval points a resumed run has no results for, up to its checkpoint."""
+        if self.dispatcher is None:
+            return
+        from mizzen_train.eval_dispatch import point_dir_name
+
+        root = self.config.snapshot_root
+        assert root is not None
+        for step in self.config.eval_points():
+            self.dispatcher.tenants = self.tenants_at(step)
+            if step > self.start_step or not self.dispatcher.pending_keys(step):
+                continue
+            final = step == self.config.run.steps
+            survived = all(
+                (root / point_dir_name(step) / name / self.SNAPSHOT_MARKER).is_file()
+                for name in self.dispatcher.tenants
+            )
+            if step == self.start_step and not survived:
+                # the checkpoint holds exactly this step's state: export it now
+                state = self.dispatcher.submit(step, final=final)
+            else:
+                state = self.dispatcher.recover(step, final=final)
+            self.progress.print(f"eval point {step} of the previous run: {state}")
+
+    def drain_evaluations(self) -> None:
+        """Wait for the eval points in flight, then close the dispatcher."""
+        if self.dispatcher is None:
+            return
+        self.progress.print("waiting for the evaluations in flight...")
+        try:
+            self.dispatcher.drain()
+        finally:
+            self.dispatcher.close()
+
+    # -- 3. steps ---------------------------------------------------------------------------
+
+    def optimizer_step(self, names: Iterable[str], step: int) -> tuple[dict[str, float], dict]:
+        """One AdamW step of the tenants ``names`` at their schedule's rate for ``step``:
+        ``({tenant: lr}, {slot: StepReport})``."""
+        lrs = {name: lr_at(self.tenant_of[name], step, self.config.run.steps) for name in names}
+        reports = self.executor.optim_step(
+            {self.slot_of[name]: adam_params(self.tenant_of[name], lr) for name, lr in lrs.items()}
+        )
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return lrs, reports
+
+    def end_step(self, step: int) -> None:
+        """What follows every trained step, in order: the checkpoint, then the eval point."""
+        steps = self.config.run.steps
+        if step % self.config.run.checkpoint_interval == 0 or step == steps:
+            self.checkpoint(step)
+        if self.dispatcher is not None and step in self.eval_points:
+            self.dispatcher.tenants = self.tenants_at(step)
+            state = self.dispatcher.submit(step, final=step == steps)
+            if state == "skipped":
+                self.progress.print(f"eval point {step} skipped (see metrics)")
+
+    def checkpoint(self, step: int) -> Path:
+        names, streams, extra = self.checkpoint_state(step)
+
+        def save_slots(directory: Path) -> None:
+            for name in names:
+                self.executor.save_slot(self.slot_of[name], str(directory / name))
+
+        path = save_checkpoint(
+            self.run_dir,
+            step=step,
+            run_id=self.identity.run_id,
+            streams=streams,
+            save_slots=save_slots,
+            keep=self.config.run.keep_checkpoints,
+            extra=extra,
+        )
+        self.metrics.event("checkpoint", step=step, path=str(path), **self.checkpoint_fields())
+        return path
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """Hook: the command's fields of the ``checkpoint`` event."""
+        return {}
+
+    # -- 4. the end -------------------------------------------------------------------------
+
+    def finish(self, wall: float) -> dict[str, Any]:
+        """The ``summary`` record, the curves, and where the run's outputs are."""
+        config = self.config
+        records, _ = read_metrics(self.metrics_path)
+        final_step = config.run.steps
+        final = _final_eval(records, final_step)
+        summary = self.metrics.write(
+            "summary",
+            run_id=self.identity.run_id,
+            steps=final_step,
+            eval_points=sorted({int(r["step"]) for r in records if r["kind"] == "eval_point"}),
+            final_eval=final,
+            **self.summary_fields(records, wall),
+            engines_needed=str(config.engines_needed),
+        )
+        self.metrics.close()
+        curves = self._plot()
+        self.progress.print(f"done: {final_step} steps in {format_duration(wall)}")
+        self.progress.print(f"metrics:     {self.metrics_path}")
+        if curves is not None:
+            self.progress.print(f"curves:      {curves}")
+        for line in self.output_lines(records):
+            self.progress.print(line)
+        checkpoints = complete_checkpoints(self.run_dir)
+        if checkpoints:
+            self.progress.print(f"checkpoint:  {checkpoints[-1]}")
+        for line in self.final_lines(records):
+            self.progress.print(line)
+        for tenant, by_evaluator in final.items():
+            for name, values in by_evaluator.items():
+                shown = " ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in values.items()
+                )
+                self.progress.print(f"final eval {tenant}/{name}: {shown}")
+        return summary
+
+    def _plot(self) -> Path | None:
+        if not self.config.run.plot:
+            return None
+        if importlib.util.find_spec("matplotlib") is None:
+            self.progress.print("no curves.png: matplotlib is not installed (mizzen-train[plot])")
+            return None
+        from mizzen_train.run.plot import plot_metrics
+
+        return plot_metrics(self.metrics_path, self.run_dir / "curves.png")
+
+
+def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, dict[str, Any]]:
+    """``{tenant: {evaluator: metrics or {"skipped": reason}}}`` of the last step's eval."""
+    final: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record["kind"] == "eval" and int(record["step"]) == final_step:
+            final.setdefault(record["tenant"], {})[record["evaluator"]] = (
+                record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
+            )
+    return final
