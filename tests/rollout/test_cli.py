@@ -100,9 +100,34 @@ def test_generate_against_a_running_server(echo_servers, tmp_path):
     assert proc.returncode == 0, proc.stderr
     samples = read_samples(out)
     assert len(samples) == 4
-    assert samples[0].response_text.endswith("4") and samples[0].metadata["src"] == "x"
+    # the chat template by default: a text prompt is one user message, rendered by the engine
+    # (the echo backend answers with the rendered prompt's tail)
+    assert samples[0].prompt == [{"role": "user", "content": "2+2=4"}]
+    assert samples[0].response_text == "<|user|>\n2+2=4\n<|assistant|>\n"
+    assert samples[0].metadata["src"] == "x"
     assert samples[2].prompt == [{"role": "user", "content": "hi"}]
     assert echo_servers[0].url in proc.stdout and proc.stderr == ""
+
+
+def test_no_chat_template_sends_text_prompts_as_they_are(echo_servers, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}={2 * i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "s.jsonl"
+    proc = _cli(
+        "generate",
+        "--data", str(data),
+        "--n", "2",
+        "--batch-size", "4",
+        "--out", str(out),
+        "--engine-url", echo_servers[0].url,
+        "--no-chat-template",
+        "--no-progress",
+        base_install=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    samples = read_samples(out)
+    assert [s.prompt for s in samples] == [f"{i}+{i}={2 * i}" for i in range(3) for _ in range(2)]
+    assert [s.response_text for s in samples] == [s.prompt for s in samples]
 
 
 def test_bad_inputs_exit_2_with_a_message(tmp_path):
@@ -112,7 +137,7 @@ def test_bad_inputs_exit_2_with_a_message(tmp_path):
     assert proc.returncode == 2
     assert f"{data}:1: no 'prompt' key" in proc.stderr and "--input-key" in proc.stderr
     proc = _cli("generate", "--data", "example:math", "--out", "o.jsonl", "--reward", "nope")
-    assert proc.returncode == 2 and "neither a built-in" in proc.stderr
+    assert proc.returncode == 2 and "neither built in" in proc.stderr
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -127,6 +152,7 @@ def test_unreachable_engine_fails_every_sample_and_exits_1(tmp_path):
         "--n", "2",
         "--out", str(out),
         "--engine-url", f"http://127.0.0.1:{find_free_port()}",
+        "--no-chat-template",
         "--no-server-tokenize",
         "--no-progress",
     )  # fmt: skip

@@ -166,7 +166,7 @@ def test_load_reward_specs(reward_module):
     assert load_reward("my_rewards:length").__name__ == "length"
     assert load_reward(f"{reward_module / 'my_rewards.py'}:async_len").__name__ == "async_len"
     for spec, message in [
-        ("nonsense", "neither a built-in"),
+        ("nonsense", "neither built in"),
         ("my_rewards:missing", "has no attribute 'missing'"),
         ("my_rewards:NOT_CALLABLE", "not callable"),
         ("no_such_module_xyz:f", "importing 'no_such_module_xyz' failed"),

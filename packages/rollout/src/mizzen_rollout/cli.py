@@ -6,6 +6,11 @@
     mizzen-rollout serve --port 30000
 
 Invariants:
+- ``generate`` renders each prompt with :func:`~mizzen_rollout.prompts.render_prompt`, the rule
+  the trainer's evaluation uses: by default through the engine's chat template (a text prompt is
+  one user message, sent to ``/v1/chat/completions``, one request a sample); with
+  ``--no-chat-template`` text prompts go as text (tokenised by ``/tokenize``, batched with
+  ``--batch-size``).
 - ``generate`` without ``--engine-url`` starts the embedded engine (``serve`` in a subprocess on
   127.0.0.1), uses it and stops it; with ``--engine-url`` (repeatable) it talks to running SGLang
   (or embedded) servers.  ``--ray`` routes through the Ray rollout manager instead of the local
@@ -25,12 +30,14 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__
 from .data import DataCursor, DataError, DatasetKeys, PromptDataset, example_datasets
 from .engines.base import SamplingParams
 from .progress import ProgressBar
+from .prompts import render_prompt
 from .rewards import RewardSpecError, load_reward
 from .rollout import (
     RolloutBatch,
@@ -111,7 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=int,
         default=1,
-        help="samples per engine call (one batched /generate; default 1: a request per sample)",
+        help="samples per engine call (one batched /generate, text prompts only: see "
+        "--no-chat-template; default 1: a request per sample)",
+    )
+    engine.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="send text prompts as text, not as a user message through the engine's chat "
+        "template (the trainer's evaluation uses the template)",
     )
     engine.add_argument(
         "--no-server-tokenize",
@@ -313,7 +327,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit is {args.limit}; use >= 1")
     count = min(args.limit or len(dataset), len(dataset))
-    prompts = DataCursor(dataset, seed=args.data_seed, shuffle=args.shuffle).next_batch(count)
+    drawn = DataCursor(dataset, seed=args.data_seed, shuffle=args.shuffle).next_batch(count)
+    chat = not args.no_chat_template
+    prompts = [replace(r, input=render_prompt(r.input, chat_template=chat)) for r in drawn]
     total = len(prompts) * config.n_samples
     progress = ProgressBar(total, enabled=not args.no_progress)
     started = time.perf_counter()

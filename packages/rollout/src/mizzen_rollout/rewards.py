@@ -17,8 +17,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import math
 import re
@@ -26,9 +24,9 @@ import string
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
+from .loading import ObjectSpecError, load_object
 from .samples import Sample, SampleStatus
 
 __all__ = [
@@ -50,7 +48,7 @@ __all__ = [
 RewardFn = Callable[[Sample], float | Awaitable[float]]
 
 
-class RewardSpecError(ValueError):
+class RewardSpecError(ObjectSpecError):
     """A reward spec (``module:function``) cannot be resolved; the message says why and how."""
 
 
@@ -220,44 +218,15 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 def load_reward(spec: str | None) -> RewardFn | None:
     """Resolve a reward spec; ``None``/``"none"`` mean no reward.
 
-    ``math`` | ``f1`` | ``package.module:function`` | ``path/to/file.py:function``.
+    ``math`` | ``f1`` | ``package.module:function`` | ``path/to/file.py:function`` (the rule of
+    :func:`mizzen_rollout.loading.load_object`).
     """
     if spec is None or spec == "none":
         return None
-    if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise RewardSpecError(
-            f"reward {spec!r} is neither a built-in ({sorted(BUILTIN_REWARDS)}, 'none') nor "
-            "'module:function'; fix: write e.g. 'my_pkg.rewards:score' or 'rewards.py:score'"
-        )
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise RewardSpecError(f"reward {spec!r}: file {path} does not exist")
-            module_spec = importlib.util.spec_from_file_location(
-                f"_mizzen_reward_{path.stem}", path
-            )
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except RewardSpecError:
-        raise
-    except Exception as exc:
-        raise RewardSpecError(
-            f"reward {spec!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc}); "
-            "fix: make the module importable (installed, or on PYTHONPATH)"
-        ) from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise RewardSpecError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise RewardSpecError(f"reward {spec!r}: {attr!r} is {type(fn).__name__}, not callable")
-    return fn
+        return load_object(spec, what="reward", builtins=BUILTIN_REWARDS)
+    except ObjectSpecError as exc:
+        raise RewardSpecError(str(exc)) from None
 
 
 def _reward_name(fn: RewardFn) -> str:

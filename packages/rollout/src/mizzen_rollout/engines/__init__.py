@@ -10,6 +10,7 @@ Invariant: importing this package imports httpx at most (no torch, ray, transfor
 """
 
 from .base import (
+    ENGINE_MAX_BATCH,
     ChatRequest,
     ChatResult,
     Engine,
@@ -26,6 +27,7 @@ from .base import (
 from .client import RetryPolicy, SGLangClient
 
 __all__ = [
+    "ENGINE_MAX_BATCH",
     "ChatRequest",
     "ChatResult",
     "Engine",

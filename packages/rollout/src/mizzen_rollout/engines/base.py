@@ -15,6 +15,8 @@ Invariants:
   time; the request was aborted best-effort), :class:`EngineRequestError` (4xx: the request is
   wrong, never retried), :class:`EngineProtocolError` (the answer does not have the documented
   shape: the message names the field).
+- :data:`ENGINE_MAX_BATCH` is the one engine batch limit of mizzen: the embedded server refuses a
+  larger batched ``/generate`` and the trainers' configs refuse a larger ``batch_size``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "ENGINE_MAX_BATCH",
     "ChatRequest",
     "ChatResult",
     "Engine",
@@ -37,6 +40,10 @@ __all__ = [
     "GenerateResult",
     "SamplingParams",
 ]
+
+#: The most prompts one engine call (one batched ``/generate``) carries: a batch is padded to its
+#: longest prompt and held in memory at once.
+ENGINE_MAX_BATCH = 256
 
 FinishKind = Literal["stop", "length", "abort"]
 

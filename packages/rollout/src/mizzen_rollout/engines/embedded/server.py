@@ -10,7 +10,7 @@ Invariants:
 - Standard library HTTP (``ThreadingHTTPServer``, keep-alive); one thread per connection; the
   backend serialises generation itself.
 - A batched ``/generate`` (lists of prompts, SGLang's batch form) is generated as one batch by
-  the backend and answered with a list, in order; at most :data:`MAX_BATCH_SIZE` prompts.
+  the backend and answered with a list, in order; at most :data:`~..base.ENGINE_MAX_BATCH` prompts.
 - The server listens only after the backend is loaded, so ``/health`` answering 200 means ready.
   With ``port=0`` the kernel picks the port; ``port_file`` receives it (written atomically).
 - A request whose body breaks the protocol, or asks for something the backend does not implement,
@@ -36,14 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import protocol
+from ..base import ENGINE_MAX_BATCH
 from .backend import Backend, GenerationItem, UnsupportedParameterError
 from .tokenizer import TokenizerError
 
-__all__ = ["MAX_BATCH_SIZE", "EmbeddedServer", "serve"]
-
-#: The most prompts one batched ``/generate`` may carry (a batch is padded to its longest
-#: prompt and held in memory at once).
-MAX_BATCH_SIZE = 256
+__all__ = ["EmbeddedServer", "serve"]
 
 
 class _AbortRegistry:
@@ -213,7 +210,7 @@ class EmbeddedServer(ThreadingHTTPServer):
         start = time.perf_counter()
         batched = protocol.is_generate_batch(body)
         requests = (
-            protocol.parse_generate_batch_payload(body, max_size=MAX_BATCH_SIZE)
+            protocol.parse_generate_batch_payload(body, max_size=ENGINE_MAX_BATCH)
             if batched
             else [protocol.parse_generate_payload(body)]
         )
