@@ -29,11 +29,6 @@ from mizzen_train import __version__
 
 __all__ = ["build_parser", "main"]
 
-_FLAG_SECTIONS = {
-    "sft": ("run", "model", "data", "eval"),
-    "rl": ("run", "model", "rollout", "algo", "eval"),
-}
-
 
 def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
     command = sub.add_parser(name, **parser_kwargs)
@@ -50,10 +45,12 @@ def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
     )
     command.add_argument("--help-config", action="store_true", help="list every field and exit")
     flags = command.add_argument_group("configuration fields")
-    for section in _FLAG_SECTIONS[name]:
-        for spec in dataclasses.fields(sections[section]):
+    from mizzen_train.run.config import flag_sections
+
+    for section in flag_sections(sections):
+        for spec in dataclasses.fields(sections[section].cls):
             kind = spec.metadata["kind"]
-            if kind in ("evaluators", "table"):
+            if kind in ("tables", "table"):
                 continue
             flags.add_argument(
                 f"--{section}.{spec.name}",
@@ -111,21 +108,20 @@ def _field_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _config_errors() -> tuple[type[BaseException], ...]:
-    from mizzen_rollout.data import DataError
-    from mizzen_rollout.rewards import RewardSpecError
+    from mizzen_rollout.api import DataError, RewardSpecError
     from mizzen_train.errors import HFModelError
     from mizzen_train.eval_dispatch import EvalSpecError
-    from mizzen_train.sft.config import ConfigError
-    from mizzen_train.sft.state import RunStateError
+    from mizzen_train.run.config import ConfigError
+    from mizzen_train.run.state import RunStateError
 
     return (ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from mizzen_train.sft.config import config_help, load_config
+    from mizzen_train.sft.config import load_config, sft_config_help
 
     if args.help_config:
-        print(config_help())
+        print(sft_config_help())
         return 0
     if args.config is None and not args.set and not _field_overrides(args):
         print(
@@ -158,7 +154,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from mizzen_train.plot import plot_metrics
+    from mizzen_train.run.plot import plot_metrics
 
     if importlib.util.find_spec("matplotlib") is None:
         print(
@@ -175,7 +171,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from mizzen_train.plot import PlotError
+    from mizzen_train.run.plot import PlotError
 
     errors = (*_config_errors(), PlotError)
     try:

@@ -27,7 +27,7 @@ Invariants:
 - Every record is validated and tokenised when the dataset is loaded, before any training step;
   errors are :class:`SftDataError` naming ``file:line`` (and the config field), the rule and the
   fix.  An empty dataset is an error.
-- The walk order comes from :class:`mizzen_rollout.data.DataCursor` (seeded, per epoch, resumable).
+- The walk order comes from :class:`mizzen_rollout.api.DataCursor` (seeded, per epoch, resumable).
   :meth:`PackedStream.state_dict` is the cursor's state plus the indices of the examples drawn but
   not yet packed, so a resumed stream yields exactly the rows the original would have.
 """
@@ -45,7 +45,13 @@ from typing import Any
 
 import torch
 
-from mizzen_rollout.data import DataCursor, DataError, PromptDataset, PromptRecord
+from mizzen_rollout.api import (
+    DataCursor,
+    DataError,
+    PromptDataset,
+    PromptRecord,
+    render_prompt,
+)
 
 __all__ = [
     "PackedRows",
@@ -116,7 +122,7 @@ class SftTokenizer:
     @classmethod
     def load(cls, source: str | os.PathLike[str], *, field: str = "model.tokenizer"):
         if os.fspath(source) == "byte":
-            from mizzen_rollout.engines.embedded.tokenizer import hf_byte_tokenizer
+            from mizzen_rollout.api import hf_byte_tokenizer
 
             return cls(hf_byte_tokenizer(), source="byte")
         import transformers
@@ -142,9 +148,11 @@ class SftTokenizer:
     def save_pretrained(self, directory: str) -> None:
         self.hf.save_pretrained(directory)
 
-    def _render(
+    def render(
         self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool, where: str = ""
     ) -> list[int]:
+        """Token ids of ``messages`` through the chat template (with the generation prompt if
+        asked); a template failure is an :class:`SftDataError` naming ``where``."""
         try:
             out = self.hf.apply_chat_template(
                 [dict(m) for m in messages],
@@ -165,13 +173,13 @@ class SftTokenizer:
         """Token ids of the whole conversation and the loss mask (True on response tokens)."""
         messages = record.input
         if self.has_chat_template:
-            ids = self._render(messages, generation_prompt=False, where=where)
+            ids = self.render(messages, generation_prompt=False, where=where)
             mask = [False] * len(ids)
             for index, message in enumerate(messages):
                 if message["role"] != "assistant":
                     continue
-                prefix = self._render(messages[:index], generation_prompt=True, where=where)
-                upto = self._render(messages[: index + 1], generation_prompt=False, where=where)
+                prefix = self.render(messages[:index], generation_prompt=True, where=where)
+                upto = self.render(messages[: index + 1], generation_prompt=False, where=where)
                 if ids[: len(upto)] != upto or upto[: len(prefix)] != prefix:
                     raise SftDataError(
                         f"{where}: the chat template of {self.source} is not prefix-stable at "
@@ -197,16 +205,17 @@ class SftTokenizer:
         return prompt_ids + response_ids, [False] * len(prompt_ids) + [True] * len(response_ids)
 
     def generation_prompt(self, record: PromptRecord) -> str | list[dict[str, Any]]:
-        """What an engine generates from for ``record``: the conversation before its last
-        assistant message (chat template), or the prompt text."""
-        if self.has_chat_template:
-            return [dict(m) for m in record.input[:-1]]
-        return record.metadata["_prompt"]
+        """What an engine generates from for ``record``: its prompt (the text of a
+        prompt/response record, else the conversation before the last assistant message)
+        rendered by :func:`mizzen_rollout.api.render_prompt`, the rule ``mizzen-rollout generate``
+        uses, with the chat template when the tokenizer has one."""
+        prompt = record.metadata.get("_prompt", record.input[:-1])
+        return render_prompt(prompt, chat_template=self.has_chat_template)
 
     def prompt_ids(self, record: PromptRecord) -> list[int]:
         prompt = self.generation_prompt(record)
         if isinstance(prompt, list):
-            return self._render(prompt, generation_prompt=True)
+            return self.render(prompt, generation_prompt=True)
         return [int(t) for t in self.hf(prompt, add_special_tokens=True)["input_ids"]]
 
 

@@ -32,8 +32,6 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import shutil
 import threading
@@ -546,33 +544,13 @@ def _ray_evaluate(evaluator: Evaluator, snapshot: Snapshot):
 def load_evaluator(spec: str, options: Mapping[str, Any] | None = None) -> Evaluator:
     """Build a user evaluator: ``spec`` names a factory (``package.module:factory`` or
     ``path/to/file.py:factory``) called with ``options``; it returns an :class:`Evaluator`."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise EvalSpecError(
-            f"evaluator {spec!r} is not 'module:factory'; fix: write e.g. "
-            "'my_pkg.evals:make_evaluator' or 'evals.py:make_evaluator'"
-        )
+    from mizzen_rollout.api import ObjectSpecError, load_object
+
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise EvalSpecError(f"evaluator {spec!r}: file {path} does not exist")
-            module_spec = importlib.util.spec_from_file_location(f"_mizzen_eval_{path.stem}", path)
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except EvalSpecError:
-        raise
-    except Exception as exc:
-        raise EvalSpecError(
-            f"evaluator {spec!r}: importing {module_name!r} failed ({type(exc).__name__}: "
-            f"{exc}); fix: make the module importable (installed, or on PYTHONPATH)"
-        ) from None
-    factory = getattr(module, attr, None)
-    if factory is None or not callable(factory):
-        raise EvalSpecError(f"evaluator {spec!r}: {module_name!r} has no callable {attr!r}")
+        factory = load_object(spec, what="evaluator", kind="factory")
+    except ObjectSpecError as exc:
+        raise EvalSpecError(str(exc)) from None
+    attr = spec.rpartition(":")[2]
     try:
         evaluator = factory(**dict(options or {}))
     except Exception as exc:

@@ -1,8 +1,8 @@
 """The built-in evaluators of :mod:`mizzen_train.eval_dispatch`.
 
 - :class:`GenerationEvaluator` (``kind = "generate"``, needs an engine): generates on the eval
-  set with a rollout engine serving the snapshot and scores the answers with a
-  :mod:`mizzen_rollout.rewards` function.  The engines are either embedded engines it starts on
+  set with a rollout engine serving the snapshot and scores the answers with a reward function
+  (:func:`mizzen_rollout.api.load_reward`).  The engines are either embedded engines it starts on
   the snapshot directory for the point and stops afterwards (``num_engines`` of them, on
   ``device``: the eval fleet is sized and placed here, from the eval configuration, never from a
   training rollout fleet), or
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mizzen_rollout.data import PromptRecord
+from mizzen_rollout.api import PromptRecord
 from mizzen_train.data import SftExample, SftTokenizer
 from mizzen_train.eval_dispatch import EvalSkip, Snapshot
 
@@ -71,7 +71,7 @@ class GenerationEvaluator:
     needs_engine: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
-        from mizzen_rollout.rewards import load_reward
+        from mizzen_rollout.api import load_reward
 
         self._reward_fn = load_reward(self.reward)  # raises RewardSpecError before step 0
         if self._reward_fn is None:
@@ -96,8 +96,7 @@ class GenerationEvaluator:
         return self._on_embedded(snapshot, adapter)
 
     def _on_embedded(self, snapshot: Snapshot, adapter=None) -> dict[str, float]:
-        from mizzen_rollout.adapters import read_adapter_config
-        from mizzen_rollout.engines.launcher import LaunchError, launch_embedded
+        from mizzen_rollout.api import LaunchError, launch_embedded, read_adapter_config
 
         model_path = str(snapshot.path)
         if adapter is not None:
@@ -129,7 +128,7 @@ class GenerationEvaluator:
                 snapshot.note("engine_stopped", purpose="eval", pid=server.pid)
 
     async def _on_urls(self, snapshot: Snapshot, urls: list[str], adapter=None) -> dict[str, float]:
-        from mizzen_rollout.engines import EngineError, SGLangClient
+        from mizzen_rollout.api import EngineError, SGLangClient
 
         if adapter is not None:
             loaded = []
@@ -164,10 +163,14 @@ class GenerationEvaluator:
     async def _generate(
         self, snapshot: Snapshot, urls: list[str], adapter=None
     ) -> dict[str, float]:
-        from mizzen_rollout.engines import SamplingParams, SGLangClient
-        from mizzen_rollout.rollout import RolloutConfig, run_rollout
-        from mizzen_rollout.router import EngineRouter
-        from mizzen_rollout.samples import SampleStatus
+        from mizzen_rollout.api import (
+            EngineRouter,
+            RolloutConfig,
+            SampleStatus,
+            SamplingParams,
+            SGLangClient,
+            run_rollout,
+        )
 
         config = RolloutConfig(
             n_samples=1,
@@ -254,7 +257,7 @@ class LossEvaluator:
 
 def _adapter_of(snapshot: Snapshot):
     """The snapshot as an adapter to load (a PEFT directory), or None (a merged model)."""
-    from mizzen_rollout.adapters import ADAPTER_CONFIG_FILE, AdapterRef
+    from mizzen_rollout.api import ADAPTER_CONFIG_FILE, AdapterRef
 
     if not (snapshot.path / ADAPTER_CONFIG_FILE).is_file():
         return None

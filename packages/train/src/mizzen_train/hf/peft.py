@@ -1,7 +1,7 @@
 """Export one slot's LoRA adapter as a PEFT adapter directory (the unit of RL weight sync).
 
 :func:`export_peft_adapter` writes ``adapter_config.json`` and ``adapter_model.safetensors`` in
-the format of :mod:`mizzen_rollout.adapters` (what ``peft`` saves and loads) for the Hugging Face
+the PEFT format of :mod:`mizzen_rollout.api` (what ``peft`` saves and loads) for the Hugging Face
 Llama layout of :mod:`mizzen_train.hf.mapping`: a slotted megatron linear becomes the HF modules
 it fuses, each with its own factors --
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mizzen_rollout.adapters import (
+from mizzen_rollout.api import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     adapter_config_dict,

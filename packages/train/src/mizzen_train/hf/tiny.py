@@ -3,7 +3,7 @@
 :func:`write_tiny_llama` builds ``transformers``' ``LlamaForCausalLM`` from the embedded engine's
 packaged tiny config (``tiny_llama.json``: hidden 64, 2 layers, byte vocabulary of 259) with any
 field overridden, draws its weights from ``seed``, and saves it with the byte tokenizer
-(:func:`mizzen_rollout.engines.embedded.tokenizer.hf_byte_tokenizer`).  Tests, the README's demo
+(:func:`mizzen_rollout.api.hf_byte_tokenizer`).  Tests, the README's demo
 (``model.path = "tiny"``) and the GPU e2e tests and benchmarks (:data:`LLAMA_100M`, a
 ~100M-parameter override) all use it.
 
@@ -33,7 +33,7 @@ LLAMA_100M: dict[str, int] = {
 
 def tiny_llama_config(**overrides: Any) -> dict[str, Any]:
     """The embedded engine's tiny Llama config with ``overrides`` applied (a plain dict)."""
-    from mizzen_rollout.engines.embedded.backend import load_tiny_config
+    from mizzen_rollout.api import load_tiny_config
 
     config = load_tiny_config()
     unknown = sorted(set(overrides) - set(config) - {"head_dim", "rope_theta"})
@@ -51,7 +51,7 @@ def write_tiny_llama(directory: str | os.PathLike, *, seed: int = 0, **overrides
     import torch
     import transformers
 
-    from mizzen_rollout.engines.embedded.tokenizer import hf_byte_tokenizer
+    from mizzen_rollout.api import hf_byte_tokenizer
 
     target = Path(directory)
     if target.exists():
