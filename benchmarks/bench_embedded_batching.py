@@ -1,6 +1,6 @@
 """Benchmark: the embedded engine's batched generation against one request at a time.
 
-    python benchmarks/bench_embedded_batching.py [--device cuda] [--rounds 3] [--tiny]
+    uv run python benchmarks/bench_embedded_batching.py [--device cuda] [--rounds 3] [--tiny]
 
 The backend of the embedded engine (:class:`TransformersBackend`, the code behind ``mizzen-rollout
 serve``) on the ~100M-parameter Llama of the GPU e2e tests (random weights written by code), in
@@ -17,8 +17,10 @@ row generated the tokens of its request alone (greedy rows; sampled rows draw fr
 seeded generator, so they agree too unless float noise flips a draw -- the count is printed).
 ``--tiny`` runs the packaged tiny model on the CPU (a check of the script, not a measurement).
 
-Sets up its own import path, so it runs from a fresh checkout with torch, transformers, peft and
-safetensors installed.
+Imports the installed workspace (``uv run``; nothing here edits ``sys.path``).  In an image's own
+environment (the GPU machine: torch, transformers, peft and safetensors, no venv), put the two
+packages on the path: ``PYTHONPATH=packages/rollout/src:packages/train/src python benchmarks/
+bench_embedded_batching.py --device cuda``.
 """
 
 from __future__ import annotations
@@ -30,14 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for package in ("rollout", "train"):
-    sys.path.insert(0, str(ROOT / "packages" / package / "src"))
+import torch
 
-import torch  # noqa: E402
-
-from mizzen_rollout.engines import SamplingParams  # noqa: E402
-from mizzen_rollout.engines.embedded.backend import (  # noqa: E402
+from mizzen_rollout.engines import SamplingParams
+from mizzen_rollout.engines.embedded.backend import (
     GenerationItem,
     TransformersBackend,
 )

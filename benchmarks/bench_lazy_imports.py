@@ -1,6 +1,6 @@
 """Speed of the lazy-import checks, each printed against its baseline measured in the same run.
 
-    .venv/bin/python benchmarks/bench_lazy_imports.py [--modules 5000] [--repeats 3] [--no-runtime]
+    uv run python benchmarks/bench_lazy_imports.py [--modules 5000] [--repeats 3] [--no-runtime]
 
 1. Static check of the whole workspace (every package of the uv workspace, all budgets of the root
    policy), cold (no cache) and warm (facts cache file), against the baseline: read + plain
@@ -36,18 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "ci" / "src"))
+from mizzen_ci.imports import ImportGraph, iter_source_modules
+from mizzen_ci.lazy_imports.cli import resolve_packages
+from mizzen_ci.lazy_imports.policy import load_policy, parse_policy
+from mizzen_ci.lazy_imports.runtime import check_runtime
+from mizzen_ci.lazy_imports.static import check_static
+from mizzen_ci.plan.index.facts_cache import FactsCache
 
-from mizzen_ci.imports import (  # noqa: E402
-    FactsCache,
-    ImportGraph,
-    iter_source_modules,
-)
-from mizzen_ci.lazy_imports.cli import resolve_packages  # noqa: E402
-from mizzen_ci.lazy_imports.policy import load_policy, parse_policy  # noqa: E402
-from mizzen_ci.lazy_imports.runtime import check_runtime  # noqa: E402
-from mizzen_ci.lazy_imports.static import check_static  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 N_PACKAGES = 20
 N_SUBPACKAGES = 9

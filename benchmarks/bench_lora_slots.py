@@ -19,7 +19,11 @@ slots.  Reported per K:
 
 Run on one GPU (about a minute on an H200)::
 
-    python benchmarks/bench_lora_slots.py
+    uv run python benchmarks/bench_lora_slots.py
+
+or, in the GPU image's own environment (no venv; nothing here edits ``sys.path``)::
+
+    PYTHONPATH=packages/train/src python benchmarks/bench_lora_slots.py
 
 ``--profile`` also prints, for K=1 and K=8, the kernels that account for most of the profiled
 step (where a K=8 step spends its extra time).
@@ -38,11 +42,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "train" / "src"))
 
 SLOT_COUNTS = (1, 2, 4, 8)
 RANK = 16

@@ -21,7 +21,7 @@ its pooled capacity (:mod:`mizzen_ci.plan.jobs`), and against it:
   job paying its pool's set-up, tests dealt longest-first to the least-loaded shard and run one
   at a time; each test on its smallest pool (no sharing between pools).
 
-Run: ``python benchmarks/bench_planner_schedule.py [--tests 300] [--seeds 5] [--shards 4]``
+Run: ``uv run python benchmarks/bench_planner_schedule.py [--tests 300] [--seeds 5] [--shards 4]``
 Targets (issue 19): with set-up, the plan never ends later than the shards in any case; with twin
 pools both get work in every plan.
 """
@@ -39,13 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "ci" / "src"))
+from mizzen_ci.fleet import load_fleet
+from mizzen_ci.plan.change import Change
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan
+from mizzen_ci.plan.request import Inputs
 
-from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.plan.change import Change  # noqa: E402
-from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
-from mizzen_ci.plan.request import Inputs  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 ARCHES = ((("hopper",), 0.45), (("blackwell",), 0.15), (("hopper", "blackwell"), 0.40))
 GPUS = ((1, 0.50), (2, 0.25), (4, 0.15), (8, 0.10))

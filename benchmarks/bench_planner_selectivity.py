@@ -9,7 +9,7 @@ other module imports), the planner plans a pull request that changes only that m
   import graph's own ``closure``, from the test file and the ``conftest.py`` files above it; a
   test whose closure holds the changed module and that the plan did not schedule is *missed*.
 
-Run: ``python benchmarks/bench_planner_selectivity.py [--samples 20] [--modules 5000]
+Run: ``uv run python benchmarks/bench_planner_selectivity.py [--samples 20] [--modules 5000]
 [--tests 10000]``.  Target: >= 80 % of GPU-seconds skipped, 0 missed.
 """
 
@@ -24,19 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO / "ci" / "src"))
-sys.path.insert(0, str(HERE))
+import synthetic_monorepo
 
-import synthetic_monorepo  # noqa: E402
-
-from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.plan.change import Change, Entry  # noqa: E402
-from mizzen_ci.plan.impact import build_graph  # noqa: E402
-from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
-from mizzen_ci.plan.request import Inputs  # noqa: E402
-from mizzen_ci.registry import discover  # noqa: E402
+from mizzen_ci.fleet import load_fleet
+from mizzen_ci.plan.change import Change, Entry
+from mizzen_ci.plan.impact import build_graph
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan
+from mizzen_ci.plan.request import Inputs
+from mizzen_ci.registry import discover
 
 
 def gpu_seconds(plan: dict) -> float:

@@ -13,7 +13,7 @@ Baseline and cold alternate ``--repeat`` times (default 3) and each figure is th
 runs, so that a burst of load on a shared machine moves both rather than one; warm and CLI are
 medians of three.  The ratio is of the medians.
 
-Run: ``python benchmarks/bench_planner_speed.py [--modules 5000] [--tests 10000] [--repeat 3]
+Run: ``uv run python benchmarks/bench_planner_speed.py [--modules 5000] [--tests 10000] [--repeat 3]
 [--keep DIR]``
 Targets: cold <= 3 s, warm <= 0.5 s (absolute, on the reference machine); the ratios to the
 baseline say how the same run compares on any machine.
@@ -32,19 +32,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import synthetic_monorepo
+
+from mizzen_ci.fleet import load_fleet
+from mizzen_ci.plan.change import git_change
+from mizzen_ci.plan.impact import Analyser
+from mizzen_ci.plan.index import CACHE_FILE, build_index
+from mizzen_ci.plan.pipeline import PlanOptions, build_plan
+from mizzen_ci.plan.request import Inputs
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "ci" / "src"))
-sys.path.insert(0, str(HERE))
-
-import synthetic_monorepo  # noqa: E402
-
-from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.plan.change import git_change  # noqa: E402
-from mizzen_ci.plan.impact import Analyser  # noqa: E402
-from mizzen_ci.plan.index import CACHE_FILE, build_index  # noqa: E402
-from mizzen_ci.plan.pipeline import PlanOptions, build_plan  # noqa: E402
-from mizzen_ci.plan.request import Inputs  # noqa: E402
 
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@invalid", "-c", "gc.auto=0"]
 

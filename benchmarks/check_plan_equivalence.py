@@ -37,11 +37,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import synthetic_monorepo
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-
-import synthetic_monorepo  # noqa: E402
 
 EVENT_VARIANTS: tuple[tuple[str, ...], ...] = (
     ("--event", "push", "--base", "HEAD", "--head", "HEAD"),

@@ -29,7 +29,7 @@ the folder rules, basename literals, fail-open imports).  With ``--old`` (the ``
 another version, e.g. ``git archive`` of main) the same changes are also planned by that version
 and its selection is reported beside (its misses, and how many more tests this version selects).
 
-Run: ``python3 benchmarks/check_plan_soundness.py [--changes 600] [--repo-changes 300]
+Run: ``uv run python benchmarks/check_plan_soundness.py [--changes 600] [--repo-changes 300]
 [--modules 600] [--tests 1200] [--seed 0] [--old /tmp/main/ci/src]``.  Exit 0 when nothing is
 missed.
 """
@@ -52,20 +52,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import synthetic_monorepo
+
+from mizzen_ci.fleet import load_fleet
+from mizzen_ci.imports import ImportGraph, workspace_members, workspace_source_dirs
+from mizzen_ci.plan.change import Change, Entry
+from mizzen_ci.plan.impact import Analyser
+from mizzen_ci.plan.index import build_index
+from mizzen_ci.plan.path_rules import PACKAGE_DATA, glob_matches, rule_for
+from mizzen_ci.registry import discover, read_registry, registry_excludes
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "ci" / "src"))
-sys.path.insert(0, str(HERE))
-
-import synthetic_monorepo  # noqa: E402
-
-from mizzen_ci.fleet import load_fleet  # noqa: E402
-from mizzen_ci.imports import ImportGraph, workspace_members, workspace_source_dirs  # noqa: E402
-from mizzen_ci.plan.change import Change, Entry  # noqa: E402
-from mizzen_ci.plan.impact import Analyser  # noqa: E402
-from mizzen_ci.plan.index import build_index  # noqa: E402
-from mizzen_ci.plan.path_rules import PACKAGE_DATA, glob_matches, rule_for  # noqa: E402
-from mizzen_ci.registry import discover, read_registry, registry_excludes  # noqa: E402
 
 _SKIP = {".git", "__pycache__", ".venv", "node_modules", ".ci-artifacts"}
 _CONVENTIONS = {"__init__.py", "__main__.py", "conftest.py"}  # named bare: only the one beside

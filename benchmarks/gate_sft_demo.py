@@ -49,12 +49,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from mizzen_ci.gate.artefacts import Point  # stdlib-only
+from mizzen_ci.gate.judge import DEFAULT_K, MAD_SCALE
+
 REPO = Path(__file__).resolve().parents[1]
 SRC_DIRS = ("ci/src", "packages/train/src", "packages/rollout/src", "packages/plugins/src")
-sys.path.insert(0, str(REPO / "ci" / "src"))
-
-from mizzen_ci.gate.artefacts import Point  # noqa: E402  (stdlib-only, from this checkout)
-from mizzen_ci.gate.judge import DEFAULT_K, MAD_SCALE  # noqa: E402
 
 TEST = "tests/train/test_sft_e2e.py"
 ARCH = "cpu"

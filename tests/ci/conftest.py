@@ -202,14 +202,19 @@ def deadline():
 @pytest.fixture(scope="module")
 def soundness():
     """``benchmarks/check_plan_soundness.py`` as a module (registered in ``sys.modules`` while
-    in use: its dataclasses need it)."""
-    path = REPO / "benchmarks" / "check_plan_soundness.py"
-    spec = importlib.util.spec_from_file_location("mizzen_check_plan_soundness", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    in use: its dataclasses need it), with ``synthetic_monorepo`` beside it, which it imports (a
+    script run as ``python benchmarks/X.py`` finds it on its own ``sys.path[0]``)."""
+    names = ("synthetic_monorepo", "mizzen_check_plan_soundness")
+    files = ("synthetic_monorepo.py", "check_plan_soundness.py")
+    added = [name for name in names if name not in sys.modules]
+    for name, file in zip(names, files, strict=True):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
     yield module
-    sys.modules.pop(spec.name, None)
+    for name in added:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")

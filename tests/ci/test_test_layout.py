@@ -9,6 +9,8 @@ excludes, so ``tests/ci/fixtures`` is not read) is parsed with :mod:`ast`; none 
 - import another test module: ``import test_x``, ``from test_x import y``, ``from tests.ci import
   test_x``, ``from .test_x import y``, ``importlib.import_module("test_x")``, ``__import__``.
 
+No ``benchmarks/*.py`` changes the import path either (each runs under ``uv run``).
+
 Such a dependency is invisible to the planner, which follows conftests and the helpers they load;
 ``conftest.py`` files and helper modules are not test files and may load by path.  Each finding
 names ``file:line``, what was done and the fix.
@@ -30,6 +32,12 @@ register_cpu_ci(est_time=5, labels=["ci"])
 FIX = (
     "Fix: share it as a fixture of a conftest.py (or a helper module that a conftest loads) "
     "above both files"
+)
+
+
+BENCHMARK_FIX = (
+    "Fix: import the installed workspace (run it as `uv run python benchmarks/NAME.py`, or with "
+    "PYTHONPATH set where no venv is) and document the run line in its docstring"
 )
 
 
@@ -104,6 +112,20 @@ def test_no_test_file_reaches_another_test_file_or_the_import_path(repo_root: Pa
         finding
         for rel in tests
         for finding in layout_findings((repo_root / rel).read_text(encoding="utf-8"), rel)
+    ]
+    assert findings == [], "\n".join(findings)
+
+
+def test_no_benchmark_changes_the_import_path(repo_root: Path):
+    """A benchmark runs under ``uv run`` (or with ``PYTHONPATH`` set, in an image's own
+    environment); ``synthetic_monorepo`` is beside it, on a script's own ``sys.path[0]``."""
+    scripts = sorted((repo_root / "benchmarks").glob("*.py"))
+    assert len(scripts) > 5, scripts
+    findings = [
+        finding.replace(FIX, BENCHMARK_FIX)
+        for path in scripts
+        for finding in layout_findings(path.read_text(encoding="utf-8"), f"benchmarks/{path.name}")
+        if "changes the import path" in finding
     ]
     assert findings == [], "\n".join(findings)
 
