@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent
 CI_SRC = ROOT / "ci" / "src"
 sys.path.insert(0, str(CI_SRC))  # mizzen_ci is stdlib-only: the lanes' names and plans come from it
 
-from mizzen_ci.fleet import CPU_LANE, lane_name, load_fleet  # noqa: E402
+from mizzen_ci.fleet import CPU_LANE, load_fleet, nox_session_name  # noqa: E402
 from mizzen_ci.plan import Plan, PlanError  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
@@ -228,7 +228,7 @@ def _gpu_lane_session(arch: str) -> None:
         f"Every enabled {arch} test on this machine's {arch} GPUs, leased and packed (refuses "
         "other GPUs).  Posargs: --job ID --plan plan.json | tests/..."
     )
-    nox.session(name=lane_name(arch), venv_backend="none")(gpu_lane)
+    nox.session(name=nox_session_name(arch), venv_backend="none")(gpu_lane)
 
 
 for _arch in load_fleet(ROOT / "ci" / "fleet.toml").arch_names:

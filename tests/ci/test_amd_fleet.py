@@ -10,7 +10,7 @@ import pytest
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import FleetError, load_fleet, parse_fleet
 from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_arch
-from mizzen_ci.registry import Backend, read_registry, read_source, runs_in
+from mizzen_ci.registry import Backend, declares_target, read_registry, read_source
 
 register_cpu_ci(est_time=5, labels=["ci"])
 
@@ -117,7 +117,7 @@ def test_register_gpu_ci_declares_generations_of_both_vendors_in_one_call():
     )
     assert errors == []
     assert reg.backend is Backend.GPU and reg.hardware == ("hopper", "cdna3")
-    assert [lane for lane in ("cpu", *REPO_FLEET.arch_names) if runs_in(reg, lane)] == [
+    assert [lane for lane in ("cpu", *REPO_FLEET.arch_names) if declares_target(reg, lane)] == [
         "hopper",
         "cdna3",
     ]

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_ci.fleet import CPU_LANE, lane_name, load_fleet
+from mizzen_ci.fleet import CPU_LANE, load_fleet, nox_session_name
 from mizzen_ci.imports import ImportGraph
 from mizzen_ci.lane.selection import select as lane_select
 from mizzen_ci.plan.change import Change
 from mizzen_ci.plan.pipeline import build_plan
 from mizzen_ci.plan.request import Inputs
-from mizzen_ci.registry import read_registry, runs_in
+from mizzen_ci.registry import declares_target, read_registry
 
 register_cpu_ci(est_time=20, labels=["ci"])
 
@@ -148,7 +148,7 @@ def test_the_predicate_is_the_specification(tree: Path):
     registry = read_registry(tree, load_fleet(tree / "ci" / "fleet.toml"))
     assert registry.violations == []
     for lane, files in LANES.items():
-        assert {r.path for r in registry.registrations if runs_in(r, lane)} == files, lane
+        assert {r.path for r in registry.registrations if declares_target(r, lane)} == files, lane
 
 
 def test_list_lane_agrees(tree: Path, mizzen_ci):
@@ -185,7 +185,7 @@ def test_the_planner_schedules_each_file_on_the_lanes_that_run_it(tree: Path):
     weekly = Inputs(event="schedule", cadence="weekly")
     plan = build_plan(tree, fleet, Change.from_entries(None, None, []), weekly)
     for lane, files in LANES.items():
-        name = lane_name(None if lane == CPU_LANE else lane)
+        name = nox_session_name(None if lane == CPU_LANE else lane)
         planned = {t.file for j in plan.jobs if j.lane == name for t in j.tests}
         disabled = {
             n.file

@@ -159,7 +159,7 @@ def test_lane_sessions_named_by_the_planner_exist_in_the_noxfile():
     assert re.search(r"^def cpu\(", noxfile, re.M) and re.search(r"^def plan\(", noxfile, re.M)
     # the gpu-<arch> sessions are generated from the fleet table, one per generation, named as the
     # planner names their lanes
-    assert re.search(r"name=lane_name\(arch\)", noxfile)
+    assert re.search(r"name=nox_session_name\(arch\)", noxfile)
 
 
 def plan_step(wf: dict, job: str = "plan") -> dict:

@@ -9,6 +9,8 @@ Invariants:
   not every command's imports); ``mizzen-ci --help`` lists every command from the table alone.
 - Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input
   (a malformed fleet table or ``pyproject.toml`` table: one escaped line naming the file).
+- :class:`UsageError` is mizzen_ci's one exception for bad usage (arguments that name nothing
+  usable); a command raises it and :func:`main` prints it as that one line.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ import sys
 from .fleet import FleetError
 from .output import plain
 from .sources import ConfigError
+
+
+class UsageError(Exception):
+    """A command was asked for something it cannot do with these arguments (exit 2)."""
+
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": (
@@ -69,6 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return module.run(args.command, args)
-    except (FleetError, ConfigError) as e:
+    except (FleetError, ConfigError, UsageError) as e:
         print(plain(f"mizzen-ci {args.command}: {e}"), file=sys.stderr)
         return 2

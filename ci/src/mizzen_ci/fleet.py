@@ -19,8 +19,9 @@ Invariants:
   with ``self-hosted``) and names the runner group that holds its machines (``runner_group``; the
   group is what restricts those runners to the default branch's GPU workflow — labels alone do
   not); the CPU pool is GitHub-hosted (no ``self-hosted`` label, no group).
-- Lane names are derived here and nowhere else: :data:`CPU_LANE` and :func:`lane_name` (the nox
-  session and plan lane of an arch, ``gpu-<arch>``).
+- Lane names are derived here and nowhere else: :data:`CPU_LANE` and :func:`nox_session_name` (the
+  nox session and plan job lane of a generation, ``gpu-<generation>``).  A test's *target*
+  (:func:`mizzen_ci.registry.declares_target`) is ``cpu`` or a generation, never such a name.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ CPU_LANE = "cpu"
 GPU_LANE_PREFIX = "gpu-"
 
 
-def lane_name(arch: str | None) -> str:
-    """The lane (nox session, plan job lane) that runs tests on ``arch``; None: the CPU lane."""
-    return CPU_LANE if arch is None else GPU_LANE_PREFIX + arch
+def nox_session_name(generation: str | None) -> str:
+    """The nox session (and plan job lane) that runs tests on ``generation``: ``gpu-<generation>``;
+    None: the CPU lane, ``cpu``."""
+    return CPU_LANE if generation is None else GPU_LANE_PREFIX + generation
 
 
 class FleetError(ValueError):

@@ -23,7 +23,7 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .fleet import FLEET_RELATIVE_PATH, lane_name
+from .fleet import FLEET_RELATIVE_PATH, nox_session_name
 from .gate.artefacts import (
     ARCH,
     CPU_ARCH,
@@ -122,6 +122,6 @@ def record(name: str, value: float, *, step: int, test: str | None = None) -> Pa
     from .history import append_jsonl
 
     directory = default_dir(root)
-    path = directory / f"{lane_name(None if lane == CPU_ARCH else lane)}.jsonl"
+    path = directory / f"{nox_session_name(None if lane == CPU_ARCH else lane)}.jsonl"
     append_jsonl(path, [json.dumps(point.to_json_object(), sort_keys=True)])
     return path

@@ -48,16 +48,24 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fleet import CPU_LANE, FLEET_RELATIVE_PATH, NVIDIA, Fleet, Vendor, lane_name, load_fleet
+from .fleet import (
+    CPU_LANE,
+    FLEET_RELATIVE_PATH,
+    NVIDIA,
+    Fleet,
+    Vendor,
+    load_fleet,
+    nox_session_name,
+)
 from .output import plain
 from .registry import (
     Backend,
     Registration,
     Violation,
+    declares_target,
     is_excluded,
     read_registry,
     registry_excludes,
-    runs_in,
 )
 from .sources import ConfigError
 
@@ -87,7 +95,7 @@ class LaneState:
             return None
 
     def in_lane(self, reg: Registration) -> bool:
-        return runs_in(reg, self.lane)
+        return declares_target(reg, self.lane)
 
     @property
     def vendor(self) -> Vendor:
@@ -231,7 +239,7 @@ def _lane_mismatch(state: LaneState, rel: str, reg: Registration | None) -> str:
     if reg.backend is Backend.CPU:
         where = "the cpu lane (nox -s cpu)"
     else:
-        where = " or ".join(f"nox -s {lane_name(a)}" for a in reg.hardware)
+        where = " or ".join(f"nox -s {nox_session_name(a)}" for a in reg.hardware)
     return (
         f"{rel}:{reg.line}: registered for {reg.backend}"
         f"{' (' + ', '.join(reg.hardware) + ')' if reg.hardware else ''}, not for lane "

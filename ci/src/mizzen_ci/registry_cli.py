@@ -12,7 +12,7 @@ Invariants:
 - What it prints for people goes through :func:`mizzen_ci.output.plain` (the table renderer
   escapes every cell); ``--json`` is JSON (``json.dumps`` escapes every control character).
 - ``list`` derives each test's pool from the fleet (never from the test file) and shows the
-  disabled reason; ``--lane`` keeps what that lane runs (:func:`~mizzen_ci.registry.runs_in`).
+  disabled reason; ``--lane`` keeps what that lane runs (:func:`~mizzen_ci.registry.declares_target`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from . import output
 from .fleet import CPU_LANE, Fleet, add_root_and_fleet_arguments, root_and_fleet
 from .plan.dispatch import home_arch
-from .registry.model import Backend, Registration, Registry, runs_in
+from .registry.model import Backend, Registration, Registry, declares_target
 from .registry.reader import read_registry
 
 
@@ -106,7 +106,7 @@ def _list(registry: Registry, fleet: Fleet, args: argparse.Namespace) -> int:
     rows = [
         lane_row(r, fleet, args.lane)
         for r in registry.registrations
-        if args.lane is None or runs_in(r, args.lane)
+        if args.lane is None or declares_target(r, args.lane)
     ]
     if args.json:
         print(

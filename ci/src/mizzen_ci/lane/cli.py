@@ -31,7 +31,12 @@ import signal
 import sys
 from pathlib import Path
 
-from ..fleet import FLEET_RELATIVE_PATH, add_root_and_fleet_arguments, lane_name, root_and_fleet
+from ..fleet import (
+    FLEET_RELATIVE_PATH,
+    add_root_and_fleet_arguments,
+    nox_session_name,
+    root_and_fleet,
+)
 from ..imports import workspace_source_dirs
 from ..output import plain, plain_lines
 from ..packing.gpus import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
@@ -125,13 +130,15 @@ def lane_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL of a timed-out file (default %(default)s)",
     )
     parser.add_argument(
-        "--report-dir", type=Path, help=f"outputs (default: ROOT/{ARTIFACTS}/{lane_name('ARCH')})"
+        "--report-dir",
+        type=Path,
+        help=f"outputs (default: ROOT/{ARTIFACTS}/{nox_session_name('ARCH')})",
     )
     parser.add_argument(
         "--history",
         type=Path,
         help="duration history to append to (default: "
-        f"ROOT/{ARTIFACTS}/history/{lane_name('ARCH')}.jsonl)",
+        f"ROOT/{ARTIFACTS}/history/{nox_session_name('ARCH')}.jsonl)",
     )
     parser.add_argument("--no-history", action="store_true", help="do not record durations")
     parser.add_argument(
@@ -176,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
             f"quarter of its GPU), got {args.gpu_seats}"
         )
     arch = args.arch
-    name = lane_name(arch)
+    name = nox_session_name(arch)
     gpus, hardware_note = lane_gpus(fleet, arch, args.fake_gpus)
     sel = select(root, fleet, arch, len(gpus), args.paths, args.plan, args.job)
     if sel.runnable and importlib.util.find_spec("pytest") is None:

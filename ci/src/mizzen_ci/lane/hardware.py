@@ -38,7 +38,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..fleet import AMD, FLEET_RELATIVE_PATH, NVIDIA, VENDORS, Fleet, Vendor, lane_name
+from ..fleet import AMD, FLEET_RELATIVE_PATH, NVIDIA, VENDORS, Fleet, Vendor, nox_session_name
 from .refusal import LaneRefusal
 
 PROBE_TIMEOUT_S = 120.0
@@ -450,13 +450,13 @@ def lane_gpus(fleet: Fleet, arch: str, fake_gpus: int | None) -> tuple[tuple[Gpu
     if not found.gpus:
         raise LaneRefusal(
             f"refusing to run: {found.describe()}.\n{what}{_elsewhere(fleet, runtime)}\n"
-            f"Run `nox -s {lane_name(arch)}` on such a machine; on a CPU machine run `nox -s cpu`."
+            f"Run `nox -s {nox_session_name(arch)}` on such a machine; on a CPU machine run `nox -s cpu`."
         )
     mine = tuple(g for g in found.gpus if fleet.arch_of_target(g.target) == arch)
     if not mine:
         others = sorted({fleet.arch_of_target(g.target) or "?" for g in found.gpus} - {"?"})
         hint = (
-            f" Run {' or '.join(f'`nox -s {lane_name(a)}`' for a in others)} here instead."
+            f" Run {' or '.join(f'`nox -s {nox_session_name(a)}`' for a in others)} here instead."
             if others
             else ""
         )
@@ -476,7 +476,7 @@ def _elsewhere(fleet: Fleet, runtime: Vendor) -> str:
     GPUs of a generation the fleet knows; empty otherwise."""
     for found in other_vendors_gpus(runtime.name):
         arches = sorted({fleet.arch_of_target(g.target) for g in found.gpus} - {None})
-        lanes = " or ".join(f"`nox -s {lane_name(a)}`" for a in arches)
+        lanes = " or ".join(f"`nox -s {nox_session_name(a)}`" for a in arches)
         return f" This machine has {found.describe()}" + (
             f": run {lanes} here instead." if lanes else "."
         )

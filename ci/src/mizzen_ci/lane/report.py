@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import history, junit
-from ..fleet import lane_name
+from ..fleet import nox_session_name
 from ..output import markdown as markdown_text
 from ..output import markdown_table, plain, text_table
 from ..packing.gpus import split_held_time
@@ -328,7 +328,7 @@ def history_records(outcome: LaneOutcome) -> list[history.Record]:
     """The duration of every file run: its junit testcases, or an error record when the run left
     no usable report (timed out, crashed)."""
     records = []
-    arch, job, lane = outcome.arch, outcome.job, lane_name(outcome.arch)
+    arch, job, lane = outcome.arch, outcome.job, nox_session_name(outcome.arch)
     for r in outcome.results:
         final = r.final
         if final.junit is not None and final.junit.is_file() and final.outcome != "timeout":
@@ -362,10 +362,10 @@ def verdict(outcome: LaneOutcome, rows: list[SummaryRow]) -> tuple[str, bool]:
     nothing = not results and not outcome.not_runnable and not outcome.disabled
     nothing = nothing and not outcome.broken
     if nothing:
-        text = f"{lane_name(arch)}: nothing to run: no enabled test declares {arch}"
+        text = f"{nox_session_name(arch)}: nothing to run: no enabled test declares {arch}"
     else:
         text = (
-            f"{lane_name(arch)}: {sum(r.passed for r in results)} passed, {len(failed)} not "
+            f"{nox_session_name(arch)}: {sum(r.passed for r in results)} passed, {len(failed)} not "
             f"passing of {len(rows)} file(s)"
         )
     if outcome.not_runnable and not outcome.in_ci:
@@ -430,7 +430,7 @@ def write_reports(
         if problems:
             print(plain(history.dropped_warning(problems, f"flake record {flake_path}")))
     rows = summary_rows(outcome)
-    name = lane_name(outcome.arch)
+    name = nox_session_name(outcome.arch)
     junit.write(
         junit.merge(junit_reports(outcome), name=f"mizzen {name}"), report_dir / "junit.xml"
     )

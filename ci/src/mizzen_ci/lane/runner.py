@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __file__ as _package_init
-from ..fleet import NVIDIA, VENDORS, Vendor, lane_name
+from ..fleet import NVIDIA, VENDORS, Vendor, nox_session_name
 from ..junit import Counts, JunitError, first_problem, read_counts
 from ..packing.gpus import GpuPacker, PackItem
 from ..sources import read_tail
@@ -367,7 +367,7 @@ class GpuLaneRunner:
                 return free
             what = "files sharing the GPU" if item.shares_gpu else item.key
             lease = self.leases.try_acquire(
-                free, item.num_gpus, holder=f"mizzen {lane_name(self.config.arch)} {what}"
+                free, item.num_gpus, holder=f"mizzen {nox_session_name(self.config.arch)} {what}"
             )
             if lease is None:
                 return None

@@ -2,7 +2,7 @@
 always checked against the registry, never trusted from the command line or the plan.
 
 Invariants:
-- Lane membership is :func:`mizzen_ci.registry.runs_in`: a file that the lane does not run, that
+- Lane membership is :func:`mizzen_ci.registry.declares_target`: a file that the lane does not run, that
   is not registered or whose registration is broken is an error before anything runs
   (:class:`~.refusal.LaneRefusal`, naming the file, the rule and the fix).
 - A planned job must be for this lane's arch and agree with the registry on each file's GPU
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fleet import FLEET_RELATIVE_PATH, Fleet, lane_name
+from ..fleet import FLEET_RELATIVE_PATH, Fleet, nox_session_name
 from ..plan.model import Plan, PlanError, PlannedTest
-from ..registry import Backend, Registration, Registry, Violation, read_registry, runs_in
+from ..registry import Backend, Registration, Registry, Violation, declares_target, read_registry
 from .refusal import LaneRefusal
 from .runner import LaneFile
 
@@ -40,16 +40,16 @@ def _why_not_in_lane(
         return "; ".join(str(v) for v in violations)
     if reg is None:
         return f"{rel}: not a registered test file (tests/**/test_*.py with a registration)"
-    if runs_in(reg, arch):
+    if declares_target(reg, arch):
         return None
     if reg.backend is Backend.CPU:
         return (
-            f"{rel}:{reg.line}: registered for the cpu lane, not for {lane_name(arch)}. Fix: run "
+            f"{rel}:{reg.line}: registered for the cpu lane, not for {nox_session_name(arch)}. Fix: run "
             "it with `nox -s cpu`, or register it with register_cuda_ci(hardware=[...])"
         )
     return (
         f"{rel}:{reg.line}: declares hardware={list(reg.hardware)}, not {arch}. Fix: run it "
-        f"with {' or '.join(f'`nox -s {lane_name(a)}`' for a in reg.hardware)}, or add {arch!r} "
+        f"with {' or '.join(f'`nox -s {nox_session_name(a)}`' for a in reg.hardware)}, or add {arch!r} "
         "to its hardware if it supports it"
     )
 
@@ -66,7 +66,7 @@ def _plan_tests(plan_path: Path, job_id: str, arch: str) -> tuple[PlannedTest, .
         raise LaneRefusal(f"{plan_path}: {e}") from None
     if planned.arch != arch:
         raise LaneRefusal(
-            f"{plan_path}: job {job_id} is for {planned.lane!r}, not {lane_name(arch)}. Fix: run "
+            f"{plan_path}: job {job_id} is for {planned.lane!r}, not {nox_session_name(arch)}. Fix: run "
             f"`nox -s {planned.lane} -- --job {job_id} --plan {plan_path}`"
         )
     return planned.tests
@@ -103,7 +103,9 @@ def select(
         chosen = _given(registry, arch, root, paths, sel)
     else:
         sel.broken.extend(str(v) for v in registry.violations)
-        chosen = [(r, r.path, r.est_time) for r in registry.registrations if runs_in(r, arch)]
+        chosen = [
+            (r, r.path, r.est_time) for r in registry.registrations if declares_target(r, arch)
+        ]
     _sort_into(sel, chosen, arch, host_gpus)
     return sel
 
@@ -154,7 +156,7 @@ def _given(
         if p.is_dir():
             prefix = "" if rel == "." else rel + "/"
             under = [r for r in registry.registrations if r.path.startswith(prefix)]
-            under = [r for r in under if runs_in(r, arch)]
+            under = [r for r in under if declares_target(r, arch)]
             broken = sorted(b for b in violations if b.startswith(prefix))
             sel.broken.extend(str(v) for b in broken for v in violations[b])
             chosen.extend((r, r.path, r.est_time) for r in under)
@@ -172,7 +174,7 @@ def _given(
             chosen.append((reg, rel + sep + node, reg.est_time))
     if problems:
         raise LaneRefusal(
-            f"refusing to run files that {lane_name(arch)} does not run:\n  "
+            f"refusing to run files that {nox_session_name(arch)} does not run:\n  "
             + "\n  ".join(problems)
         )
     return chosen

@@ -27,12 +27,9 @@ import time
 from pathlib import Path
 
 from .. import output
+from ..cli import UsageError
 from ..imports import iter_source_modules, locate_packages, workspace_source_dirs
 from .policy import SECTION, PolicyError, load_policy
-
-
-class UsageError(Exception):
-    pass
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:

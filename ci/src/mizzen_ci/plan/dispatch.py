@@ -1,7 +1,7 @@
 """Arch dispatch policy: on which GPU generations (and pools) a CUDA registration runs.
 
 Invariants:
-- A test only ever runs on a generation whose lane runs it (:func:`mizzen_ci.registry.runs_in`:
+- A test only ever runs on a generation whose lane runs it (:func:`mizzen_ci.registry.declares_target`:
   one it declared) and on a pool derived from the fleet (:meth:`mizzen_ci.fleet.Fleet.pool_for`);
   nothing here names a pool or a runner label.
 - The *home* arch of a test is the first generation in the fleet's preference order that the test
@@ -22,7 +22,7 @@ import enum
 from dataclasses import dataclass
 
 from ..fleet import Fleet, Pool
-from ..registry import Registration, runs_in
+from ..registry import Registration, declares_target
 
 
 class Mode(enum.Enum):
@@ -47,14 +47,14 @@ class Placement:
 def home_arch(reg: Registration, fleet: Fleet) -> str | None:
     """The first declared generation, in preference order, that a pool of the fleet can host."""
     for arch in fleet.arch_names:
-        if runs_in(reg, arch) and fleet.pool_for(arch, reg.num_gpus, set(reg.needs)):
+        if declares_target(reg, arch) and fleet.pool_for(arch, reg.num_gpus, set(reg.needs)):
             return arch
     return None
 
 
 def why_not_hostable(reg: Registration, fleet: Fleet, arch: str) -> str | None:
     """``None`` when ``arch`` can run ``reg``, else the reason."""
-    if not runs_in(reg, arch):
+    if not declares_target(reg, arch):
         return f"does not declare {arch}"
     if not fleet.pools_of(arch):
         return f"arch not in fleet: no {arch} pool"

@@ -12,7 +12,7 @@ Invariants:
   budget (the tests of a job get ``budget - setup``), in the packer's objective (a job more is
   opened only when it ends the pool sooner) and in every lower bound.
 - Pools are visited in the fleet's order (the CPU pool first); job ids are unique, stable names:
-  ``cpu-<k>`` and ``<arch>-<pool>-<k>``; a job's lane is :func:`mizzen_ci.fleet.lane_name` of its
+  ``cpu-<k>`` and ``<arch>-<pool>-<k>``; a job's lane is :func:`mizzen_ci.fleet.nox_session_name` of its
   arch; its tests are in planned start order, their start counted from the job's start.
 - A job's timeout is its set-up plus its tests' span × :data:`TIMEOUT_FACTOR`, plus
   :data:`TIMEOUT_SLACK_MINUTES`.  A test estimated over the tests' budget gets a job of its own,
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import history
-from ..fleet import CpuPool, Fleet, Pool, lane_name
+from ..fleet import CpuPool, Fleet, Pool, nox_session_name
 from ..packing.gpus import PackItem
 from ..packing.pool import PackedJob, Packing, job_gpu_seconds, pack, with_setups
 from .model import ArchSummary, Job, PlannedTest, PoolSummary
@@ -87,7 +87,7 @@ def pack_jobs(
         arches.append(
             ArchSummary(
                 arch=arch,
-                lane=lane_name(arch),
+                lane=nox_session_name(arch),
                 pools=tuple(p.name for p in pools),
                 tests=len(tests),
                 makespan_seconds=round(max(p.makespan for _, p in assignment.values()), 1),
@@ -120,7 +120,7 @@ def pack_jobs(
         summaries.append(
             PoolSummary(
                 pool=pool_name,
-                lane=lane_name(arch),
+                lane=nox_session_name(arch),
                 jobs=len(packing.jobs),
                 runners=pool.runners,
                 gpus_per_runner=packing.gpus,
@@ -311,7 +311,7 @@ def _job_record(
         )
     return Job(
         id=job_id,
-        lane=lane_name(arch),
+        lane=nox_session_name(arch),
         arch=arch,
         pool=pool.name,
         runs_on=tuple(pool.runs_on),

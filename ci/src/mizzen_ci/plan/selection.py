@@ -8,7 +8,7 @@ Invariants:
   in ``not_scheduled`` with one reason per (file, arch): disabled (with its reason), nightly-only,
   not impacted / not asked for, author not trusted, not the auto arch, arch not in fleet, or a
   registry error.  Nothing disappears silently.
-- Lane membership is :func:`mizzen_ci.registry.runs_in`; arches and pools come from
+- Lane membership is :func:`mizzen_ci.registry.declares_target`; arches and pools come from
   :func:`mizzen_ci.plan.dispatch.dispatch` (the fleet table); this module never names a pool.
 - A GPU test on a pull request runs when the change impacts it or a label/comment asks for one of
   its labels (or for all); CPU tests run when impacted, or always outside pull requests.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..fleet import CPU_LANE, CpuPool, Fleet, Pool
-from ..registry import Registration, Violation, runs_in
+from ..registry import Registration, Violation, declares_target
 from .dispatch import DispatchPolicy, Mode, dispatch, home_arch
 from .impact import Impact
 from .model import NotScheduled
@@ -65,7 +65,7 @@ def select(
 
     for reg in registrations:
         home = None
-        if not runs_in(reg, CPU_LANE):
+        if not declares_target(reg, CPU_LANE):
             declared = (reg.hardware, reg.num_gpus, reg.needs)
             home = homes.get(declared, homes)
             if home is homes:
@@ -82,7 +82,7 @@ def select(
             )
             continue
         impacted = impact.why(reg.path) if request.rerun is None else rerun
-        if runs_in(reg, CPU_LANE):
+        if declares_target(reg, CPU_LANE):
             if request.rerun is not None and rerun is None:
                 skipped.append(
                     NotScheduled(reg.path, None, NOT_IMPACTED, "not asked for by the rerun")

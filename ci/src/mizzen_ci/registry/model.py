@@ -1,13 +1,15 @@
-"""What the registry knows: registrations, the rule violations it found, and lane membership.
+"""What the registry knows: registrations, the rule violations it found, and what each runs on.
 
 Invariants:
 - A :class:`Registration` is what one test file declared, defaults filled in; its ``backend`` is a
   :class:`Backend`.  ``Registration(*row)`` of the plain row a content-hash cache keeps (its
   fields in order, the backend as a string) equals the registration the row was made from.
 - A :class:`Violation` names ``file:line``, the rule broken, what is wrong and the fix.
-- :func:`runs_in` is the one predicate "does this lane run this file": the pytest plugin, ``list
-  --lane``, the GPU lane and the planner all ask it.  A lane is ``"cpu"`` (:data:`CPU_LANE`) or a
-  GPU generation of the fleet; a disabled file belongs to its lane (reported there, not run).
+- :func:`declares_target` is the one predicate "does this file run on this target": the pytest
+  plugin, ``list --lane``, the GPU lane and the planner all ask it.  A *target* is ``"cpu"``
+  (:data:`CPU_LANE`) or a GPU generation of the fleet (never a nox session name such as
+  ``gpu-hopper``: that is :func:`mizzen_ci.fleet.nox_session_name` of a generation); a disabled
+  file belongs to its target (reported there, not run).
 """
 
 from __future__ import annotations
@@ -77,11 +79,11 @@ class Registration:
         return self.est_time * max(self.num_gpus, 1)
 
 
-def runs_in(reg: Registration, lane: str) -> bool:
-    """Whether ``lane`` (:data:`CPU_LANE` or a GPU generation) runs the file of ``reg``."""
-    if lane == CPU_LANE:
+def declares_target(reg: Registration, target: str) -> bool:
+    """Whether the file of ``reg`` runs on ``target`` (:data:`CPU_LANE` or a GPU generation)."""
+    if target == CPU_LANE:
         return reg.backend is Backend.CPU
-    return reg.backend.is_gpu and lane in reg.hardware
+    return reg.backend.is_gpu and target in reg.hardware
 
 
 @dataclass
