@@ -231,5 +231,5 @@ def _gpu_lane_session(arch: str) -> None:
     nox.session(name=nox_session_name(arch), venv_backend="none")(gpu_lane)
 
 
-for _arch in load_fleet(ROOT / "ci" / "fleet.toml").arch_names:
+for _arch in load_fleet(ROOT / "ci" / "fleet.toml").generation_names:
     _gpu_lane_session(_arch)

@@ -9,7 +9,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import FleetError, load_fleet, parse_fleet
-from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_arch
+from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_generation
 from mizzen_ci.registry import Backend, declares_target, read_registry, read_source
 
 register_cpu_ci(est_time=5, labels=["ci"])
@@ -22,20 +22,20 @@ HOPPER = "[[arch]]\nname='hopper'\nvendor='nvidia'\ncompute_capabilities=['9.0']
 
 def test_the_repository_fleet_has_the_cdna_generations_and_their_pools():
     f = REPO_FLEET
-    assert {a.name: (a.vendor, a.targets) for a in f.archs if a.vendor == "amd"} == {
+    assert {a.name: (a.vendor, a.targets) for a in f.generations if a.vendor == "amd"} == {
         "cdna2": ("amd", ("gfx90a",)),
         "cdna3": ("amd", ("gfx942",)),
         "cdna4": ("amd", ("gfx950",)),
     }
-    assert {"MI210", "MI250", "MI250X"} == set(f.arch("cdna2").gpus)
-    assert {"MI300X", "MI300A", "MI325X"} == set(f.arch("cdna3").gpus)
-    assert {"MI350X", "MI355X"} == set(f.arch("cdna4").gpus)
-    assert f.arch_of_target("gfx942") == "cdna3" and f.arch_of_target("9.0") == "hopper"
-    assert f.arch_of_target("gfx1100") is None
+    assert {"MI210", "MI250", "MI250X"} == set(f.generation("cdna2").gpus)
+    assert {"MI300X", "MI300A", "MI325X"} == set(f.generation("cdna3").gpus)
+    assert {"MI350X", "MI355X"} == set(f.generation("cdna4").gpus)
+    assert f.generation_of_target("gfx942") == "cdna3" and f.generation_of_target("9.0") == "hopper"
+    assert f.generation_of_target("gfx1100") is None
     # one preference order across vendors: the NVIDIA generations come first
-    names = f.arch_names
+    names = f.generation_names
     assert names.index("hopper") < names.index("cdna3") < names.index("cdna4")
-    amd_pools = {p.gpu: p for p in f.pools if f.arch(p.arch).vendor == "amd"}
+    amd_pools = {p.gpu: p for p in f.pools if f.generation(p.arch).vendor == "amd"}
     assert set(amd_pools) == {"MI300X", "MI355X"}
     for gpu, arch in (("MI300X", "cdna3"), ("MI355X", "cdna4")):
         pool = amd_pools[gpu]
@@ -99,8 +99,8 @@ def test_an_amd_generation_and_an_nvidia_one_live_in_one_table():
         "gpus=['MI300X']\n" + CPU_POOL,
         "t/fleet.toml",
     )
-    assert f.arch_names == ("hopper", "cdna3")
-    assert [a.describe() for a in f.archs] == ["compute capability 9.0", "ISA gfx942: MI300X"]
+    assert f.generation_names == ("hopper", "cdna3")
+    assert [a.describe() for a in f.generations] == ["compute capability 9.0", "ISA gfx942: MI300X"]
 
 
 # ---- one registration across vendors
@@ -117,15 +117,17 @@ def test_register_gpu_ci_declares_generations_of_both_vendors_in_one_call():
     )
     assert errors == []
     assert reg.backend is Backend.GPU and reg.hardware == ("hopper", "cdna3")
-    assert [lane for lane in ("cpu", *REPO_FLEET.arch_names) if declares_target(reg, lane)] == [
+    assert [
+        lane for lane in ("cpu", *REPO_FLEET.generation_names) if declares_target(reg, lane)
+    ] == [
         "hopper",
         "cdna3",
     ]
-    assert home_arch(reg, REPO_FLEET) == "hopper"  # the fleet's order, across vendors
+    assert home_generation(reg, REPO_FLEET) == "hopper"  # the fleet's order, across vendors
     amd_only, errors = registration(
         "register_gpu_ci(est_time=30, hardware=['cdna4', 'cdna3'], labels=['lora'])"
     )
-    assert errors == [] and home_arch(amd_only, REPO_FLEET) == "cdna3"
+    assert errors == [] and home_generation(amd_only, REPO_FLEET) == "cdna3"
 
 
 @pytest.mark.parametrize(
@@ -182,7 +184,7 @@ def test_every_file_of_the_repository_is_still_valid_and_keeps_its_backend(repo_
     assert registry.violations == []
     cuda = [r for r in registry.registrations if r.backend is Backend.CUDA]
     assert cuda, "the repository's NVIDIA-only GPU tests"
-    assert all(REPO_FLEET.arch(a).vendor == "nvidia" for r in cuda for a in r.hardware)
+    assert all(REPO_FLEET.generation(a).vendor == "nvidia" for r in cuda for a in r.hardware)
 
 
 # ---- dispatch spanning vendors (the repository's fleet)

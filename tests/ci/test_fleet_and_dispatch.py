@@ -8,7 +8,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import FleetError, load_fleet
-from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_arch
+from mizzen_ci.plan.dispatch import DispatchPolicy, Mode, dispatch, home_generation
 from mizzen_ci.registry import Registration
 
 register_cpu_ci(est_time=5, labels=["ci"])
@@ -64,12 +64,12 @@ def test_pool_ties_break_on_fewer_capabilities_then_name(tmp_path: Path):
 
 def test_repo_fleet_has_the_required_generations_and_pools(repo_root):
     repo_fleet = load_fleet(repo_root / "ci" / "fleet.toml")
-    assert repo_fleet.arch_names[0] == "hopper"
-    assert {"ampere", "ada", "hopper", "blackwell"} <= set(repo_fleet.arch_names)
-    assert repo_fleet.arch_of_target("9.0") == "hopper"
-    assert repo_fleet.arch_of_target("10.0") == "blackwell"
-    assert repo_fleet.arch_of_target("12.0") != "blackwell"  # consumer Blackwell is separate
-    assert repo_fleet.arch_of_target("7.5") is None
+    assert repo_fleet.generation_names[0] == "hopper"
+    assert {"ampere", "ada", "hopper", "blackwell"} <= set(repo_fleet.generation_names)
+    assert repo_fleet.generation_of_target("9.0") == "hopper"
+    assert repo_fleet.generation_of_target("10.0") == "blackwell"
+    assert repo_fleet.generation_of_target("12.0") != "blackwell"  # consumer Blackwell is separate
+    assert repo_fleet.generation_of_target("7.5") is None
     shapes = {
         (p.arch, p.gpu, p.gpus_per_runner, "rdma" in p.capabilities) for p in repo_fleet.pools
     }
@@ -214,4 +214,4 @@ def test_dispatch_policy_table(hardware, num_gpus, needs, policy, placed, skippe
 
 
 def test_home_arch_is_none_when_nothing_declared_is_hostable():
-    assert home_arch(cuda(["ampere"]), FIXTURE_FLEET) is None
+    assert home_generation(cuda(["ampere"]), FIXTURE_FLEET) is None

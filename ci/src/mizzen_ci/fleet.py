@@ -12,7 +12,7 @@ Invariants:
 - What a vendor's runtime needs is the :class:`Vendor` record, one per vendor, and nothing else
   names it: the variable that pins a process to its GPUs (``CUDA_VISIBLE_DEVICES``;
   ``HIP_VISIBLE_DEVICES`` on AMD) and the variables that would renumber or hide devices under it.
-- Pool derivation is deterministic: on one arch, the smallest pool (fewest GPUs per runner) that
+- Pool derivation is deterministic: on one generation, the smallest pool (fewest GPUs per runner) that
   has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
 - A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
 - Hosting is part of the table and checked: every GPU pool is self-hosted (its ``runs_on`` starts
@@ -106,7 +106,7 @@ VENDORS: dict[str, Vendor] = {v.name: v for v in (NVIDIA, AMD)}
 
 
 @dataclass(frozen=True)
-class Arch:
+class Generation:
     """A GPU generation (not a SKU) of one vendor, with the device identifiers that belong to it:
     compute capabilities (NVIDIA) or ISA names (AMD), its *targets*."""
 
@@ -160,41 +160,43 @@ class Fleet:
     """Everything ``fleet.toml`` says, with the derivations the registry and planner need."""
 
     path: Path
-    archs: tuple[Arch, ...]
+    generations: tuple[Generation, ...]
     capabilities: frozenset[str]
     labels: frozenset[str]
     pools: tuple[Pool, ...]
     cpu_pool: CpuPool
 
     @property
-    def arch_names(self) -> tuple[str, ...]:
+    def generation_names(self) -> tuple[str, ...]:
         """Generation names in auto-dispatch preference order."""
-        return tuple(a.name for a in self.archs)
+        return tuple(a.name for a in self.generations)
 
-    def arch(self, name: str) -> Arch:
-        for a in self.archs:
+    def generation(self, name: str) -> Generation:
+        for a in self.generations:
             if a.name == name:
                 return a
         raise KeyError(name)
 
-    def pools_of(self, arch: str) -> tuple[Pool, ...]:
-        return tuple(p for p in self.pools if p.arch == arch)
+    def pools_of(self, generation: str) -> tuple[Pool, ...]:
+        return tuple(p for p in self.pools if p.arch == generation)
 
-    def arches_in_fleet(self) -> tuple[str, ...]:
+    def generations_in_fleet(self) -> tuple[str, ...]:
         """Generations that have at least one pool, in preference order."""
         have = {p.arch for p in self.pools}
-        return tuple(a for a in self.arch_names if a in have)
+        return tuple(a for a in self.generation_names if a in have)
 
-    def max_gpus(self, arch: str) -> int:
-        """The most GPUs one runner of ``arch`` has (0 when the fleet has none of that arch)."""
-        return max((p.gpus_per_runner for p in self.pools_of(arch)), default=0)
+    def max_gpus(self, generation: str) -> int:
+        """The most GPUs one runner of ``generation`` has (0 when the fleet has none of it)."""
+        return max((p.gpus_per_runner for p in self.pools_of(generation)), default=0)
 
-    def pool_for(self, arch: str, num_gpus: int, needs: frozenset[str] | set[str] = frozenset()):
-        """The smallest pool of ``arch`` with ``num_gpus`` GPUs per runner and every capability
-        in ``needs``; ``None`` when no pool can host it."""
+    def pool_for(
+        self, generation: str, num_gpus: int, needs: frozenset[str] | set[str] = frozenset()
+    ):
+        """The smallest pool of ``generation`` with ``num_gpus`` GPUs per runner and every
+        capability in ``needs``; ``None`` when no pool can host it."""
         fits = [
             p
-            for p in self.pools_of(arch)
+            for p in self.pools_of(generation)
             if p.gpus_per_runner >= num_gpus and set(needs) <= p.capabilities
         ]
         if not fits:
@@ -209,17 +211,17 @@ class Fleet:
                 return p
         raise KeyError(name)
 
-    def arch_of_target(self, target: str) -> str | None:
+    def generation_of_target(self, target: str) -> str | None:
         """The generation a device identifier belongs to (a compute capability ``"9.0"`` or an ISA
         name ``"gfx942"``), or ``None``."""
-        for a in self.archs:
+        for a in self.generations:
             if target in a.targets:
                 return a.name
         return None
 
-    def vendor_of(self, arch: str | None) -> Vendor | None:
-        """The vendor of generation ``arch`` (``None``: the CPU lane)."""
-        return None if arch is None else self.arch(arch).runtime
+    def vendor_of(self, generation: str | None) -> Vendor | None:
+        """The vendor of ``generation`` (``None``: the CPU lane)."""
+        return None if generation is None else self.generation(generation).runtime
 
 
 def find_repo_root(start: Path | None = None) -> Path:
@@ -336,7 +338,7 @@ def _parse(path: Path, data: dict) -> Fleet:
     capabilities = frozenset(_strings(path, "capabilities", data.get("capabilities", [])))
     labels = frozenset(_strings(path, "labels", _need(path, "the top level", data, "labels", list)))
 
-    archs: list[Arch] = []
+    generations: list[Generation] = []
     owner: dict[str, str] = {}
     for i, raw in enumerate(_need(path, "the top level", data, "arch", list)):
         where = f"[[arch]] #{i + 1}"
@@ -357,21 +359,23 @@ def _parse(path: Path, data: dict) -> Fleet:
                     f"and {name}; an identifier belongs to one generation"
                 )
             owner[target] = name
-        if any(a.name == name for a in archs):
+        if any(a.name == name for a in generations):
             raise FleetError(f"{path}: arch {name!r} is listed twice")
-        archs.append(
-            Arch(name, vendor.name, targets, _strings(path, f"{where}.gpus", raw.get("gpus", [])))
+        generations.append(
+            Generation(
+                name, vendor.name, targets, _strings(path, f"{where}.gpus", raw.get("gpus", []))
+            )
         )
 
-    arch_names = {a.name for a in archs}
+    generation_names = {a.name for a in generations}
     pools: list[Pool] = []
     for i, raw in enumerate(data.get("pool", [])):
         where = f"[[pool]] #{i + 1}"
         name = _need(path, where, raw, "name", str)
         arch = _need(path, where, raw, "arch", str)
-        if arch not in arch_names:
+        if arch not in generation_names:
             raise FleetError(
-                f"{path}: pool {name}: arch {arch!r} is not one of {sorted(arch_names)}"
+                f"{path}: pool {name}: arch {arch!r} is not one of {sorted(generation_names)}"
             )
         gpus = _need(path, where, raw, "gpus_per_runner", int)
         runners = _need(path, where, raw, "runners", int)
@@ -422,4 +426,4 @@ def _parse(path: Path, data: dict) -> Fleet:
         )
     if any(p.name == cpu_pool.name for p in pools):
         raise FleetError(f"{path}: the cpu pool and a GPU pool are both named {cpu_pool.name!r}")
-    return Fleet(path, tuple(archs), capabilities, labels, tuple(pools), cpu_pool)
+    return Fleet(path, tuple(generations), capabilities, labels, tuple(pools), cpu_pool)

@@ -100,7 +100,7 @@ class LaneState:
     @property
     def vendor(self) -> Vendor:
         """The vendor of the lane's generation (NVIDIA's words for the CPU lane, which has none)."""
-        return NVIDIA if self.lane == CPU_LANE else self.fleet.arch(self.lane).runtime
+        return NVIDIA if self.lane == CPU_LANE else self.fleet.generation(self.lane).runtime
 
 
 @functools.cache
@@ -134,10 +134,10 @@ def pytest_configure(config) -> None:
         return
     fleet = load_fleet(root / FLEET_RELATIVE_PATH)
     lane = config.getoption("--mizzen-lane") or os.environ.get(LANE_ENV) or CPU_LANE
-    if lane != CPU_LANE and lane not in fleet.arch_names:
+    if lane != CPU_LANE and lane not in fleet.generation_names:
         raise pytest.UsageError(
             plain(
-                f"mizzen: unknown lane {lane!r}; use cpu or one of {', '.join(fleet.arch_names)} "
+                f"mizzen: unknown lane {lane!r}; use cpu or one of {', '.join(fleet.generation_names)} "
                 f"(from {FLEET_RELATIVE_PATH})"
             )
         )
@@ -295,16 +295,16 @@ def _visible_targets(capability_input: str | None, vendor: str) -> tuple[tuple[s
 
 def hardware_problem(state: LaneState) -> str | None:
     """Why this process's GPUs are not of the lane's generation, or ``None`` when they are."""
-    arch = state.fleet.arch(state.lane)
+    arch = state.fleet.generation(state.lane)
     word = arch.runtime.target_word
     targets, source = _visible_targets(state.capability_input, arch.vendor)
     wanted = f"lane {state.lane!r} runs on {state.lane} GPUs ({word} {', '.join(arch.targets)})"
     if not targets:
         return f"{wanted}, but this process sees no GPU: {source}"
     wrong = [
-        f"{t} ({state.fleet.arch_of_target(t) or 'not in ' + str(FLEET_RELATIVE_PATH)})"
+        f"{t} ({state.fleet.generation_of_target(t) or 'not in ' + str(FLEET_RELATIVE_PATH)})"
         for t in targets
-        if state.fleet.arch_of_target(t) != state.lane
+        if state.fleet.generation_of_target(t) != state.lane
     ]
     if wrong:
         return f"{wanted}, but this process sees {word} {', '.join(wrong)} [{source}]"

@@ -23,7 +23,7 @@ import sys
 
 from . import output
 from .fleet import CPU_LANE, Fleet, add_root_and_fleet_arguments, root_and_fleet
-from .plan.dispatch import home_arch
+from .plan.dispatch import home_generation
 from .registry.model import Backend, Registration, Registry, declares_target
 from .registry.reader import read_registry
 
@@ -73,7 +73,7 @@ def lane_row(reg: Registration, fleet: Fleet, lane: str | None) -> dict:
     if reg.backend is Backend.CPU:
         arch, pool = None, fleet.cpu_pool.name
     else:
-        arch = lane if lane and lane != CPU_LANE else home_arch(reg, fleet)
+        arch = lane if lane and lane != CPU_LANE else home_generation(reg, fleet)
         found = fleet.pool_for(arch, reg.num_gpus, set(reg.needs)) if arch else None
         pool = found.name if found else "-"
     return {
@@ -94,11 +94,11 @@ def lane_row(reg: Registration, fleet: Fleet, lane: str | None) -> dict:
 
 
 def _list(registry: Registry, fleet: Fleet, args: argparse.Namespace) -> int:
-    if args.lane and args.lane != CPU_LANE and args.lane not in fleet.arch_names:
+    if args.lane and args.lane != CPU_LANE and args.lane not in fleet.generation_names:
         print(
             output.plain(
                 f"mizzen-ci list: unknown lane {args.lane!r}; use cpu or one of "
-                f"{', '.join(fleet.arch_names)}"
+                f"{', '.join(fleet.generation_names)}"
             ),
             file=sys.stderr,
         )

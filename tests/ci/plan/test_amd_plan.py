@@ -111,7 +111,7 @@ def test_amd_only_tests_go_to_the_amd_pools_and_shared_ones_home_to_nvidia(plan)
             assert job["vendor"] is None and job["runner_group"] is None
             continue
         pool = fleet.pool(job["pool"])
-        assert job["vendor"] == fleet.arch(job["arch"]).vendor
+        assert job["vendor"] == fleet.generation(job["arch"]).vendor
         assert (tuple(job["runs_on"]), job["runner_group"]) == (pool.runs_on, pool.runner_group)
         assert job["lane"] == f"gpu-{job['arch']}" and job["id"].startswith(f"{job['arch']}-")
 

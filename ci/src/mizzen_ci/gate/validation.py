@@ -31,7 +31,7 @@ def gate_violations(
         entries,
         QUARANTINE_RELATIVE_PATH.as_posix(),
         gated=set(declarations.gates),
-        arches={CPU_ARCH, *fleet.arch_names},
+        arches={CPU_ARCH, *fleet.generation_names},
         today=today or dt.datetime.now(dt.UTC).date(),
     )
     return declarations.violations + [

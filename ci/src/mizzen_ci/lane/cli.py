@@ -170,10 +170,10 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     root, fleet = root_and_fleet(args)
-    if args.arch not in fleet.arch_names:
+    if args.arch not in fleet.generation_names:
         raise LaneRefusal(
             f"unknown GPU generation {args.arch!r}; {FLEET_RELATIVE_PATH} has "
-            f"{', '.join(fleet.arch_names)}"
+            f"{', '.join(fleet.generation_names)}"
         )
     if args.retries < 0 or args.timeout_factor <= 0 or args.min_timeout < 0:
         raise LaneRefusal("--retries must be ≥ 0, --timeout-factor > 0, --min-timeout ≥ 0")

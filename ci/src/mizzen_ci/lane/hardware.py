@@ -423,7 +423,7 @@ def other_vendors_gpus(vendor: str) -> list[Probe]:
 
 def lane_gpus(fleet: Fleet, arch: str, fake_gpus: int | None) -> tuple[tuple[Gpu, ...], str]:
     """(the GPUs of this host that belong to ``arch``, how they were found); refuses otherwise."""
-    wanted = fleet.arch(arch)
+    wanted = fleet.generation(arch)
     runtime = wanted.runtime
     what = f"The {arch} lane runs tests declaring {arch} on {arch} GPUs ({wanted.describe()})."
     if fake_gpus is not None:
@@ -452,9 +452,9 @@ def lane_gpus(fleet: Fleet, arch: str, fake_gpus: int | None) -> tuple[tuple[Gpu
             f"refusing to run: {found.describe()}.\n{what}{_elsewhere(fleet, runtime)}\n"
             f"Run `nox -s {nox_session_name(arch)}` on such a machine; on a CPU machine run `nox -s cpu`."
         )
-    mine = tuple(g for g in found.gpus if fleet.arch_of_target(g.target) == arch)
+    mine = tuple(g for g in found.gpus if fleet.generation_of_target(g.target) == arch)
     if not mine:
-        others = sorted({fleet.arch_of_target(g.target) or "?" for g in found.gpus} - {"?"})
+        others = sorted({fleet.generation_of_target(g.target) or "?" for g in found.gpus} - {"?"})
         hint = (
             f" Run {' or '.join(f'`nox -s {nox_session_name(a)}`' for a in others)} here instead."
             if others
@@ -475,7 +475,7 @@ def _elsewhere(fleet: Fleet, runtime: Vendor) -> str:
     """`` This machine has …: run `nox -s gpu-X` here instead.`` when another vendor's tools see
     GPUs of a generation the fleet knows; empty otherwise."""
     for found in other_vendors_gpus(runtime.name):
-        arches = sorted({fleet.arch_of_target(g.target) for g in found.gpus} - {None})
+        arches = sorted({fleet.generation_of_target(g.target) for g in found.gpus} - {None})
         lanes = " or ".join(f"`nox -s {nox_session_name(a)}`" for a in arches)
         return f" This machine has {found.describe()}" + (
             f": run {lanes} here instead." if lanes else "."

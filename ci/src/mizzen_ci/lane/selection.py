@@ -86,10 +86,10 @@ def select(
     job: str | None,
 ) -> Selection:
     """What the lane runs; :class:`LaneRefusal` for any input that does not match the registry."""
-    if arch not in fleet.arch_names:
+    if arch not in fleet.generation_names:
         raise LaneRefusal(
             f"unknown GPU generation {arch!r}; {FLEET_RELATIVE_PATH} has "
-            f"{', '.join(fleet.arch_names)}"
+            f"{', '.join(fleet.generation_names)}"
         )
     if (plan is None) != (job is None):
         raise LaneRefusal("--plan and --job go together: `--job ID --plan plan.json`")

@@ -44,9 +44,9 @@ class Placement:
     pool: Pool
 
 
-def home_arch(reg: Registration, fleet: Fleet) -> str | None:
+def home_generation(reg: Registration, fleet: Fleet) -> str | None:
     """The first declared generation, in preference order, that a pool of the fleet can host."""
-    for arch in fleet.arch_names:
+    for arch in fleet.generation_names:
         if declares_target(reg, arch) and fleet.pool_for(arch, reg.num_gpus, set(reg.needs)):
             return arch
     return None
@@ -68,7 +68,7 @@ def dispatch(
     reg: Registration, fleet: Fleet, policy: DispatchPolicy
 ) -> tuple[list[Placement], list[tuple[str, str]]]:
     """(placements, [(arch, reason not placed)]) for a CUDA registration under ``policy``."""
-    home = home_arch(reg, fleet)
+    home = home_generation(reg, fleet)
     if policy.mode is Mode.AUTO:
         wanted = [home] if home else []
     elif policy.mode is Mode.EXPLICIT:

@@ -76,7 +76,7 @@ def pack_jobs(
     packer = _Packer(budget_seconds, min_job_seconds)
     placed: dict[str, tuple[list[_Test], Packing]] = {}
     arches: list[ArchSummary] = []
-    for arch in [None, *fleet.arch_names]:
+    for arch in [None, *fleet.generation_names]:
         tests = by_arch.get(arch)
         if not tests:
             continue

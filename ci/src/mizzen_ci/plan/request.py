@@ -302,10 +302,10 @@ class _Asks:
             self.warnings.append(f"{where}: unknown test label {shown_name(name)} (known: {known})")
 
     def arch(self, name: str, where: str) -> None:
-        if name in self.fleet.arch_names:
+        if name in self.fleet.generation_names:
             self.arches.append(name)
         else:
-            known = ", ".join(self.fleet.arch_names)
+            known = ", ".join(self.fleet.generation_names)
             self.warnings.append(
                 f"{where}: unknown GPU generation {shown_name(name)} (known: {known})"
             )

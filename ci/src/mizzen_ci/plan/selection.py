@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..fleet import CPU_LANE, CpuPool, Fleet, Pool
 from ..registry import Registration, Violation, declares_target
-from .dispatch import DispatchPolicy, Mode, dispatch, home_arch
+from .dispatch import DispatchPolicy, Mode, dispatch, home_generation
 from .impact import Impact
 from .model import NotScheduled
 from .request import RUN_CI_ALL, RUN_CI_PREFIX, RUN_ON_PREFIX, Request
@@ -61,7 +61,7 @@ def select(
     selected: list[Selected] = []
     skipped: list[NotScheduled] = []
     policy = DispatchPolicy(mode=request.arch_mode, arches=request.arches)
-    homes: dict[tuple, str | None] = {}  # home_arch depends only on what a test declares
+    homes: dict[tuple, str | None] = {}  # home_generation depends only on what a test declares
 
     for reg in registrations:
         home = None
@@ -69,7 +69,7 @@ def select(
             declared = (reg.hardware, reg.num_gpus, reg.needs)
             home = homes.get(declared, homes)
             if home is homes:
-                home = homes[declared] = home_arch(reg, fleet)
+                home = homes[declared] = home_generation(reg, fleet)
         if not reg.enabled:
             skipped.append(NotScheduled(reg.path, home, DISABLED, f"disabled: {reg.disabled}"))
             continue

@@ -170,15 +170,15 @@ def _check_hardware(value, fleet: Fleet):
         raise RuleBroken(
             "hardware-empty",
             "`hardware` is empty",
-            f"list the GPU generations the test supports, from {', '.join(fleet.arch_names)}",
+            f"list the GPU generations the test supports, from {', '.join(fleet.generation_names)}",
         )
     arches = _strings(value, "hardware")
-    unknown = [a for a in arches if a not in fleet.arch_names]
+    unknown = [a for a in arches if a not in fleet.generation_names]
     if unknown:
         raise RuleBroken(
             "hardware-unknown",
             f"unknown GPU generation(s) {_names(unknown)}",
-            f"use generations from {fleet.path.name}: {', '.join(fleet.arch_names)} "
+            f"use generations from {fleet.path.name}: {', '.join(fleet.generation_names)} "
             "(a generation, not a SKU: hopper, not h100)",
         )
     return arches
@@ -308,7 +308,7 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
             return
         rule = "hardware-required" if name == "hardware" else "missing-argument"
         fix = (
-            f"add `hardware=[...]` with the GPU generations it supports ({', '.join(fleet.arch_names)})"
+            f"add `hardware=[...]` with the GPU generations it supports ({', '.join(fleet.generation_names)})"
             if name == "hardware"
             else f"add `{name}=...`"
         )
@@ -344,7 +344,7 @@ def _validate_call(call, rel: str, fleet: Fleet) -> tuple[tuple | None, list[Vio
             bad(
                 "no-pool",
                 f"the fleet has no pool of {', '.join(arches)}",
-                f"declare a generation the fleet has ({', '.join(fleet.arches_in_fleet())}) "
+                f"declare a generation the fleet has ({', '.join(fleet.generations_in_fleet())}) "
                 f"or add a pool to {fleet.path.name}",
             )
         elif n > largest:
@@ -386,9 +386,9 @@ def _check_vendors(fname: str, arches: tuple[str, ...], line: int, fleet: Fleet,
     allowed = VENDORS_OF.get(fname)
     if allowed is None:
         return
-    others = [a for a in arches if fleet.arch(a).vendor not in allowed]
+    others = [a for a in arches if fleet.generation(a).vendor not in allowed]
     if others:
-        vendors = sorted({VENDORS[fleet.arch(a).vendor].title for a in others})
+        vendors = sorted({VENDORS[fleet.generation(a).vendor].title for a in others})
         bad(
             "hardware-vendor",
             f"{fname} declares {' and '.join(VENDORS[v].title for v in allowed)} generations only, "
