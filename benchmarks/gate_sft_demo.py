@@ -10,7 +10,7 @@ is the checkout's committed ``HEAD`` (``git archive``), with each copy's ``*/src
 ``(runs + 1) × 60 s`` on a 2-core CPU box.
 
 1. *Trusted history*: ``HEAD`` is unpacked into a throwaway git repository (its ``main``); the real
-   e2e ``tests/train/test_sft_e2e.py`` runs there ``--runs`` times (pytest ``--mizzen-lane cpu``,
+   e2e ``tests/train/sft/test_sft_e2e.py`` runs there ``--runs`` times (pytest ``--mizzen-lane cpu``,
    ``$MIZZEN_METRICS_DIR`` a fresh folder and ``$MIZZEN_RUN_KEY`` a distinct key per run), each
    run ingested into a temporary SQLite store as a trusted push to main (``mizzen-ci gate ingest
    --trusted --event push --commit <HEAD sha>``).
@@ -55,7 +55,7 @@ from mizzen_ci.gate.judge import DEFAULT_K, MAD_SCALE
 REPO = Path(__file__).resolve().parents[1]
 SRC_DIRS = ("ci/src", "packages/train/src", "packages/rollout/src", "packages/plugins/src")
 
-TEST = "tests/train/test_sft_e2e.py"
+TEST = "tests/train/sft/test_sft_e2e.py"
 ARCH = "cpu"
 LOSS, SCORE = "eval/heldout_loss", "eval/score"
 STEPS = (20, 40, 60)

@@ -114,9 +114,9 @@ def test_the_repositorys_gates_are_valid(repo_root):
     fleet = load_fleet(repo_root / "ci" / "fleet.toml")
     found = read_declarations(repo_root, load_vocabulary(repo_root))
     assert found.violations == []
-    assert {g.metric for g in found.gates["tests/train/test_sft_e2e.py"]} == {
+    assert {g.metric for g in found.gates["tests/train/sft/test_sft_e2e.py"]} == {
         "eval/score",
         "eval/heldout_loss",
     }
-    assert "tests/train/test_sft_e2e_gpu.py" in found.gates
+    assert "tests/train/sft/test_sft_e2e_gpu.py" in found.gates
     assert gate_violations(repo_root, fleet, found.gates, today=dt.date(2026, 12, 1)) == []
