@@ -88,7 +88,7 @@ def _config(tmp_path, **changes):
 
 def test_rl_config_refuses_what_cannot_train(tmp_path):
     from mizzen_train.rl.config import parse_rl_config
-    from mizzen_train.sft.config import ConfigError
+    from mizzen_train.run.config import ConfigError
 
     config = parse_rl_config(_config(tmp_path), source="t.toml")
     assert str(config.engines_needed) == "train+eval"
@@ -151,7 +151,7 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
 
     config = parse_rl_config(_config(tmp_path, **{"rollout.num_engines": 2}), source="t.toml")
     spawned, events = [], []
-    launch = rl_trainer._RlTrainer.launch_engines
+    launch = rl_trainer.RlTrainer.launch_engines
 
     def crash(*_):
         raise RuntimeError("probe crashed")
@@ -170,11 +170,11 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
         self.metrics = SimpleNamespace(event=lambda name, **fields: events.append(name))
         self.evaluators = []
 
-    monkeypatch.setattr(rl_trainer._RlTrainer, "launch_engines", recording)
-    monkeypatch.setattr(rl_trainer._RlTrainer, "setup", setup)
+    monkeypatch.setattr(rl_trainer.RlTrainer, "launch_engines", recording)
+    monkeypatch.setattr(rl_trainer.RlTrainer, "setup", setup)
     # no process group or megatron CPU shim in this pytest process: with them, the ranks a later
     # test forked from it hung (test_slot_optimizer after this one, in one worker: 150 s, killed)
-    monkeypatch.setattr(rl_trainer, "_single_rank", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(rl_trainer, "single_rank", lambda device: contextlib.nullcontext())
     failure = "set-up failed" if fails_in == "set-up" else "probe crashed"
     with pytest.raises(RuntimeError, match=failure):
         rl_trainer.run_rl(config, stream=io.StringIO())
@@ -187,11 +187,10 @@ def test_batch_size_limits_are_the_embedded_servers(tmp_path):
     """The trainers stop batch_size where the embedded server refuses a batch."""
     import dataclasses
 
-    from mizzen_rollout.engines.embedded.server import MAX_BATCH_SIZE
+    from mizzen_rollout.api import ENGINE_MAX_BATCH as MAX_BATCH_SIZE
     from mizzen_train.rl.config import RolloutSection, parse_rl_config
-    from mizzen_train.sft.config import ENGINE_MAX_BATCH, ConfigError
+    from mizzen_train.run.config import ConfigError
 
-    assert ENGINE_MAX_BATCH == MAX_BATCH_SIZE
     (field,) = [f for f in dataclasses.fields(RolloutSection) if f.name == "batch_size"]
     assert field.metadata["high"] == MAX_BATCH_SIZE
     raw = _config(tmp_path)

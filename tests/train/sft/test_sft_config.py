@@ -52,9 +52,9 @@ def parse(patch=None, drop=None):
 
 
 def refused(**kwargs) -> str:
-    from mizzen_train.sft.config import SftConfigError
+    from mizzen_train.run.config import ConfigError
 
-    with pytest.raises(SftConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         parse(**kwargs)
     message = str(info.value)
     assert message.startswith("run.toml: ") and "Fix: " in message, message
@@ -124,7 +124,8 @@ def test_shape_and_type_rules():
 
 def test_overrides_and_flags_set_every_field():
     from mizzen_train.cli import _field_overrides, build_parser
-    from mizzen_train.sft.config import SftConfigError, apply_overrides, parse_config
+    from mizzen_train.run.config import ConfigError, apply_overrides
+    from mizzen_train.sft.config import parse_config
 
     raw = apply_overrides(
         copy.deepcopy(BASE),
@@ -140,9 +141,9 @@ def test_overrides_and_flags_set_every_field():
     assert config.run.steps == 120 and config.run.dir == "runs/other"
     assert [t.name for t in config.tenants] == ["a", "b"] and config.tenants[0].lr == 5e-4
     assert config.evaluators[1].limit == 8
-    with pytest.raises(SftConfigError, match="list index '5' does not exist"):
+    with pytest.raises(ConfigError, match="list index '5' does not exist"):
         apply_overrides(copy.deepcopy(BASE), ["tenants.5.lr=1"])
-    with pytest.raises(SftConfigError, match="an override is KEY=VALUE"):
+    with pytest.raises(ConfigError, match="an override is KEY=VALUE"):
         apply_overrides({}, ["run.steps"])
     args = build_parser().parse_args(
         ["sft", "--run.steps", "30", "--run.dir", "123", "--eval.overflow", "wait"]
@@ -155,7 +156,7 @@ def test_overrides_and_flags_set_every_field():
 
 
 def test_learning_rate_schedules():
-    from mizzen_train.sft.trainer import lr_at
+    from mizzen_train.run.schedule import lr_at
 
     tenant = parse({"tenants.0.warmup_steps": 10, "tenants.0.lr_schedule": "cosine"}).tenants[0]
     lrs = [lr_at(tenant, step, 60) for step in range(1, 61)]
@@ -170,10 +171,11 @@ def test_learning_rate_schedules():
 
 
 def test_help_config_lists_every_field():
-    from mizzen_train.sft.config import SECTIONS, config_help
+    from mizzen_train.sft.config import SECTIONS, SftConfig
 
-    text = config_help()
-    for section, cls in SECTIONS.items():
+    text = SftConfig.help_text()
+    for section, spec in SECTIONS.items():
+        cls = spec.cls
         assert section in text
         for name in cls.__dataclass_fields__:
             if name != "evaluators":
@@ -233,20 +235,20 @@ def test_an_evaluator_on_cuda_without_a_cuda_device_is_refused_before_anything_s
     import torch
 
     from mizzen_train.sft import trainer as sft_trainer
-    from mizzen_train.sft.config import SftConfigError
+    from mizzen_train.run.config import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run_dir = tmp_path / "run"
     config = parse(
         patch={"run.dir": str(run_dir), "data.seq_len": 144, "eval.evaluators.0.device": "cuda"}
     )
-    monkeypatch.setattr(sft_trainer._Trainer, "setup", lambda self: pytest.fail("set-up ran"))
-    with pytest.raises(SftConfigError, match="no CUDA device is visible") as caught:
+    monkeypatch.setattr(sft_trainer.SftTrainer, "setup", lambda self: pytest.fail("set-up ran"))
+    with pytest.raises(ConfigError, match="no CUDA device is visible") as caught:
         sft_trainer.run_sft(config, stream=io.StringIO())
     assert "eval.evaluators[0].device='cuda'" in str(caught.value)
     assert "run.toml" in str(caught.value) and "Fix:" in str(caught.value)
     # the same configuration with the CPU default validates:
     fine = parse(patch={"run.dir": str(tmp_path / "fine"), "data.seq_len": 144})
-    trainer = sft_trainer._Trainer(fine, resume=False, stream=io.StringIO())
+    trainer = sft_trainer.SftTrainer(fine, resume=False, stream=io.StringIO())
     trainer.validate("cpu", "fp32")
     assert [e.device for e in fine.evaluators] == ["cpu", "cpu"]

@@ -3,7 +3,8 @@
 - ``grpo``: ``(r - mean(group)) / (std(group) + eps)`` (population std), the group-normalised
   advantage of GRPO;
 - ``mean``: ``r - mean(group)`` (Dr. GRPO's unnormalised baseline);
-- ``module:function``: any ``f(rewards: list[float]) -> list[float]`` by import path.
+- ``module:function`` (or ``file.py:function``): any ``f(rewards: list[float]) -> list[float]``,
+  loaded by the one loader of :mod:`mizzen_rollout.api`.
 
 Invariants:
 - A group whose rewards are all equal gets exactly zero advantages (nothing to prefer), for
@@ -15,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -41,22 +41,12 @@ ESTIMATORS: dict[str, AdvantageFn] = {"grpo": grpo, "mean": mean_baseline}
 
 
 def load_estimator(spec: str) -> AdvantageFn:
-    """A built-in estimator by name, or ``package.module:function``; ValueError names the fix."""
-    if spec in ESTIMATORS:
-        return ESTIMATORS[spec]
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"advantage estimator {spec!r} is neither built in ({sorted(ESTIMATORS)}) nor "
-            "'module:function'"
-        )
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"advantage estimator {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not callable(fn):
-        raise ValueError(f"advantage estimator {spec!r} is not callable")
-    return fn
+    """A built-in estimator by name, or ``module:function`` / ``file.py:function`` by the one
+    loader's rule (:func:`mizzen_rollout.api.load_object`); its ObjectSpecError (a ValueError)
+    names the fix."""
+    from mizzen_rollout.api import load_object
+
+    return load_object(spec, what="advantage estimator", builtins=ESTIMATORS)
 
 
 def group_advantages(rewards: Sequence[float | None], estimator: AdvantageFn) -> list[float]:

@@ -23,19 +23,14 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
     ConfigError,
     Presence,
     Section,
-    build_sections,
-    config_help,
     opt,
-    read_config_source,
 )
 from mizzen_train.run.engines_needed import EnginesNeeded, engines_needed
 from mizzen_train.run.sections import (
@@ -46,10 +41,10 @@ from mizzen_train.run.sections import (
     ModelConfig,
     RunConfig,
     RunLayout,
-    check_adapter_training,
     check_eval,
     check_model,
-    check_tenant_names,
+    check_run_and_tenants,
+    run_sections,
 )
 
 __all__ = [
@@ -147,10 +142,19 @@ class RlConfig(RunLayout):
     tenants: tuple[RlTenantConfig, ...]
     eval: EvalConfig | None
     source: str = ""
+    SECTIONS: ClassVar[dict[str, Section]] = run_sections(
+        rollout=Section(RolloutSection, Presence.DEFAULTED),
+        algo=Section(AlgoConfig, Presence.DEFAULTED),
+        tenants=Section(RlTenantConfig, Presence.MANY),
+    )
+    MANY_FIX: ClassVar[str] = "add [[tenants]] with name, data, reward, lr and prompts_per_step"
 
     @property
     def engines_needed(self) -> EnginesNeeded:
         return engines_needed(train_needs_engines=True, eval_needs_engines=bool(self.evaluators))
+
+    def check(self) -> None:
+        _check(self)
 
     def active(self, step: int) -> list[RlTenantConfig]:
         """The tenants that train at ``step`` (joined, not yet left), in table order."""
@@ -160,33 +164,12 @@ class RlConfig(RunLayout):
             if t.join_step <= step and (t.leave_step == 0 or step <= t.leave_step)
         ]
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.pop("source")
-        return json.loads(json.dumps(out))
 
-
-#: RL's one table of sections, in file order.
-SECTIONS: dict[str, Section] = {
-    "run": Section(RunConfig, Presence.REQUIRED),
-    "model": Section(ModelConfig, Presence.REQUIRED),
-    "rollout": Section(RolloutSection, Presence.DEFAULTED),
-    "algo": Section(AlgoConfig, Presence.DEFAULTED),
-    "tenants": Section(RlTenantConfig, Presence.MANY),
-    "eval": Section(EvalConfig, Presence.OPTIONAL),
-    "eval.evaluators": Section(EvaluatorConfig, Presence.MANY),
-}
-
-
-def parse_rl_config(raw: Mapping[str, Any], *, source: str = "<config>") -> RlConfig:
-    """Validate an RL configuration table (see the module docstring); raises ConfigError."""
-    built = build_sections(
-        dict(raw), SECTIONS, source=source,
-        many_fix="add [[tenants]] with name, data, reward, lr and prompts_per_step",
-    )  # fmt: skip
-    config = RlConfig(**built, source=source)
-    _check(config)
-    return config
+#: RL's one table of sections, and the command's reader (:class:`RunLayout`'s).
+SECTIONS = RlConfig.SECTIONS
+parse_rl_config = RlConfig.parse
+load_rl_config = RlConfig.load
+rl_config_help = RlConfig.help_text
 
 
 def _check(config: RlConfig) -> None:
@@ -195,13 +178,9 @@ def _check(config: RlConfig) -> None:
     def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
         return ConfigError(field, value, rule, fix, source=source)
 
-    if not run.dir:
-        raise fail("run.dir", run.dir, "must not be empty", "name a directory for the run")
-    names = [t.name for t in config.tenants]
-    check_tenant_names(names, source)
+    names = check_run_and_tenants(config)
     for i, tenant in enumerate(config.tenants):
         where = f"tenants[{i}]"
-        check_adapter_training(tenant, where, run, source)
         rows = tenant.prompts_per_step * tenant.n_samples
         if rows % run.micro_batch_size:
             raise fail(
@@ -265,12 +244,3 @@ def _check(config: RlConfig) -> None:
                     "RL evaluates adapter snapshots on the run's own engines",
                     f"remove {name} (set {instead} instead)",
                 )  # fmt: skip
-
-
-def load_rl_config(path: Any, overrides: Sequence[str] = ()) -> RlConfig:
-    raw, source = read_config_source(path, overrides)
-    return parse_rl_config(raw, source=source)
-
-
-def rl_config_help() -> str:
-    return config_help(SECTIONS)

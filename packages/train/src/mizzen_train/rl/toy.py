@@ -15,7 +15,7 @@ the response only.
 
 from __future__ import annotations
 
-from mizzen_rollout.samples import Sample
+from mizzen_rollout.api import Sample
 
 TARGET = "Y"
 WIDTH = 32.0

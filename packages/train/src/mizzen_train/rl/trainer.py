@@ -58,7 +58,7 @@ from mizzen_train.run.config import ConfigError
 from mizzen_train.run.process import resolve_device, single_rank
 from mizzen_train.run.sections import EvaluatorConfig
 from mizzen_train.run.state import LoadedCheckpoint, RunStateError
-from mizzen_train.run.trainer import Trainer
+from mizzen_train.run.trainer import Trainer, generation_evaluator
 
 __all__ = ["RlTrainer", "run_rl"]
 
@@ -98,8 +98,8 @@ class RlTrainer(Trainer):
     # -- validation and set-up --------------------------------------------------------------
 
     def validate_inputs(self, model_spec) -> None:
-        from mizzen_rollout.data import DataError, PromptDataset
-        from mizzen_rollout.rewards import load_reward
+        from mizzen_rollout.api import DataError, PromptDataset
+        from mizzen_rollout.api import load_reward
         from mizzen_train.rl.advantages import load_estimator
 
         config = self.config
@@ -135,11 +135,10 @@ class RlTrainer(Trainer):
         hf = self.tokenizer.hf
         if isinstance(prompt, str):
             return len(hf(prompt, add_special_tokens=True)["input_ids"]) + 1
-        return len(self.tokenizer._render(prompt, generation_prompt=True)) + 1
+        return len(self.tokenizer.render(prompt, generation_prompt=True)) + 1
 
     def build_data_evaluator(self, ev: EvaluatorConfig, index: int):
-        from mizzen_rollout.data import DataError, PromptDataset
-        from mizzen_train.evaluators import GenerationEvaluator
+        from mizzen_rollout.api import DataError, PromptDataset
 
         try:
             dataset = PromptDataset.from_jsonl(_data_path(ev.data))
@@ -149,19 +148,10 @@ class RlTrainer(Trainer):
                 source=self.config.source,
             ) from None  # fmt: skip
         records = dataset.records[: ev.limit] if ev.limit else dataset.records
-        return GenerationEvaluator(
-            name=ev.name or ev.kind,
-            prompts=list(records),
-            reward=ev.reward,
-            max_new_tokens=ev.max_new_tokens,
-            temperature=ev.temperature,
-            batch_size=ev.batch_size,
-            startup_timeout_s=ev.startup_timeout_s,
-            request_timeout_s=ev.request_timeout_s,
-        )
+        return generation_evaluator(ev, list(records))  # served by the run's engines
 
     def prepare_data(self) -> None:
-        from mizzen_rollout.data import DataCursor
+        from mizzen_rollout.api import DataCursor
 
         self.cursors = {
             t.name: DataCursor(self.prompts[t.name], seed=t.data_seed, shuffle=True)
@@ -207,7 +197,11 @@ class RlTrainer(Trainer):
     # -- eval -------------------------------------------------------------------------------
 
     def export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
+        """The tenant's adapter as it is now, as a PEFT directory (eval snapshots and the
+        adapters the engines load)."""
         from mizzen_train.hf import export_peft_adapter
+
+        del step  # the slot's state is the step's
 
         export_peft_adapter(
             directory,
@@ -227,7 +221,7 @@ class RlTrainer(Trainer):
         kinds): :func:`run_rl` calls it before :meth:`setup`, so the engines load while the
         trainer imports megatron and the base model; :meth:`_start_engines` waits for them.
         Whoever calls it stops them (:meth:`stop_launched_engines`) if the run ends first."""
-        from mizzen_rollout.engines.launcher import launch_embedded
+        from mizzen_rollout.api import launch_embedded
 
         rollout = self.config.rollout
         if rollout.engines != "embedded":
@@ -257,15 +251,15 @@ class RlTrainer(Trainer):
         self.launched = []
 
     def _start_engines(self) -> None:
-        from mizzen_rollout.engines import SGLangClient
-        from mizzen_rollout.router import EngineRouter
+        from mizzen_rollout.api import SGLangClient
+        from mizzen_rollout.api import EngineRouter
 
         rollout = self.config.rollout
         self.servers, self.manager = [], None
         if rollout.engines == "urls":
             urls = list(rollout.engine_urls)
         elif rollout.engines == "ray":
-            from mizzen_rollout.manager import EngineSpec, RolloutManager
+            from mizzen_rollout.api import EngineSpec, RolloutManager
 
             spec = EngineSpec(
                 kind="embedded",
@@ -331,20 +325,13 @@ class RlTrainer(Trainer):
 
     async def _publish(self, tenant: str) -> None:
         """Export the tenant's current adapter (its slot's version) and load it everywhere."""
-        from mizzen_rollout.adapters import AdapterRef
-        from mizzen_train.hf import export_peft_adapter
+        from mizzen_rollout.api import AdapterRef
 
         version = self.versions[tenant]
         directory = self._adapter_dir(tenant, version)
         if directory.exists():  # left by a killed run: this state's export replaces it
             shutil.rmtree(directory)
-        export_peft_adapter(
-            directory,
-            executor=self.executor,
-            slot=self.slot_of[tenant],
-            source=self.source,
-            base_model_name_or_path=str(self.model_dir),
-        )
+        self.export_snapshot(version, tenant, directory)
         ref = AdapterRef(tenant, version, str(directory))
         await self.dispatch.load_lora_adapter(ref.name, ref.path)
         loaded = self.loaded_refs[tenant]
@@ -406,8 +393,8 @@ class RlTrainer(Trainer):
     # -- rollout ----------------------------------------------------------------------------
 
     async def _rollout(self, step: int) -> dict[str, Any]:
-        from mizzen_rollout.engines import SamplingParams
-        from mizzen_rollout.rollout import RolloutConfig, run_rollout
+        from mizzen_rollout.api import SamplingParams
+        from mizzen_rollout.api import RolloutConfig, run_rollout
 
         config = self.config
         rollout = config.rollout

@@ -34,6 +34,7 @@ __all__ = [
     "Section",
     "Sections",
     "apply_overrides",
+    "build_config",
     "build_section",
     "build_sections",
     "config_help",
@@ -206,6 +207,15 @@ def build_sections(
     return {
         name: _build_present(raw, name, section, source, many_fix) for name, section in top.items()
     }
+
+
+def build_config(
+    config_cls: type, raw: Mapping[str, Any], sections: Sections, *, source: str, many_fix: str
+):
+    """``config_cls`` (a dataclass with one field per top-level section, and ``source``) built
+    from ``raw`` by :func:`build_sections`."""
+    return config_cls(**build_sections(raw, sections, source=source, many_fix=many_fix),
+                      source=source)  # fmt: skip
 
 
 def _build_present(raw: Mapping[str, Any], name: str, section: Section, source: str, many_fix: str):

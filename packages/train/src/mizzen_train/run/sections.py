@@ -16,13 +16,25 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
-from mizzen_train.run.config import ConfigError, opt
+from mizzen_rollout.api import ENGINE_MAX_BATCH
+from mizzen_train.run.config import (
+    ConfigError,
+    Presence,
+    Section,
+    build_config,
+    config_help,
+    opt,
+    read_config_source,
+)
 
 __all__ = [
     "ENGINE_MAX_BATCH",
@@ -36,7 +48,9 @@ __all__ = [
     "check_adapter_training",
     "check_eval",
     "check_model",
+    "check_run_and_tenants",
     "check_tenant_names",
+    "run_sections",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -100,9 +114,6 @@ class AdapterTrainingConfig:
 
 
 EVALUATOR_KINDS = ("generate", "loss", "python")
-#: The most prompts one engine call carries: the embedded server's ``MAX_BATCH_SIZE`` (a test
-#: pins the two equal; this module does not import the rollout package).
-ENGINE_MAX_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,38 @@ class RunLayout:
     alike: the run directory, the snapshot root and the eval points."""
 
     run: RunConfig
+    model: ModelConfig
+    tenants: tuple[AdapterTrainingConfig, ...]
     eval: EvalConfig | None
+    source: str
+    #: The command's one table of sections (``run_sections(...)``) and what a missing
+    #: ``[[tenants]]`` list needs: set by each command's configuration class.
+    SECTIONS: ClassVar[dict[str, Section]]
+    MANY_FIX: ClassVar[str]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], *, source: str = "<config>") -> Self:
+        """Validate a configuration table: its sections, then :meth:`check`; raises
+        ConfigError."""
+        config = build_config(cls, dict(raw), cls.SECTIONS, source=source, many_fix=cls.MANY_FIX)
+        config.check()
+        return config
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Self:
+        """Read ``path`` (TOML, ``example:NAME``; None: overrides only), apply the ``--set``
+        overrides, validate."""
+        raw, source = read_config_source(path, overrides)
+        return cls.parse(raw, source=source)
+
+    @classmethod
+    def help_text(cls) -> str:
+        """Every field of the command's sections (``--help-config``)."""
+        return config_help(cls.SECTIONS)
+
+    def check(self) -> None:
+        """The command's rules across sections (after each section's own)."""
+        raise NotImplementedError
 
     @property
     def evaluators(self) -> tuple[EvaluatorConfig, ...]:
@@ -176,6 +218,12 @@ class RunLayout:
         path = Path(self.eval.snapshot_dir)
         return path if path.is_absolute() else self.run_dir / path
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (tuples as lists), as run.json stores them."""
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        out.pop("source")
+        return json.loads(json.dumps(out))
+
     def eval_points(self) -> list[int]:
         """The steps evaluated: every ``interval`` and the last step (forced)."""
         if self.eval is None:
@@ -184,6 +232,32 @@ class RunLayout:
         if not points or points[-1] != self.run.steps:
             points.append(self.run.steps)
         return points
+
+
+def run_sections(**own: Section) -> dict[str, Section]:
+    """A command's one table of sections: ``[run]``, ``[model]``, the command's ``own`` (in
+    order), then ``[eval]`` and its ``[[eval.evaluators]]``."""
+    return {
+        "run": Section(RunConfig, Presence.REQUIRED),
+        "model": Section(ModelConfig, Presence.REQUIRED),
+        **own,
+        "eval": Section(EvalConfig, Presence.OPTIONAL),
+        "eval.evaluators": Section(EvaluatorConfig, Presence.MANY),
+    }
+
+
+def check_run_and_tenants(config: RunLayout) -> list[str]:
+    """The shared rules of ``[run]`` and every tenant (names, LoRA / AdamW / schedule fields);
+    returns the tenant names."""
+    run = config.run
+    if not run.dir:
+        raise ConfigError("run.dir", run.dir, "must not be empty", "name a directory for the run",
+                          source=config.source)  # fmt: skip
+    names = [t.name for t in config.tenants]
+    check_tenant_names(names, config.source)
+    for i, tenant in enumerate(config.tenants):
+        check_adapter_training(tenant, f"tenants[{i}]", run, config.source)
+    return names
 
 
 def check_tenant_names(names: Sequence[str], source: str) -> None:
@@ -310,6 +384,6 @@ def check_eval(
 
 
 def _tiny_fields() -> set[str]:
-    from mizzen_rollout.engines.embedded.backend import load_tiny_config
+    from mizzen_rollout.api import load_tiny_config
 
     return (set(load_tiny_config()) - {"model_type"}) | {"seed", "head_dim", "rope_theta"}

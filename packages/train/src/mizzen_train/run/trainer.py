@@ -65,7 +65,7 @@ from mizzen_train.run.state import (
     set_rng_state,
 )
 
-__all__ = ["Trainer", "base_model_dir", "load_tokenizer"]
+__all__ = ["Trainer", "base_model_dir", "generation_evaluator", "load_tokenizer"]
 
 
 def base_model_dir(config: RunLayout) -> Path:
@@ -90,6 +90,24 @@ def load_tokenizer(config: RunLayout, model_dir: Path):
 
     choice = config.model.tokenizer
     return SftTokenizer.load(model_dir if choice == "model" else choice)
+
+
+def generation_evaluator(ev: EvaluatorConfig, prompts: list, **engines: Any):
+    """The generate evaluator of ``ev`` over ``prompts``; ``engines``: where it generates
+    (SFT's evaluator starts its own engines; without them it is given the run's)."""
+    from mizzen_train.evaluators import GenerationEvaluator
+
+    return GenerationEvaluator(
+        name=ev.name or ev.kind,
+        prompts=prompts,
+        reward=ev.reward,
+        max_new_tokens=ev.max_new_tokens,
+        temperature=ev.temperature,
+        batch_size=ev.batch_size,
+        startup_timeout_s=ev.startup_timeout_s,
+        request_timeout_s=ev.request_timeout_s,
+        **engines,
+    )
 
 
 class Trainer:

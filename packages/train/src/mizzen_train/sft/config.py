@@ -25,35 +25,27 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
     ConfigError,
     Presence,
     Section,
-    build_sections,
-    config_help,
     opt,
-    read_config_source,
 )
 from mizzen_train.run.engines_needed import EnginesNeeded, engines_needed
 from mizzen_train.run.sections import (
     EVALUATOR_KINDS,
     AdapterTrainingConfig,
     EvalConfig,
-    EvaluatorConfig,
     ModelConfig,
     RunConfig,
     RunLayout,
-    check_adapter_training,
     check_eval,
     check_model,
-    check_tenant_names,
+    check_run_and_tenants,
+    run_sections,
 )
 
 __all__ = [
@@ -63,7 +55,6 @@ __all__ = [
     "TenantConfig",
     "load_config",
     "parse_config",
-    "sft_config_help",
 ]
 
 
@@ -90,6 +81,13 @@ class SftConfig(RunLayout):
     tenants: tuple[TenantConfig, ...]
     eval: EvalConfig | None
     source: str = ""
+    SECTIONS: ClassVar[dict[str, Section]] = run_sections(
+        data=Section(DataConfig, Presence.REQUIRED),
+        tenants=Section(TenantConfig, Presence.MANY),
+    )
+    MANY_FIX: ClassVar[str] = (
+        'add [[tenants]] with name, data, rows and lr (e.g. data = "example:colours_train")'
+    )
 
     @property
     def engines_needed(self) -> EnginesNeeded:
@@ -99,33 +97,14 @@ class SftConfig(RunLayout):
             eval_needs_engines=any(e.kind == "generate" for e in self.evaluators),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values (tuples as lists), as run.json stores them."""
-        out = dataclasses.asdict(self)
-        out.pop("source")
-        return json.loads(json.dumps(out))
+    def check(self) -> None:
+        _check_combinations(self)
 
 
-#: SFT's one table of sections, in file order.
-SECTIONS: dict[str, Section] = {
-    "run": Section(RunConfig, Presence.REQUIRED),
-    "model": Section(ModelConfig, Presence.REQUIRED),
-    "data": Section(DataConfig, Presence.REQUIRED),
-    "tenants": Section(TenantConfig, Presence.MANY),
-    "eval": Section(EvalConfig, Presence.OPTIONAL),
-    "eval.evaluators": Section(EvaluatorConfig, Presence.MANY),
-}
-
-
-def parse_config(raw: Mapping[str, Any], *, source: str = "<config>") -> SftConfig:
-    """Validate a configuration table (see the module docstring); raises ConfigError."""
-    built = build_sections(
-        dict(raw), SECTIONS, source=source,
-        many_fix='add [[tenants]] with name, data, rows and lr (e.g. data = "example:colours_train")',
-    )  # fmt: skip
-    config = SftConfig(**built, source=source)
-    _check_combinations(config)
-    return config
+#: SFT's one table of sections, and the command's reader (:class:`RunLayout`'s).
+SECTIONS = SftConfig.SECTIONS
+parse_config = SftConfig.parse
+load_config = SftConfig.load
 
 
 def _check_combinations(config: SftConfig) -> None:
@@ -135,10 +114,7 @@ def _check_combinations(config: SftConfig) -> None:
     def fail(field: str, value: Any, rule: str, fix: str) -> ConfigError:
         return ConfigError(field, value, rule, fix, source=source)
 
-    if not run.dir:
-        raise fail("run.dir", run.dir, "must not be empty", "name a directory for the run")
-    names = [t.name for t in config.tenants]
-    check_tenant_names(names, source)
+    names = check_run_and_tenants(config)
     for i, tenant in enumerate(config.tenants):
         if tenant.rows % run.micro_batch_size:
             raise fail(
@@ -148,17 +124,5 @@ def _check_combinations(config: SftConfig) -> None:
                 f"use rows = {max(1, tenant.rows // run.micro_batch_size) * run.micro_batch_size}"
                 " or change run.micro_batch_size",
             )  # fmt: skip
-        check_adapter_training(tenant, f"tenants[{i}]", run, source)
     check_model(config.model, source)
     check_eval(config.eval, run, names, source, kinds=EVALUATOR_KINDS)
-
-
-def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> SftConfig:
-    """Read ``path`` (TOML; None: overrides only), apply overrides, validate."""
-    raw, source = read_config_source(path, overrides)
-    return parse_config(raw, source=source)
-
-
-def sft_config_help() -> str:
-    """Every field of SFT's sections (``mizzen-train sft --help-config``)."""
-    return config_help(SECTIONS)

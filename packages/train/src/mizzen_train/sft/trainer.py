@@ -43,7 +43,7 @@ from mizzen_train.run.config import ConfigError
 from mizzen_train.run.process import resolve_device, single_rank
 from mizzen_train.run.sections import EvaluatorConfig
 from mizzen_train.run.state import LoadedCheckpoint, RunStateError
-from mizzen_train.run.trainer import Trainer
+from mizzen_train.run.trainer import Trainer, generation_evaluator
 from mizzen_train.sft.config import SftConfig
 
 __all__ = ["SftTrainer", "run_sft"]
@@ -93,7 +93,7 @@ class SftTrainer(Trainer):
 
     def build_data_evaluator(self, ev: EvaluatorConfig, index: int):
         from mizzen_train.data import load_sft_dataset
-        from mizzen_train.evaluators import GenerationEvaluator, LossEvaluator, generation_prompts
+        from mizzen_train.evaluators import LossEvaluator, generation_prompts
 
         dataset = load_sft_dataset(
             ev.data,
@@ -102,24 +102,20 @@ class SftTrainer(Trainer):
             seq_len=self.model_spec.max_sequence_length - 1,
             limit=ev.limit or None,
         )
-        name = ev.name or ev.kind
         if ev.kind == "loss":
             return LossEvaluator(
-                name=name, examples=dataset.examples, batch_size=ev.batch_size, device=ev.device
+                name=ev.name or ev.kind,
+                examples=dataset.examples,
+                batch_size=ev.batch_size,
+                device=ev.device,
             )
-        return GenerationEvaluator(
-            name=name,
-            prompts=generation_prompts(self.tokenizer, dataset.examples),
-            reward=ev.reward,
-            max_new_tokens=ev.max_new_tokens,
-            temperature=ev.temperature,
-            batch_size=ev.batch_size,
+        return generation_evaluator(  # it starts its own engines for an eval point
+            ev,
+            generation_prompts(self.tokenizer, dataset.examples),
             engine_urls=tuple(ev.engine_urls),
             num_engines=ev.num_engines,
             engine_threads=ev.engine_threads,
             device=ev.device,
-            startup_timeout_s=ev.startup_timeout_s,
-            request_timeout_s=ev.request_timeout_s,
         )
 
     def prepare_data(self) -> None:
