@@ -234,8 +234,8 @@ def test_an_evaluator_on_cuda_without_a_cuda_device_is_refused_before_anything_s
 
     import torch
 
-    from mizzen_train.sft import trainer as sft_trainer
     from mizzen_train.run.config import ConfigError
+    from mizzen_train.sft import trainer as sft_trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run_dir = tmp_path / "run"

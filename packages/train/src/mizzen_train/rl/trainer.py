@@ -98,8 +98,7 @@ class RlTrainer(Trainer):
     # -- validation and set-up --------------------------------------------------------------
 
     def validate_inputs(self, model_spec) -> None:
-        from mizzen_rollout.api import DataError, PromptDataset
-        from mizzen_rollout.api import load_reward
+        from mizzen_rollout.api import DataError, PromptDataset, load_reward
         from mizzen_train.rl.advantages import load_estimator
 
         config = self.config
@@ -251,8 +250,7 @@ class RlTrainer(Trainer):
         self.launched = []
 
     def _start_engines(self) -> None:
-        from mizzen_rollout.api import SGLangClient
-        from mizzen_rollout.api import EngineRouter
+        from mizzen_rollout.api import EngineRouter, SGLangClient
 
         rollout = self.config.rollout
         self.servers, self.manager = [], None
@@ -393,8 +391,7 @@ class RlTrainer(Trainer):
     # -- rollout ----------------------------------------------------------------------------
 
     async def _rollout(self, step: int) -> dict[str, Any]:
-        from mizzen_rollout.api import SamplingParams
-        from mizzen_rollout.api import RolloutConfig, run_rollout
+        from mizzen_rollout.api import RolloutConfig, SamplingParams, run_rollout
 
         config = self.config
         rollout = config.rollout
