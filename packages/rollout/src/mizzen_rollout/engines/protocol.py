@@ -2,7 +2,7 @@
 
 Both sides use this module: the client (:mod:`.client`) builds requests and parses responses with
 it, and the embedded server (:mod:`.embedded.server`) parses requests and builds responses with
-it, so the two cannot drift apart.  ``tests/rollout/test_protocol.py`` pins the shapes to
+it, so the two cannot drift apart.  ``tests/rollout/engines/test_protocol.py`` pins the shapes to
 SGLang's documented fields.
 
 Facts taken from SGLang's documentation and source (read, not copied):
