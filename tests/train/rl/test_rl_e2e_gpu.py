@@ -18,7 +18,7 @@ samples/s and train tokens/s.  cuBLAS runs with a fixed workspace (``CUBLAS_WORK
 so the two runs compute the same bits.
 
 Run it on a Hopper host (the image's Python, nothing installed) with the lane:
-``python3 -m nox -s gpu-hopper -- tests/train/test_rl_e2e_gpu.py``.
+``python3 -m nox -s gpu-hopper -- tests/train/rl/test_rl_e2e_gpu.py``.
 """
 
 from __future__ import annotations

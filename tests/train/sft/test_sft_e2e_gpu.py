@@ -19,9 +19,9 @@ median tokens/s of the uninterrupted run (gated, warning only: GPU hosts are sha
 killed-and-resumed run shares the GPU with it).
 
 Run it on a Hopper host (the image's Python, nothing installed) with the lane:
-``python3 -m nox -s gpu-hopper -- tests/train/test_sft_e2e_gpu.py``, or without nox:
+``python3 -m nox -s gpu-hopper -- tests/train/sft/test_sft_e2e_gpu.py``, or without nox:
 ``PYTHONPATH=ci/src:packages/plugins/src:packages/rollout/src:packages/train/src
-python3 -m mizzen_ci gpu-lane hopper tests/train/test_sft_e2e_gpu.py``.
+python3 -m mizzen_ci gpu-lane hopper tests/train/sft/test_sft_e2e_gpu.py``.
 """
 
 from __future__ import annotations

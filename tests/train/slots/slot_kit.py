@@ -1,7 +1,8 @@
 """Builders shared by the train tests, their worker ranks and the 2-GPU worker script.
 
 A plain module (not a conftest) so a script launched by torchrun can import it from its own
-directory; ``conftest.py`` loads it by path and hands it to tests as the ``kit`` fixture.
+directory; ``tests/train/conftest.py`` loads it by path and hands it to tests as the ``kit``
+fixture.
 """
 
 from __future__ import annotations
