@@ -118,10 +118,10 @@ def _config_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from mizzen_train.sft.config import load_config, sft_config_help
+    from mizzen_train.sft.config import SftConfig, load_config
 
     if args.help_config:
-        print(sft_config_help())
+        print(SftConfig.help_text())
         return 0
     if args.config is None and not args.set and not _field_overrides(args):
         print(

@@ -14,6 +14,11 @@ Invariants:
   the fix -- before anything is built.  Nothing meaningful is defaulted silently: fields without
   a safe default are required.
 - A configuration is immutable: lists are stored as tuples, tables as fresh dicts.
+- Reading is total over its inputs: a file that is not a regular UTF-8 TOML file of bounded size
+  (a FIFO, a directory, other bytes, nesting the parser cannot follow, a 5,000-digit integer), an
+  override through a value, an integer beyond 64 bits, a control character in a string, a date or
+  a non-finite number in a free-form table: each is a ConfigError, never another exception and
+  never a hang.
 - This module imports the standard library only.
 """
 
@@ -23,10 +28,17 @@ import dataclasses
 import enum
 import math
 import os
+import stat
 import tomllib
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import Any
+
+#: A configuration file's size limit; ints beyond 64 bits; how deep a free-form table nests.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+INT_CEILING = 2**63 - 1
+MAX_TABLE_DEPTH = 16
 
 __all__ = [
     "ConfigError",
@@ -102,6 +114,8 @@ def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> 
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise fail("must be an integer", f"write e.g. {path.rsplit('.', 1)[-1]} = 1")
+        if abs(value) > INT_CEILING:
+            raise fail(f"is beyond {INT_CEILING} (a 64-bit integer)", "use a smaller number")
     elif kind == "float":
         if (
             isinstance(value, bool)
@@ -113,6 +127,8 @@ def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> 
     elif kind == "str":
         if not isinstance(value, str):
             raise fail("must be a string", 'quote it: "..."')
+        if any(unicodedata.category(c) == "Cc" for c in value):
+            raise fail("holds a control character", "remove it")
     elif kind == "bool":
         if not isinstance(value, bool):
             raise fail("must be true or false", "write true or false")
@@ -129,6 +145,9 @@ def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> 
     elif kind == "table":
         if not isinstance(value, dict):
             raise fail("must be a table", "write it as [section.name] or {key = value}")
+        problem = _plain_problem(value, depth=0)
+        if problem:
+            raise fail(problem, "use strings, numbers, booleans, lists and tables only")
         value = dict(value)
     choices = meta.get("choices")
     if choices is not None and value not in choices:
@@ -139,6 +158,25 @@ def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> 
     if high is not None and isinstance(value, int | float) and value > high:
         raise fail(f"must be <= {high}", f"use a value <= {high}")
     return value
+
+
+def _plain_problem(value: Any, *, depth: int) -> str:
+    """Why ``value`` is not a plain JSON-like value of bounded depth ('' when it is one)."""
+    if depth > MAX_TABLE_DEPTH:
+        return f"nests deeper than {MAX_TABLE_DEPTH} levels"
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, list):
+        items = value
+    elif isinstance(value, float):
+        return "" if math.isfinite(value) else "holds a number that is not finite"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_CEILING:
+        return f"holds an integer beyond {INT_CEILING}"
+    elif isinstance(value, str | int | bool):
+        return ""
+    else:
+        return f"holds a {type(value).__name__} (a TOML date or time)"
+    return next((p for p in (_plain_problem(v, depth=depth + 1) for v in items) if p), "")
 
 
 def build_section(cls: type, table: Any, path: str, source: str) -> Any:
@@ -242,9 +280,10 @@ def _build_present(raw: Mapping[str, Any], name: str, section: Section, source: 
 
 
 def _parse_value(text: str) -> Any:
+    """``text`` read as a TOML value, else the string itself (then the field's type rules)."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
         return text
 
 
@@ -267,6 +306,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
                 index = _index(part, node, key)
                 node = node[index]
                 continue
+            if not isinstance(node, dict):
+                raise _through_scalar(key, parts[:depth])
             if part not in node:
                 node[part] = [] if nxt.isdigit() else {}
             node = node[part]
@@ -280,9 +321,15 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         elif isinstance(node, dict):
             node[last] = value
         else:
-            raise ConfigError(key, value, "does not name a table field", "check the key",
-                              source="--set")  # fmt: skip
+            raise _through_scalar(key, parts[:-1])
     return raw
+
+
+def _through_scalar(key: str, parent: Sequence[str]) -> ConfigError:
+    return ConfigError(
+        key, MISSING, f"{'.'.join(parent)} is a value, not a table or list",
+        f"set {'.'.join(parent)} itself, or a key of a table", source="--set",
+    )  # fmt: skip
 
 
 def _index(part: str, node: list, key: str) -> int:
@@ -324,21 +371,47 @@ def read_config_source(
                     f"use one of {sorted('example:' + n for n in shipped)} or a file",
                 )  # fmt: skip
             path = shipped[name]
-        try:
-            with open(path, "rb") as handle:
-                raw = tomllib.load(handle)
-        except FileNotFoundError:
-            raise ConfigError("--config", source, "no such file", "give a TOML file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(
-                "--config", source, f"is not valid TOML ({exc})", "fix the syntax"
-            ) from None
-        except OSError as exc:
-            raise ConfigError("--config", source, f"cannot be read ({exc})", "check it") from None
+        raw = _read_toml(path, source)
     if overrides:
         raw = apply_overrides(raw, overrides)
         source = f"{source} + --set"
     return raw, source
+
+
+def _read_toml(path: str | os.PathLike, source: str) -> dict[str, Any]:
+    """The table of the TOML file ``path``: a regular file of at most :data:`MAX_CONFIG_BYTES`,
+    UTF-8, nested at most as deep as the parser can go; anything else is a ConfigError."""
+
+    def refuse(rule: str, fix: str) -> ConfigError:
+        return ConfigError("--config", source, rule, fix)
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise refuse("no such file", "give a TOML file") from None
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})", "check it") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise refuse("is not a regular file (a directory, FIFO or device)", "give a TOML file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise refuse(
+            f"is {info.st_size} bytes, more than {MAX_CONFIG_BYTES}", "give a smaller file"
+        )
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise refuse(f"is not UTF-8 (byte {exc.start})", "save it as UTF-8") from None
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})", "check it") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise refuse(f"is not valid TOML ({exc})", "fix the syntax") from None
+    except (RecursionError, ValueError) as exc:  # nesting too deep; an integer too long
+        reason = "nests too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise refuse(f"cannot be read as TOML ({reason})", "simplify the file") from None
 
 
 # -- derived views of the table -----------------------------------------------------------------

@@ -148,7 +148,7 @@ class EvaluatorConfig:
 class EvalConfig:
     interval: int = opt(kind="int", low=1, help="evaluate every N steps (the last step always)")
     snapshot_dir: str = opt(
-        "", kind="str", help="required: where snapshots are exported (relative: under run.dir)"
+        "", kind="str", help="required: where snapshots are exported (a path under run.dir)"
     )
     max_in_flight: int = opt(1, kind="int", low=1, help="eval points evaluated at once")
     overflow: str = opt(
@@ -213,10 +213,10 @@ class RunLayout:
 
     @property
     def snapshot_root(self) -> Path | None:
+        """Where eval snapshots go: under the run directory (check_eval confines it)."""
         if self.eval is None:
             return None
-        path = Path(self.eval.snapshot_dir)
-        return path if path.is_absolute() else self.run_dir / path
+        return self.run_dir / self.eval.snapshot_dir
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (tuples as lists), as run.json stores them."""
@@ -346,6 +346,13 @@ def check_eval(
             "eval.snapshot_dir", evaluation.snapshot_dir,
             "evaluation reads exported snapshots, and no snapshot source is configured",
             'set eval.snapshot_dir = "snapshots" (a directory under run.dir), or remove [eval]',
+        )  # fmt: skip
+    snapshot_dir = Path(evaluation.snapshot_dir)
+    if snapshot_dir.is_absolute() or ".." in snapshot_dir.parts:
+        raise fail(
+            "eval.snapshot_dir", evaluation.snapshot_dir,
+            "must stay inside run.dir (a relative path without '..')",
+            'use e.g. snapshot_dir = "snapshots"',
         )  # fmt: skip
     seen = set()
     for i, ev in enumerate(evaluation.evaluators):

@@ -1,0 +1,290 @@
+"""Reading a run configuration is total over its inputs: whatever a file, a ``--set`` override or
+a table holds, the result is a configuration or one ConfigError naming the field, the rule and
+the fix -- never another exception, never a hang, never a path outside the run directory.
+
+The listed attacks (a FIFO as ``--config``, non-UTF-8 bytes, 5,000-deep nesting, a 5,000-digit
+integer, an override through a scalar, ``snapshot_dir`` escaping the run directory) go through
+the real command's error boundary (``mizzen_train.cli.main``: exit 2, one line); property tests
+throw random tables and random overrides at both commands' readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import math
+import os
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=30, labels=["train"])
+
+SFT_TOML = """
+[run]
+dir = "{run_dir}"
+steps = 4
+checkpoint_interval = 2
+[model]
+path = "tiny"
+[data]
+seq_len = 64
+[[tenants]]
+name = "a"
+data = "example:colours_train"
+rows = 4
+lr = 1e-3
+[eval]
+interval = 2
+snapshot_dir = "{snapshot_dir}"
+[[eval.evaluators]]
+kind = "loss"
+data = "example:colours_eval"
+"""
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    """``mizzen-train ARGV`` in this process (its one error boundary), with a 20 s deadline."""
+    from mizzen_train.cli import main
+
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(main(list(argv))), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert result, f"mizzen-train {' '.join(argv)} did not return within 20 s (a hang)"
+    return result[0], capsys.readouterr().err
+
+
+def _assert_one_line_refusal(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "Fix:" in lines[0], err
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("latin1.toml", "[run]\ndir = 'caf\xe9'\n".encode("latin-1"), "is not UTF-8"),
+        ("deep.toml", ("a = " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nests too deeply"),
+        ("digits.toml", ("[run]\nsteps = " + "9" * 5000 + "\n").encode(), "cannot be read as TOML"),
+    ],
+)
+def test_unreadable_files_are_one_line(tmp_path, capsys, name, content, needle):
+    path = tmp_path / name
+    path.write_bytes(content)
+    _assert_one_line_refusal(*_cli(capsys, "sft", "--config", str(path)), needle, str(path))
+
+
+def test_a_fifo_or_a_directory_as_config_is_refused_without_opening_it(tmp_path, capsys):
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    _assert_one_line_refusal(*_cli(capsys, "rl", "--config", str(fifo)), "not a regular file")
+    _assert_one_line_refusal(*_cli(capsys, "sft", "--config", str(tmp_path)), "not a regular file")
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("run.steps.x=1", "run.steps is a value"),
+        ("run.dir.0=1", "run.dir is a value"),
+        ("run.steps=" + "9" * 5000, "run.steps="),  # read as a string: not an integer
+        ("run.seed=99999999999999999999", "64-bit"),
+        ('run.dir="a\\u0000b"', "control character"),
+        ("model.tiny={d = 1979-05-27}", "TOML date or time"),
+    ],
+)
+def test_overrides_that_cannot_apply_are_one_line(tmp_path, capsys, override, needle):
+    path = tmp_path / "run.toml"
+    path.write_text(SFT_TOML.format(run_dir=tmp_path / "run", snapshot_dir="snapshots"))
+    _assert_one_line_refusal(*_cli(capsys, "sft", "--config", str(path), "--set", override), needle)
+
+
+@pytest.mark.parametrize("snapshot_dir", ["../../outside", "/tmp/elsewhere", "a/../../b"])
+def test_snapshot_dir_stays_inside_the_run_dir(tmp_path, capsys, snapshot_dir):
+    path = tmp_path / "run.toml"
+    path.write_text(SFT_TOML.format(run_dir=tmp_path / "run", snapshot_dir=snapshot_dir))
+    code, err = _cli(capsys, "sft", "--config", str(path))
+    _assert_one_line_refusal(code, err, "eval.snapshot_dir", "inside run.dir")
+    assert not (tmp_path / "run").exists(), "the refused run wrote its directory"
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+#: Valid configurations the properties start from: each command, and SFT with a python evaluator
+#: (the one with a free-form table, ``options``).
+BASES = {
+    "sft": {
+        "run": {"dir": "RUN", "steps": 4, "checkpoint_interval": 2, "seed": 0},
+        "model": {"path": "tiny", "tiny": {"seed": 1}},
+        "data": {"seq_len": 64},
+        "tenants": [{"name": "a", "data": "example:colours_train", "rows": 4, "lr": 1e-3}],
+        "eval": {"interval": 2, "snapshot_dir": "snapshots", "evaluators": [
+            {"kind": "loss", "data": "example:colours_eval"},
+            {"kind": "python", "factory": "m:f", "options": {"k": 1}},
+        ]},
+    },
+    "rl": {
+        "run": {"dir": "RUN", "steps": 4, "checkpoint_interval": 2},
+        "model": {"path": "tiny"},
+        "rollout": {"temperature": 1.0, "batch_size": 4},
+        "algo": {"advantage": "grpo"},
+        "tenants": [{"name": "a", "data": "example:rl_fixed", "reward": "math", "lr": 1e-3,
+                     "prompts_per_step": 2, "n_samples": 2}],
+        "eval": {"interval": 2, "snapshot_dir": "snapshots", "evaluators": [
+            {"kind": "generate", "data": "example:rl_fixed", "reward": "math"},
+        ]},
+    },
+}  # fmt: skip
+
+
+def _leaf_paths(node, prefix=()) -> list[tuple]:
+    if isinstance(node, dict):
+        return [prefix] + [p for k, v in node.items() for p in _leaf_paths(v, (*prefix, k))]
+    if isinstance(node, list):
+        return [prefix] + [p for i, v in enumerate(node) for p in _leaf_paths(v, (*prefix, i))]
+    return [prefix]
+
+
+def _at(node, path):
+    for part in path:
+        node = node[part]
+    return node
+
+
+#: Every place of a base a value can go: each field, table and list item.
+PATHS = [(cmd, path) for cmd, base in BASES.items() for path in _leaf_paths(base) if path]
+_scalars = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.booleans(),
+    st.dates(),
+    st.just(datetime.time(1, 2)),
+)
+#: Values that pass some field's own type rule and break a later one (or a first use).
+_ATTACKS = st.sampled_from(
+    ["../x", "/abs", "a/../../b", "a\x00b", "python", "m:f", "tiny", 2**64, -(2**63) - 1, 10**30,
+     float("nan"), float("inf"), datetime.date(2020, 1, 1), ["../x"], {"d": datetime.time(1)}]
+)  # fmt: skip
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _reads_or_refuses(cls, raw) -> None:
+    from mizzen_train.run.config import ConfigError
+
+    try:
+        config = cls.parse(raw, source="t.toml")
+    except ConfigError as exc:
+        assert "Fix:" in str(exc)
+        return
+    _first_uses(config)
+
+
+def _first_uses(config) -> None:
+    """What a run does first with an accepted configuration: run.json (plain JSON), the run and
+    snapshot directories (inside the run directory), every path looked up, every seed set."""
+    import torch
+
+    config.to_dict()
+    assert config.snapshot_root is None or config.run_dir in config.snapshot_root.parents
+    paths = [config.run.dir, config.model.path, *(t.data for t in config.tenants)]
+    for path in paths + [e.data for e in config.evaluators]:
+        with contextlib.suppress(OSError):
+            os.stat(path)
+    seeds = [config.run.seed] + [s for t in config.tenants for s in (t.lora_seed, t.data_seed)]
+    for seed in seeds:
+        torch.Generator().manual_seed(seed)
+
+
+@settings(
+    max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(where=st.sampled_from(PATHS), value=st.one_of(_values, _ATTACKS), data=st.data())
+def test_any_value_anywhere_is_a_config_or_a_config_error(tmp_path, where, value, data):
+    from mizzen_train.rl.config import RlConfig
+    from mizzen_train.sft.config import SftConfig
+
+    cmd, path = where
+    raw = _with_run_dir(BASES[cmd], tmp_path)
+    parent = _at(raw, path[:-1])
+    if data.draw(st.booleans(), label="beside") and isinstance(parent, dict):
+        parent["x_" + str(path[-1])] = value  # an unknown key next to a known one
+    else:
+        parent[path[-1]] = value
+    _reads_or_refuses(SftConfig if cmd == "sft" else RlConfig, raw)
+
+
+def _with_run_dir(base: dict, tmp_path) -> dict:
+    raw = copy.deepcopy(base)
+    raw["run"]["dir"] = str(tmp_path / "run")
+    return raw
+
+
+_NAMES = sorted({str(p) for _, path in PATHS for p in path} | {"x"})
+_override_keys = st.lists(
+    st.one_of(st.sampled_from(_NAMES), st.integers(0, 3).map(str)),
+    min_size=1,
+    max_size=4,
+).map(".".join)
+_override_values = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "1",
+            "-1",
+            "1e400",
+            "nan",
+            "inf",
+            "[1, [2]]",
+            "{a = 1}",
+            "true",
+            '"x"',
+            "1979-05-27",
+            "[[[]]]",
+            "9" * 30,
+        ]
+    ),
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(overrides=st.lists(st.tuples(_override_keys, _override_values), max_size=3))
+def test_any_override_is_a_config_or_a_config_error(tmp_path, overrides):
+    from mizzen_train.run.config import ConfigError, apply_overrides
+    from mizzen_train.sft.config import SftConfig
+
+    items = [f"{key}={value}" for key, value in overrides]
+    try:
+        raw = apply_overrides(_with_run_dir(BASES["sft"], tmp_path), items)
+    except ConfigError as exc:
+        assert "Fix:" in str(exc)
+        return
+    _reads_or_refuses(SftConfig, raw)
+
+
+def test_the_property_tests_reach_both_outcomes(tmp_path):
+    """The generators are not vacuous: the valid base parses, and one bad value is refused."""
+    from mizzen_train.rl.config import RlConfig
+    from mizzen_train.run.config import ConfigError
+    from mizzen_train.sft.config import SftConfig
+
+    assert SftConfig.parse(_with_run_dir(BASES["sft"], tmp_path)).run.steps == 4
+    assert RlConfig.parse(_with_run_dir(BASES["rl"], tmp_path)).run.steps == 4
+    with pytest.raises(ConfigError):
+        SftConfig.parse({**_with_run_dir(BASES["sft"], tmp_path), "run": {"steps": math.nan}})
