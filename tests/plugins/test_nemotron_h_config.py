@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
-from mizzen_plugins.nemotron_h.config import ConfigError, NemotronHConfig
+from mizzen_plugins.nemotron_h.config import ModelConfigError, NemotronHConfig
 from mizzen_plugins.nemotron_h.pattern import (
     LayerKind,
     PatternError,
@@ -163,20 +163,20 @@ def test_config_accepts_the_transformers5_spelling():
 )
 def test_config_errors_name_the_field_and_rule(changes, expected):
     hf = {**SMALL, **changes}
-    with pytest.raises(ConfigError, match=expected):
+    with pytest.raises(ModelConfigError, match=expected):
         NemotronHConfig.from_hf_dict(hf)
 
 
 def test_config_reports_every_problem_at_once():
     hf = {**SMALL, "n_groups": 3, "num_key_value_heads": 3}
     del hf["vocab_size"]
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ModelConfigError) as info:
         NemotronHConfig.from_hf_dict(hf)
     message = str(info.value)
     assert "'vocab_size' is required but missing" in message
     # Missing required keys stop before the relations are checked; fix that and both show.
     hf["vocab_size"] = 97
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ModelConfigError) as info:
         NemotronHConfig.from_hf_dict(hf)
     assert "'n_groups' = 3" in str(info.value) and "'num_key_value_heads' = 3" in str(info.value)
 

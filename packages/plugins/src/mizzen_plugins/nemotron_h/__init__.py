@@ -16,15 +16,15 @@ Modules, one concern each:
 Invariant: nothing in this package imports a GPU-only library at module scope.
 """
 
-from mizzen_plugins.nemotron_h.config import ConfigError, NemotronHConfig
+from mizzen_plugins.nemotron_h.config import ModelConfigError, NemotronHConfig
 from mizzen_plugins.nemotron_h.model import HybridCausalLM, build_model
 from mizzen_plugins.nemotron_h.pattern import LayerKind, PatternError, parse_pattern
 from mizzen_plugins.nemotron_h.weights import WeightMappingError, from_hf, to_hf
 
 __all__ = [
-    "ConfigError",
     "HybridCausalLM",
     "LayerKind",
+    "ModelConfigError",
     "NemotronHConfig",
     "PatternError",
     "WeightMappingError",

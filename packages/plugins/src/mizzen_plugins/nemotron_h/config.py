@@ -5,7 +5,7 @@ Invariants:
   ``config.json`` key (and the legacy aliases HF still accepts); :meth:`NemotronHConfig.from_hf_dict`
   and :meth:`NemotronHConfig.to_hf_dict` are derived from it, so ``from_hf_dict(c.to_hf_dict()) == c``.
 - A config object is always consistent: construction validates every field and raises one
-  :class:`ConfigError` listing *all* problems, each naming the HF key, the rule and the fix.
+  :class:`ModelConfigError` listing *all* problems, each naming the HF key, the rule and the fix.
 - The layer pattern comes from ``hybrid_override_pattern`` (string) or ``layers_block_type`` (list);
   if both (or ``num_hidden_layers``) are given they must agree.
 - HF keys that change the architecture in ways this plugin does not implement (MoE layers, MTP
@@ -32,7 +32,7 @@ from mizzen_plugins.nemotron_h.pattern import (
     parse_pattern,
 )
 
-__all__ = ["MODEL_TYPE", "ConfigError", "NemotronHConfig"]
+__all__ = ["MODEL_TYPE", "ModelConfigError", "NemotronHConfig"]
 
 MODEL_TYPE = "nemotron_h"
 ARCHITECTURE = "NemotronHForCausalLM"
@@ -40,7 +40,7 @@ ARCHITECTURE = "NemotronHForCausalLM"
 logger = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
+class ModelConfigError(ValueError):
     """An inconsistent or unsupported Nemotron-H config; the message lists every problem."""
 
 
@@ -99,7 +99,7 @@ class NemotronHConfig:
         object.__setattr__(self, "dt_limit", tuple(self.dt_limit))
         problems = _validate(self)
         if problems:
-            raise ConfigError(
+            raise ModelConfigError(
                 "NemotronH config is inconsistent:\n" + "\n".join(f"- {p}" for p in problems)
             )
 
@@ -132,7 +132,7 @@ class NemotronHConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any]) -> NemotronHConfig:
         """Build from a Hugging Face ``config.json`` dict (NemotronH layout)."""
         if not isinstance(hf, Mapping):
-            raise ConfigError(f"expected a config dict, got {type(hf).__name__}")
+            raise ModelConfigError(f"expected a config dict, got {type(hf).__name__}")
         problems: list[str] = []
         used: set[str] = set()
         model_type = hf.get("model_type", MODEL_TYPE)
@@ -181,7 +181,7 @@ class NemotronHConfig:
                 value = tuple(_decode_float(v) for v in value)
             kwargs[f.name] = _decode_float(value)
         if problems:
-            raise ConfigError(
+            raise ModelConfigError(
                 "NemotronH config is inconsistent:\n" + "\n".join(f"- {p}" for p in problems)
             )
         ignored = sorted(set(hf) - used)
