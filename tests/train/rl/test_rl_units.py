@@ -148,6 +148,7 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
 
     from mizzen_train.rl import trainer as rl_trainer
     from mizzen_train.rl.config import parse_rl_config
+    from mizzen_train.run import trainer as run_trainer
 
     config = parse_rl_config(_config(tmp_path, **{"rollout.num_engines": 2}), source="t.toml")
     spawned, events = [], []
@@ -174,7 +175,7 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
     monkeypatch.setattr(rl_trainer.RlTrainer, "setup", setup)
     # no process group or megatron CPU shim in this pytest process: with them, the ranks a later
     # test forked from it hung (test_slot_optimizer after this one, in one worker: 150 s, killed)
-    monkeypatch.setattr(rl_trainer, "single_rank", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(run_trainer, "single_rank", lambda device: contextlib.nullcontext())
     failure = "set-up failed" if fails_in == "set-up" else "probe crashed"
     with pytest.raises(RuntimeError, match=failure):
         rl_trainer.run_rl(config, stream=io.StringIO())

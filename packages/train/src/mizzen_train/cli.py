@@ -117,38 +117,53 @@ def _config_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
 
 
-def cmd_sft(args: argparse.Namespace) -> int:
-    from mizzen_train.sft.config import SftConfig, load_config
+def _command(name: str):
+    """``(config class, run function)`` of the run command ``name``."""
+    if name == "sft":
+        from mizzen_train.sft.config import SftConfig
+        from mizzen_train.sft.trainer import run_sft
 
+        return SftConfig, run_sft
+    from mizzen_train.rl.config import RlConfig
+    from mizzen_train.rl.trainer import run_rl
+
+    return RlConfig, run_rl
+
+
+def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``mizzen-train sft|rl``: help, or the run; Ctrl-C says how to resume."""
+    config_cls, run = _command(args.command)
     if args.help_config:
-        print(SftConfig.help_text())
+        print(config_cls.help_text())
         return 0
     if args.config is None and not args.set and not _field_overrides(args):
         print(
-            "mizzen-train sft: error: give --config run.toml (see --help-config)", file=sys.stderr
+            f"mizzen-train {args.command}: error: give --config run.toml (see --help-config)",
+            file=sys.stderr,
         )
         return 2
-    config = load_config(args.config, [*_field_overrides(args), *args.set])
-    from mizzen_train.sft.trainer import run_sft
-
-    run_sft(config, resume=args.resume)
+    config = config_cls.load(args.config, [*_field_overrides(args), *args.set])
+    try:
+        run(config, resume=args.resume)
+    except KeyboardInterrupt:
+        _say_how_to_resume(args.command, config.run_dir, argv)
+        return 130
     return 0
 
 
-def cmd_rl(args: argparse.Namespace) -> int:
-    from mizzen_train.rl.config import load_rl_config, rl_config_help
+def _say_how_to_resume(command: str, run_dir, argv: Sequence[str]) -> None:
+    import shlex
 
-    if args.help_config:
-        print(rl_config_help())
-        return 0
-    if args.config is None and not args.set and not _field_overrides(args):
-        print("mizzen-train rl: error: give --config rl.toml (see --help-config)", file=sys.stderr)
-        return 2
-    config = load_rl_config(args.config, [*_field_overrides(args), *args.set])
-    from mizzen_train.rl.trainer import run_rl
+    from mizzen_train.run.state import complete_checkpoints
 
-    run_rl(config, resume=args.resume)
-    return 0
+    checkpoints = complete_checkpoints(run_dir) if run_dir.is_dir() else []
+    resume = [*argv, *([] if "--resume" in argv else ["--resume"])]
+    where = f"the newest checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint yet"
+    print(
+        f"mizzen-train {command}: interrupted; {where}. Resume with: mizzen-train "
+        f"{shlex.join(resume)}",
+        file=sys.stderr,
+    )
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -169,16 +184,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     from mizzen_train.run.plot import PlotError
 
     errors = (*_config_errors(), PlotError)
     try:
-        if args.command == "sft":
-            return cmd_sft(args)
-        if args.command == "rl":
-            return cmd_rl(args)
+        if args.command in ("sft", "rl"):
+            return cmd_run(args, argv)
         return cmd_plot(args)
     except errors as exc:
         print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)

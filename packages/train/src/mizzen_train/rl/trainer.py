@@ -55,10 +55,9 @@ import torch
 
 from mizzen_train.rl.config import RlConfig, RlTenantConfig
 from mizzen_train.run.config import ConfigError
-from mizzen_train.run.process import resolve_device, single_rank
 from mizzen_train.run.sections import EvaluatorConfig
 from mizzen_train.run.state import LoadedCheckpoint, RunStateError
-from mizzen_train.run.trainer import Trainer, generation_evaluator
+from mizzen_train.run.trainer import Trainer, generation_evaluator, run_trainer
 
 __all__ = ["RlTrainer", "run_rl"]
 
@@ -212,6 +211,16 @@ class RlTrainer(Trainer):
 
     def tenants_at(self, step: int) -> list[str]:
         return [t.name for t in self.config.active(step)]
+
+    def run_to_end(self) -> dict[str, Any]:
+        """The engines are spawned first, so they load while set-up imports megatron and the
+        base model; any that training never took over are stopped however it ends."""
+        self.launch_engines()
+        try:
+            self.setup()
+            return self.train()
+        finally:
+            self.stop_launched_engines()
 
     # -- engines ----------------------------------------------------------------------------
 
@@ -735,13 +744,4 @@ def _data_path(spec: str) -> str:
 
 def run_rl(config: RlConfig, *, resume: bool = False, stream: TextIO | None = None) -> dict:
     """Run (or ``resume``) the RL job ``config`` in this process; returns the summary record."""
-    device, dtype = resolve_device(config)
-    trainer = RlTrainer(config, resume=resume, stream=stream)
-    trainer.validate(device, dtype)
-    with single_rank(device):
-        trainer.launch_engines()  # they load while set-up imports megatron and the model
-        try:
-            trainer.setup()
-            return trainer.train()
-        finally:
-            trainer.stop_launched_engines()  # any that train() never took over
+    return run_trainer(RlTrainer, config, resume=resume, stream=stream)

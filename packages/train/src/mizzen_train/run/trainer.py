@@ -27,7 +27,8 @@ Invariants:
   and RNG states, keeps its run id, evaluates only the points it has no results for (first the
   unsettled points whose snapshots survived), and rewrites nothing it already logged except the
   training records after the checkpoint, which it produces again.
-- The process trains as one rank (:func:`~mizzen_train.run.process.single_rank`).
+- The process trains as one rank (:func:`~mizzen_train.run.process.single_rank`), and holds its
+  run directory alone for the whole command (:func:`~mizzen_train.run.lock.hold_run_dir`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, ClassVar, TextIO
 import torch
 
 from mizzen_train.run.config import ConfigError
+from mizzen_train.run.lock import hold_run_dir
 from mizzen_train.run.metrics import (
     METRICS_FILE,
     MetricsLog,
@@ -52,6 +54,7 @@ from mizzen_train.run.metrics import (
     rewrite_for_resume,
     settled_eval_keys,
 )
+from mizzen_train.run.process import resolve_device, single_rank
 from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
 from mizzen_train.run.state import (
@@ -65,7 +68,7 @@ from mizzen_train.run.state import (
     set_rng_state,
 )
 
-__all__ = ["Trainer", "base_model_dir", "generation_evaluator", "load_tokenizer"]
+__all__ = ["Trainer", "base_model_dir", "generation_evaluator", "load_tokenizer", "run_trainer"]
 
 
 def base_model_dir(config: RunLayout) -> Path:
@@ -181,6 +184,15 @@ class Trainer:
     def final_lines(self, records: list[dict[str, Any]]) -> Iterable[str]:
         """Hook: what the end of the run says before the final eval lines."""
         return ()
+
+    def run_to_end(self) -> dict[str, Any]:
+        """After validation, in the rank's world: set up, then train to the end."""
+        self.setup()
+        return self.train()
+
+    def train(self) -> dict[str, Any]:
+        """Hook: the steps from :attr:`start_step` to the last, then :meth:`finish`."""
+        raise NotImplementedError
 
     # -- 1. validation ----------------------------------------------------------------------
 
@@ -538,3 +550,16 @@ def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, 
                 record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
             )
     return final
+
+
+def run_trainer(
+    trainer_cls: type[Trainer], config: RunLayout, *, resume: bool, stream: TextIO | None
+) -> dict[str, Any]:
+    """Run (or ``resume``) ``config`` with ``trainer_cls`` in this process, holding the run
+    directory for the whole command; returns the summary record."""
+    device, dtype = resolve_device(config)
+    trainer = trainer_cls(config, resume=resume, stream=stream)
+    with hold_run_dir(config.run_dir, resume=resume):
+        trainer.validate(device, dtype)
+        with single_rank(device):
+            return trainer.run_to_end()

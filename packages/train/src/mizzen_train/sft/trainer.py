@@ -40,10 +40,9 @@ from typing import Any, TextIO
 import torch
 
 from mizzen_train.run.config import ConfigError
-from mizzen_train.run.process import resolve_device, single_rank
 from mizzen_train.run.sections import EvaluatorConfig
 from mizzen_train.run.state import LoadedCheckpoint, RunStateError
-from mizzen_train.run.trainer import Trainer, generation_evaluator
+from mizzen_train.run.trainer import Trainer, generation_evaluator, run_trainer
 from mizzen_train.sft.config import SftConfig
 
 __all__ = ["SftTrainer", "run_sft"]
@@ -252,9 +251,4 @@ class SftTrainer(Trainer):
 
 def run_sft(config: SftConfig, *, resume: bool = False, stream: TextIO | None = None) -> dict:
     """Run (or ``resume``) the SFT job ``config`` in this process; returns the summary record."""
-    device, dtype = resolve_device(config)
-    trainer = SftTrainer(config, resume=resume, stream=stream)
-    trainer.validate(device, dtype)
-    with single_rank(device):
-        trainer.setup()
-        return trainer.train()
+    return run_trainer(SftTrainer, config, resume=resume, stream=stream)

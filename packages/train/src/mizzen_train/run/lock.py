@@ -1,0 +1,90 @@
+"""One command per run directory at a time: an exclusive ``fcntl`` lock on ``<run.dir>/.lock``.
+
+:func:`hold_run_dir` is entered before anything is written into the run directory (the tiny base
+model, ``run.json``, checkpoints) and held until the command ends, for a fresh run and for
+``--resume`` alike.  A second command on the same directory gets one line: the directory is in
+use by pid N.
+
+Invariants:
+- The lock is the kernel's (``flock`` on an open file): it ends when the holding process ends,
+  however it ends (SIGKILL included), so a killed run never leaves a stale lock behind.
+- A directory a fresh run starts in is empty, or holds only what a start that never became a run
+  leaves (the lock file, the tiny base model, a metrics file); any other content is refused with
+  the fix, never written into.
+- The lock file is never followed through a link (``O_NOFOLLOW``) and holds only the holder's pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from mizzen_train.run.state import RUN_FILE, RunStateError
+
+__all__ = ["LOCK_FILE", "hold_run_dir"]
+
+LOCK_FILE = ".lock"
+#: What a start that never became a run may leave in its directory (all written by mizzen).
+_LEFTOVER_PREFIXES = ("base-model-tiny-",)
+_LEFTOVER_NAMES = frozenset({LOCK_FILE, "metrics.jsonl"})
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, *, resume: bool) -> Iterator[None]:
+    """Hold ``run_dir`` exclusively for this process (created when missing) until the block ends;
+    RunStateError when another process holds it, or when a fresh run would write into a
+    directory holding something else."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise RunStateError(
+            f"{run_dir / LOCK_FILE}: cannot open the run directory's lock ({exc.strerror}); "
+            "check the directory's permissions, or choose another run.dir"
+        ) from None
+    try:
+        _acquire(fd, run_dir)
+        if not resume:
+            _check_fresh(run_dir)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _acquire(fd: int, run_dir: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        raise RunStateError(
+            f"{run_dir} is in use by pid {holder} (another mizzen-train run or --resume); "
+            "wait for it to end, or choose another run.dir"
+        ) from None
+
+
+def _check_fresh(run_dir: Path) -> None:
+    """A fresh run writes only into an empty directory, a run's (run.json refuses it later with
+    the --resume hint), or what a start that never became a run left."""
+    if (run_dir / RUN_FILE).exists():
+        return
+    foreign = sorted(
+        entry.name
+        for entry in run_dir.iterdir()
+        if entry.name not in _LEFTOVER_NAMES and not entry.name.startswith(_LEFTOVER_PREFIXES)
+    )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
+        raise RunStateError(
+            f"{run_dir} is not empty and holds no run ({shown}); a run writes only into an "
+            "empty or new directory: choose another run.dir"
+        )
