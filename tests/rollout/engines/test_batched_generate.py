@@ -25,6 +25,8 @@ from mizzen_rollout.engines import (
     SGLangClient,
     protocol,
 )
+from mizzen_rollout.engines.embedded import schema
+from mizzen_rollout.engines.embedded.app import generate_requests
 from mizzen_rollout.engines.embedded.tokenizer import ByteTokenizer
 from mizzen_rollout.rollout import RolloutConfig, run_rollout
 from mizzen_rollout.router import EngineRouter
@@ -207,17 +209,19 @@ def test_a_batch_that_outgrows_the_model_or_vocabulary_is_refused():
 def test_batch_payload_is_sglang_shaped_and_round_trips():
     batch = _requests("p", MIXED)
     payload = protocol.build_generate_batch_payload(batch)
-    assert set(payload) <= protocol.GENERATE_REQUEST_FIELDS
+    assert set(payload) <= set(schema.GenerateReqInput.model_fields)
     assert payload["rid"] == [r.request_id for r in batch]
     assert all(isinstance(ids, list) for ids in payload["input_ids"])
-    assert protocol.is_generate_batch(payload)
-    assert not protocol.is_generate_batch(protocol.build_generate_payload(batch[0]))
-    assert protocol.parse_generate_batch_payload(payload, max_size=8) == batch
+    assert generate_requests(payload, max_size=8) == (batch, True)
+    assert generate_requests(protocol.build_generate_payload(batch[0]), max_size=8) == (
+        [batch[0]],
+        False,
+    )
     texts = [GenerateRequest(f"t{i}", text=p) for i, p in enumerate(PROMPTS)]
     by_text = protocol.build_generate_batch_payload(texts)
     assert by_text["text"] == PROMPTS and "lora_path" not in by_text
     shared = {"text": ["x", "y"], "sampling_params": {"max_new_tokens": 2}, "rid": ["a", "b"]}
-    parsed = protocol.parse_generate_batch_payload(shared, max_size=8)
+    parsed, _ = generate_requests(shared, max_size=8)
     assert [r.sampling.max_new_tokens for r in parsed] == [2, 2]
     with pytest.raises(ValueError, match="every prompt as input_ids or every prompt as text"):
         protocol.build_generate_batch_payload([batch[0], texts[1]])
@@ -228,22 +232,22 @@ def test_batch_payload_is_sglang_shaped_and_round_trips():
     [
         ({"text": ["x", "y"], "rid": ["a"]}, r"'rid' has 1 entries for 2 prompts"),
         ({"text": ["x", "y"], "rid": "a"}, r"'rid' of a batch must be a list"),
-        ({"text": ["x", "y"], "rid": [["a"], "b"]}, r"prompt \[0\] of the batch: 'rid' must be"),
+        ({"text": ["x", "y"], "rid": [["a"], "b"]}, r"prompt \[0\]: field 'rid': Input should"),
         ({"text": ["x"], "sampling_params": [{}, {}]}, r"'sampling_params' has 2 entries"),
         ({"text": []}, r"empty batch"),
         ({"text": ["x"] * 9}, r"holds 9 prompts; this server takes at most 8"),
-        ({"input_ids": [[1], [2, -1]]}, r"prompt \[1\] of the batch: 'input_ids' must be"),
-        ({"text": ["x", 3]}, r"prompt \[1\] of the batch: 'text' must be a string"),
+        ({"input_ids": [[1], [2, -1]]}, r"prompt \[1\]: field 'input_ids\[1\]': Input should"),
+        ({"text": ["x", 3]}, r"prompt \[1\]: field 'text': Input should be a valid string"),
         ({"text": ["x"], "input_ids": [[1]]}, r"exactly one of"),
         (
             {"text": ["x"], "sampling_params": [{"temp": 1}]},
-            r"prompt \[0\] of the batch: .*unknown key",
+            r"prompt \[0\]: field 'sampling_params.temp': Extra inputs are not permitted",
         ),
     ],
 )
 def test_malformed_batches_are_refused_naming_the_field(body, message):
-    with pytest.raises(protocol.ProtocolRequestError, match=message):
-        protocol.parse_generate_batch_payload(body, max_size=8)
+    with pytest.raises(schema.RequestRefused, match=message):
+        generate_requests(body, max_size=8)
 
 
 def test_embedded_server_answers_a_bad_batch_with_400(embedded_server):
@@ -255,7 +259,7 @@ def test_embedded_server_answers_a_bad_batch_with_400(embedded_server):
     huge = httpx.post(
         f"{embedded_server.url}{protocol.GENERATE_PATH}", json={"input_ids": [[1, 2], [2**70]]}
     )
-    assert huge.status_code == 400 and "batch item 1: token id" in huge.text
+    assert huge.status_code == 400 and "field 'input_ids[0]': Input should be less" in huge.text
     ok = httpx.post(
         f"{embedded_server.url}{protocol.GENERATE_PATH}",
         json={

@@ -38,7 +38,7 @@ def test_a_server_that_cannot_start_raises_with_its_log_and_is_stopped():
         launch_embedded(backend="echo", model_path="/no/such/model", deadline_s=60)
     message = str(info.value)
     assert "the process exited with code 2" in message
-    assert "--model does not apply to the echo backend" in message  # the server's own log
+    assert "--model /no/such/model: no such directory" in message  # the server's own log
     assert "command: " in message and "mizzen_rollout serve" in message
 
 

@@ -26,6 +26,8 @@ from mizzen_rollout.engines import (
     SGLangClient,
     protocol,
 )
+from mizzen_rollout.engines.embedded import schema
+from mizzen_rollout.engines.embedded.app import chat_request
 from mizzen_rollout.engines.launcher import embedded_server
 
 register_cpu_ci(est_time=25, labels=["engine", "rollout", "lora"])
@@ -118,7 +120,7 @@ def test_sglang_lora_shapes_are_what_the_client_sends_and_parses():
     load = protocol.build_load_lora_payload("lora0", "/a/b")
     assert set(load) <= SGLANG_LOAD_LORA_FIELDS and load["pinned"] is False
     assert set(protocol.build_unload_lora_payload("lora0")) <= SGLANG_UNLOAD_LORA_FIELDS
-    assert protocol.LOAD_LORA_REQUEST_FIELDS <= SGLANG_LOAD_LORA_FIELDS
+    assert set(schema.LoadLoRAAdapterReqInput.model_fields) <= SGLANG_LOAD_LORA_FIELDS
     assert protocol.LORA_UPDATE_RESPONSE_FIELDS <= SGLANG_LORA_UPDATE_OUTPUT_FIELDS
     assert (protocol.LOAD_LORA_PATH, protocol.UNLOAD_LORA_PATH) == (
         "/load_lora_adapter",
@@ -137,14 +139,14 @@ def test_sglang_lora_shapes_are_what_the_client_sends_and_parses():
         ChatRequest("r", [{"role": "user", "content": "x"}], model="base", lora_name="t@v3")
     )
     assert chat["model"] == "base:t@v3"
-    parsed = protocol.parse_chat_payload(chat)
+    parsed, _ = chat_request(chat)
     assert (parsed.model, parsed.lora_name) == ("base", "t@v3")
-    explicit = protocol.parse_chat_payload({**chat, "model": "base", "lora_path": "x@v1"})
+    explicit, _ = chat_request({**chat, "model": "base", "lora_path": "x@v1"})
     assert explicit.lora_name == "x@v1"  # chat requests take SGLang's explicit lora_path too
     # ... but the adapter in the model field wins when both are given
-    assert protocol.parse_chat_payload({**chat, "lora_path": "x@v1"}).lora_name == "t@v3"
-    with pytest.raises(protocol.ProtocolRequestError, match="unknown field"):
-        protocol.parse_load_lora_payload({**load, "lora_int_id": 3})
+    assert chat_request({**chat, "lora_path": "x@v1"})[0].lora_name == "t@v3"
+    with pytest.raises(schema.RequestRefused, match="field 'lora_int_id': Extra inputs"):
+        schema.validate("LoadLoRAAdapterReqInput", {**load, "lora_int_id": 3}, "load")
 
 
 def test_embedded_server_loads_routes_refuses_and_unloads(adapters):

@@ -22,6 +22,8 @@ from mizzen_rollout.engines.base import (
     GenerateRequest,
     SamplingParams,
 )
+from mizzen_rollout.engines.embedded import schema
+from mizzen_rollout.engines.embedded.app import generate_requests
 
 register_cpu_ci(est_time=3, labels=["engine", "rollout"])
 
@@ -111,9 +113,9 @@ SGLANG_CHAT_ANSWER = {
 
 
 def test_every_field_mizzen_uses_is_documented():
-    assert protocol.GENERATE_REQUEST_FIELDS <= SGLANG_GENERATE_ARGS
-    assert protocol.DOCUMENTED_SAMPLING_PARAMS == SGLANG_SAMPLING_PARAMS
-    assert set(protocol.SAMPLING_PARAM_WIRE_NAMES.values()) <= SGLANG_SAMPLING_PARAMS
+    # what the embedded server accepts (test_sglang_contract.py checks it against SGLang's wheel)
+    assert set(schema.GenerateReqInput.model_fields) <= SGLANG_GENERATE_ARGS
+    assert set(schema.SamplingParamsInput.model_fields) == SGLANG_SAMPLING_PARAMS
     assert {
         "id",
         "finish_reason",
@@ -121,7 +123,7 @@ def test_every_field_mizzen_uses_is_documented():
         "completion_tokens",
     } <= protocol.META_INFO_FIELDS
     assert {"stop", "length", "abort"} == protocol.FINISH_REASON_TYPES
-    assert {"rid", "abort_all"} == protocol.ABORT_REQUEST_FIELDS
+    assert {"rid", "abort_all"} == set(schema.AbortReq.model_fields)
     assert (protocol.GENERATE_PATH, protocol.CHAT_PATH, protocol.ABORT_PATH) == (
         "/generate",
         "/v1/chat/completions",
@@ -227,7 +229,7 @@ def test_chat_payload_and_documented_answer():
         return_logprob=True,
     )
     payload = protocol.build_chat_payload(request)
-    assert set(payload) <= protocol.CHAT_REQUEST_FIELDS
+    assert set(payload) <= set(schema.ChatCompletionRequest.model_fields)
     assert payload["rid"] == "c-1" and payload["max_tokens"] == 4 and payload["seed"] == 9
     assert payload["logprobs"] is True and payload["return_token_ids"] is True
     result = protocol.parse_chat_response(SGLANG_CHAT_ANSWER, request_id="c-1", engine="e")
@@ -242,8 +244,8 @@ def test_server_side_round_trip_and_rejections():
     request = GenerateRequest(
         "r9", input_ids=[1, 2, 3], sampling=SamplingParams(max_new_tokens=5, seed=4)
     )
-    parsed = protocol.parse_generate_payload(protocol.build_generate_payload(request))
-    assert parsed == request
+    parsed, batched = generate_requests(protocol.build_generate_payload(request), max_size=1)
+    assert parsed == [request] and not batched
     body = protocol.build_generate_response(
         request_id="r9",
         text="ab",
@@ -258,10 +260,12 @@ def test_server_side_round_trip_and_rejections():
     assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
     back = protocol.parse_generate_response(body, request_id="r9", engine="e")
     assert back.output_ids == (5, 6) and back.output_logprobs == (-1.0, -2.0)
-    with pytest.raises(protocol.ProtocolRequestError, match=r"unknown field\(s\) \['prompt'\]"):
-        protocol.parse_generate_payload({"prompt": "x"})
-    with pytest.raises(protocol.ProtocolRequestError, match="exactly one of"):
-        protocol.parse_generate_payload({"text": "x", "input_ids": [1]})
-    with pytest.raises(protocol.ProtocolRequestError, match=r"unknown key\(s\) \['temp'\]"):
-        protocol.parse_generate_payload({"text": "x", "sampling_params": {"temp": 1}})
-    assert protocol.parse_abort_payload(protocol.build_abort_payload("r9")) == ("r9", False)
+    for body, message in (
+        ({"prompt": "x"}, "field 'prompt': Extra inputs are not permitted"),
+        ({"text": "x", "input_ids": [1]}, "exactly one of 'text' or 'input_ids'"),
+        ({"text": "x", "sampling_params": {"temp": 1}}, "field 'sampling_params.temp': Extra"),
+    ):
+        with pytest.raises(schema.RequestRefused, match=message):
+            generate_requests(body, max_size=1)
+    abort = schema.validate("AbortReq", protocol.build_abort_payload("r9"), "abort")
+    assert (abort.rid, abort.abort_all) == ("r9", False)

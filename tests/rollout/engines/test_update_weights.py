@@ -17,6 +17,7 @@ from mizzen_rollout.engines import (
     SGLangClient,
     protocol,
 )
+from mizzen_rollout.engines.embedded import schema
 from mizzen_rollout.engines.launcher import embedded_server
 
 register_cpu_ci(est_time=25, labels=["engine", "rollout"])
@@ -88,13 +89,15 @@ def test_echo_backend_refuses_and_requests_are_validated(echo_servers):
                 await client.update_weights_from_disk("/tmp")
 
     asyncio.run(scenario(echo_servers[0].url))
-    with pytest.raises(protocol.ProtocolRequestError, match="load_format='dummy'"):
-        protocol.parse_update_weights_payload({"model_path": "/m", "load_format": "dummy"})
-    with pytest.raises(protocol.ProtocolRequestError, match="unknown field"):
-        protocol.parse_update_weights_payload({"model_path": "/m", "flush": True})
-    assert (
-        protocol.parse_update_weights_payload({"model_path": "/m", "weight_version": "3"}) == "/m"
-    )
+
+    def parse(body):
+        return schema.validate("UpdateWeightFromDiskReqInput", body, "update").model_path
+
+    with pytest.raises(schema.RequestRefused, match="field 'load_format': Input should be 'auto'"):
+        parse({"model_path": "/m", "load_format": "dummy"})
+    with pytest.raises(schema.RequestRefused, match="field 'flush': Extra inputs"):
+        parse({"model_path": "/m", "flush": True})
+    assert parse({"model_path": "/m", "weight_version": "3"}) == "/m"
     assert protocol.parse_update_weights_response(
         {"success": False, "message": "no"}, engine="e"
     ) == (False, "no")

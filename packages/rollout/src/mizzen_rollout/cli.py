@@ -171,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="where the model generates"
     )
+    srv.add_argument(
+        "--load-dir",
+        action="append",
+        default=[],
+        help="a directory /update_weights_from_disk and /load_lora_adapter may read under "
+        "(repeatable; default: the directory holding --model; none without --model)",
+    )
+    srv.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client has to send a request's head, and then its body",
+    )
     srv.add_argument("--port-file", default=None, help="write the URL here once listening")
     srv.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
     srv.add_argument("--verbose", action="store_true", help="log every request")
@@ -179,11 +192,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ============================================================================= serve
 def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the embedded engine; every expected failure (an impossible or busy port, a missing
+    model directory, a backend that cannot load) is a UsageError: one line, exit 2."""
     from .engines.embedded.backend import BackendUnavailableError, make_backend
-    from .engines.embedded.server import serve, watch_parent
+    from .engines.embedded.body import Limits
+    from .engines.embedded.server import (
+        ServeError,
+        bind_socket,
+        default_load_dirs,
+        serve,
+        watch_parent,
+    )
 
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)  # before the (slow) model load: no orphan if killed then
+    if args.model is not None and not Path(args.model).is_dir():
+        raise UsageError(
+            f"--model {args.model}: no such directory; give a local Hugging Face model directory "
+            "(config.json, weights, tokenizer), or drop --model to serve the tiny model"
+        )
+    for directory in args.load_dir:
+        if not Path(directory).is_dir():
+            raise UsageError(f"--load-dir {directory}: no such directory; create it or drop it")
+    try:
+        limits = Limits(read_timeout_s=args.read_timeout)
+        sock = bind_socket(args.host, args.port)  # before the model load: a busy port fails fast
+    except (ServeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
     try:
         backend = make_backend(
             args.backend,
@@ -192,15 +227,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             num_threads=args.num_threads,
             device=args.device,
         )
-    except (ValueError, BackendUnavailableError) as exc:
-        raise UsageError(str(exc)) from None
+    except (ValueError, OSError, BackendUnavailableError) as exc:
+        sock.close()
+        raise UsageError(" ".join(str(exc).split())) from None
     serve(
         backend,
-        host=args.host,
-        port=args.port,
+        sock=sock,
         port_file=args.port_file,
         parent_pid=args.parent_pid,
         verbose=args.verbose,
+        load_dirs=default_load_dirs(args.model, args.load_dir),
+        limits=limits,
     )
     return 0
 

@@ -187,8 +187,13 @@ def launch_embedded(
     env: dict[str, str] | None = None,
     wait: bool = True,
     device: str = "cpu",
+    load_dirs: Sequence[str] = (),
+    read_timeout_s: float | None = None,
 ) -> ServerProcess:
-    """Start the embedded engine (``mizzen-rollout serve``) and wait for it to be healthy."""
+    """Start the embedded engine (``mizzen-rollout serve``) and wait for it to be healthy.
+
+    ``load_dirs``: where it may load weights and adapters from (default: the directory holding
+    ``model_path``); ``read_timeout_s``: its deadline for a request's head and body."""
     log_dir = Path(tempfile.mkdtemp(prefix="mizzen-rollout-serve-"))
     port_file = log_dir / "url"
     command = [
@@ -213,6 +218,10 @@ def launch_embedded(
         command += ["--device", device]
     if model_path is not None:
         command += ["--model", model_path]
+    for directory in load_dirs:
+        command += ["--load-dir", str(directory)]
+    if read_timeout_s is not None:
+        command += ["--read-timeout", str(read_timeout_s)]
     if watch_parent:
         command += ["--parent-pid", str(os.getpid())]
     process, log_path = _spawn(command, log_dir, env)

@@ -1,9 +1,11 @@
 """SGLang's HTTP protocol, the subset mizzen speaks: the ONE place its shapes are written down.
 
-Both sides use this module: the client (:mod:`.client`) builds requests and parses responses with
-it, and the embedded server (:mod:`.embedded.server`) parses requests and builds responses with
-it, so the two cannot drift apart.  ``tests/rollout/engines/test_protocol.py`` pins the shapes to
-SGLang's documented fields.
+The client (:mod:`.client`) builds requests and parses answers with it; the embedded server
+(:mod:`.embedded.app`) builds its answers with it, so the two cannot drift apart.  What the
+embedded server *accepts* is written once, as pydantic models, in :mod:`.embedded.schema`.
+``tests/rollout/engines/test_sglang_contract.py`` pins both the fields the client sends and the
+fields the server accepts to the request definitions of a pinned SGLang release (read from its
+wheel); ``tests/rollout/engines/test_protocol.py`` pins the answer shapes.
 
 Facts taken from SGLang's documentation and source (read, not copied):
 
@@ -54,15 +56,14 @@ Facts taken from SGLang's documentation and source (read, not copied):
   ``model`` wins over an explicit ``lora_path``, which chat requests also accept).
 
 Invariants:
-- Standard library only.  Parsing errors raise :class:`EngineProtocolError` (client side) or
-  :class:`ProtocolRequestError` (server side, answered as HTTP 400), naming the field path.
+- Standard library only.  An answer that breaks the protocol raises :class:`EngineProtocolError`
+  naming the field path.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,61 +82,14 @@ GENERATE_PATH = "/generate"
 CHAT_PATH = "/v1/chat/completions"
 ABORT_PATH = "/abort_request"
 HEALTH_PATH = "/health"
+HEALTH_GENERATE_PATH = "/health_generate"
 TOKENIZE_PATH = "/tokenize"
 MODEL_INFO_PATH = "/get_model_info"
 UPDATE_WEIGHTS_PATH = "/update_weights_from_disk"
 LOAD_LORA_PATH = "/load_lora_adapter"
 UNLOAD_LORA_PATH = "/unload_lora_adapter"
 
-# ----------------------------------------------------------------------------- documented fields
-#: Top-level fields of SGLang's ``/generate`` request that mizzen may send or the embedded server
-#: accepts (a subset of ``GenerateReqInput``).
-GENERATE_REQUEST_FIELDS = frozenset(
-    {
-        "text",
-        "input_ids",
-        "sampling_params",
-        "rid",
-        "return_logprob",
-        "logprob_start_len",
-        "top_logprobs_num",
-        "return_text_in_logprobs",
-        "stream",
-        "lora_path",
-    }
-)
-#: ``sampling_params`` keys mizzen models in :class:`SamplingParams` (name on the wire).
-SAMPLING_PARAM_WIRE_NAMES = {
-    "max_new_tokens": "max_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "seed": "sampling_seed",
-}
-#: Every documented ``sampling_params`` key (what SGLang knows; the embedded server implements
-#: only :data:`SAMPLING_PARAM_WIRE_NAMES` plus the no-op-at-default ones below).
-DOCUMENTED_SAMPLING_PARAMS = frozenset(
-    {
-        *SAMPLING_PARAM_WIRE_NAMES.values(),
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "min_new_tokens",
-        "json_schema",
-        "regex",
-        "ebnf",
-        "structural_tag",
-        "n",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-        "no_stop_trim",
-        "custom_params",
-    }
-)
+# ----------------------------------------------------------------------------- answer fields
 #: Keys of ``meta_info`` in a ``/generate`` answer that mizzen reads or writes.
 META_INFO_FIELDS = frozenset(
     {
@@ -149,42 +103,7 @@ META_INFO_FIELDS = frozenset(
     }
 )
 FINISH_REASON_TYPES = frozenset({"stop", "length", "abort"})
-ABORT_REQUEST_FIELDS = frozenset({"rid", "abort_all"})
-TOKENIZE_REQUEST_FIELDS = frozenset({"prompt", "add_special_tokens"})
-UPDATE_WEIGHTS_REQUEST_FIELDS = frozenset(
-    {"model_path", "load_format", "abort_all_requests", "weight_version"}
-)
-LOAD_LORA_REQUEST_FIELDS = frozenset({"lora_name", "lora_path", "pinned"})
-UNLOAD_LORA_REQUEST_FIELDS = frozenset({"lora_name"})
 LORA_UPDATE_RESPONSE_FIELDS = frozenset({"success", "error_message", "loaded_adapters"})
-CHAT_REQUEST_FIELDS = frozenset(
-    {
-        "model",
-        "lora_path",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "stop",
-        "stop_token_ids",
-        "ignore_eos",
-        "seed",
-        "n",
-        "logprobs",
-        "top_logprobs",
-        "stream",
-        "rid",
-        "return_prompt_token_ids",
-        "return_token_ids",
-    }
-)
-
-
-class ProtocolRequestError(ValueError):
-    """A request body broke the protocol (the embedded server answers it with HTTP 400)."""
 
 
 # ============================================================================= helpers
@@ -236,31 +155,6 @@ def sampling_to_wire(sampling: SamplingParams) -> dict[str, Any]:
         wire["sampling_seed"] = sampling.seed
     wire.update(sampling.extra)
     return wire
-
-
-def sampling_from_wire(params: Any) -> SamplingParams:
-    """SGLang ``sampling_params`` -> ``SamplingParams`` (server side; unknown keys -> extra)."""
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, Mapping):
-        raise ProtocolRequestError(f"sampling_params is {type(params).__name__}, not an object")
-    unknown = sorted(set(params) - DOCUMENTED_SAMPLING_PARAMS)
-    if unknown:
-        raise ProtocolRequestError(
-            f"sampling_params has unknown key(s) {unknown}; documented keys: "
-            f"{sorted(DOCUMENTED_SAMPLING_PARAMS)}"
-        )
-    kwargs: dict[str, Any] = {}
-    for attr, wire_name in SAMPLING_PARAM_WIRE_NAMES.items():
-        if wire_name in params and params[wire_name] is not None:
-            kwargs[attr] = params[wire_name]
-    if isinstance(kwargs.get("stop"), str):
-        kwargs["stop"] = (kwargs["stop"],)
-    extra = {k: v for k, v in params.items() if k not in SAMPLING_PARAM_WIRE_NAMES.values()}
-    try:
-        return SamplingParams(**kwargs, extra=extra)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolRequestError(f"sampling_params: {exc}") from None
 
 
 def finish_to_wire(finish: FinishReason, *, length: int) -> dict[str, Any]:
@@ -374,48 +268,6 @@ def parse_generate_response(
     )
 
 
-def parse_generate_payload(body: Any) -> GenerateRequest:
-    """Server side: a single ``/generate`` body (one prompt) -> GenerateRequest."""
-    if not isinstance(body, Mapping):
-        raise ProtocolRequestError("the /generate body must be a JSON object")
-    unknown = sorted(set(body) - GENERATE_REQUEST_FIELDS)
-    if unknown:
-        raise ProtocolRequestError(
-            f"/generate has unknown field(s) {unknown}; accepted: {sorted(GENERATE_REQUEST_FIELDS)}"
-        )
-    if body.get("stream"):
-        raise ProtocolRequestError("stream=true is not supported by this server; send stream=false")
-    text, input_ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (input_ids is None):
-        raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
-    if text is not None and not isinstance(text, str):
-        raise ProtocolRequestError("'text' must be a string (a batch: a list of strings)")
-    if input_ids is not None and (
-        not isinstance(input_ids, list)
-        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids)
-    ):
-        raise ProtocolRequestError(
-            "'input_ids' must be a list of non-negative integers (a batch: a list of such lists)"
-        )
-    rid = body.get("rid") or uuid.uuid4().hex
-    if not isinstance(rid, str):
-        raise ProtocolRequestError("'rid' must be a string")
-    start = body.get("logprob_start_len", -1)
-    if start not in (-1, None):
-        raise ProtocolRequestError("only logprob_start_len=-1 (output tokens) is supported")
-    if body.get("top_logprobs_num"):
-        raise ProtocolRequestError("top_logprobs_num is not supported by this server")
-    sampling = sampling_from_wire(body.get("sampling_params"))
-    return GenerateRequest(
-        request_id=rid,
-        text=text,
-        input_ids=tuple(input_ids) if input_ids is not None else None,
-        sampling=sampling,
-        return_logprob=bool(body.get("return_logprob", False)),
-        lora_path=body.get("lora_path"),
-    )
-
-
 def build_generate_response(
     *,
     request_id: str,
@@ -439,13 +291,6 @@ def build_generate_response(
             [float(lp), int(tok), None] for lp, tok in zip(output_logprobs, output_ids, strict=True)
         ]
     return {"text": text, "output_ids": [int(t) for t in output_ids], "meta_info": meta}
-
-
-#: The ``/generate`` fields that a batch may give per prompt (a list) or once for all.
-GENERATE_PER_PROMPT_FIELDS = (
-    "rid", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "lora_path",
-)  # fmt: skip
 
 
 def build_generate_batch_payload(requests: Sequence[GenerateRequest]) -> dict[str, Any]:
@@ -504,67 +349,6 @@ def parse_generate_batch_response(
                 request_id=request.request_id,
             ) from None  # fmt: skip
     return results
-
-
-def is_generate_batch(body: Any) -> bool:
-    """Server side: is this ``/generate`` body a batch (a list of prompts)?"""
-    if not isinstance(body, Mapping):
-        return False
-    text, input_ids = body.get("text"), body.get("input_ids")
-    return isinstance(text, list) or (
-        isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-    )
-
-
-def parse_generate_batch_payload(body: Any, *, max_size: int) -> list[GenerateRequest]:
-    """Server side: a batched ``/generate`` body -> one GenerateRequest per prompt, each checked
-    as a single request would be (errors name the prompt's index)."""
-    if not isinstance(body, Mapping):
-        raise ProtocolRequestError("the /generate body must be a JSON object")
-    key = "text" if isinstance(body.get("text"), list) else "input_ids"
-    if body.get("text") is not None and body.get("input_ids") is not None:
-        raise ProtocolRequestError("/generate needs exactly one of 'text' or 'input_ids'")
-    prompts = body[key]
-    if not prompts:
-        raise ProtocolRequestError(f"'{key}' is an empty batch; send at least one prompt")
-    if len(prompts) > max_size:
-        raise ProtocolRequestError(
-            f"'{key}' holds {len(prompts)} prompts; this server takes at most {max_size} per "
-            "request: split the batch"
-        )
-    per_prompt = {}
-    for field in GENERATE_PER_PROMPT_FIELDS:
-        value = body.get(field)
-        if isinstance(value, list):
-            if len(value) != len(prompts):
-                raise ProtocolRequestError(
-                    f"'{field}' has {len(value)} entries for {len(prompts)} prompts; give one "
-                    "per prompt or a single value"
-                )
-            per_prompt[field] = value
-    if body.get("rid") is not None and "rid" not in per_prompt:
-        raise ProtocolRequestError("'rid' of a batch must be a list with one id per prompt")
-    first_at: dict[str, int] = {}
-    for index, rid in enumerate(per_prompt.get("rid", ())):
-        if not isinstance(rid, str):
-            continue  # refused as the prompt's own 'rid' below
-        if rid in first_at:
-            raise ProtocolRequestError(
-                f"'rid' [{index}] repeats 'rid' [{first_at[rid]}] ({rid!r}); every prompt of a "
-                "batch needs its own request id"
-            )
-        first_at[rid] = index
-    requests = []
-    for index, prompt in enumerate(prompts):
-        single = {k: v for k, v in body.items() if k not in ("text", "input_ids")}
-        single[key] = prompt
-        for field, values in per_prompt.items():
-            single[field] = values[index]
-        try:
-            requests.append(parse_generate_payload(single))
-        except ProtocolRequestError as exc:
-            raise ProtocolRequestError(f"prompt [{index}] of the batch: {exc}") from None
-    return requests
 
 
 # ============================================================================= /v1/chat/completions
@@ -669,62 +453,8 @@ def parse_chat_response(
     )
 
 
-def parse_chat_payload(body: Any) -> ChatRequest:
-    """Server side: a chat body -> ChatRequest."""
-    if not isinstance(body, Mapping):
-        raise ProtocolRequestError("the chat body must be a JSON object")
-    unknown = sorted(set(body) - CHAT_REQUEST_FIELDS)
-    if unknown:
-        raise ProtocolRequestError(
-            f"/v1/chat/completions has unknown field(s) {unknown}; accepted: "
-            f"{sorted(CHAT_REQUEST_FIELDS)}"
-        )
-    if body.get("stream"):
-        raise ProtocolRequestError("stream=true is not supported by this server")
-    if body.get("n", 1) != 1:
-        raise ProtocolRequestError("only n=1 is supported; send n requests instead")
-    if body.get("top_logprobs"):
-        raise ProtocolRequestError("top_logprobs is not supported by this server")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ProtocolRequestError("'messages' must be a non-empty list")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise ProtocolRequestError(f"messages[{i}] needs a string 'role'")
-        if not isinstance(m.get("content", ""), str):
-            raise ProtocolRequestError(f"messages[{i}].content must be a string here")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    wire: dict[str, Any] = {
-        key: body[key]
-        for key in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids")
-        if body.get(key) is not None
-    }
-    if max_tokens is not None:
-        wire["max_new_tokens"] = max_tokens
-    if body.get("ignore_eos"):
-        wire["ignore_eos"] = True
-    if body.get("seed") is not None:
-        wire["sampling_seed"] = body["seed"]
-    rid = body.get("rid") or f"chatcmpl-{uuid.uuid4().hex}"
-    model, adapter = split_model_field(body.get("model", "default"))
-    explicit = body.get("lora_path")
-    if explicit is not None and not isinstance(explicit, str):
-        raise ProtocolRequestError("'lora_path' must be one adapter name (a string) here")
-    return ChatRequest(
-        request_id=str(rid),
-        messages=tuple(messages),
-        sampling=sampling_from_wire(wire),
-        return_logprob=bool(body.get("logprobs", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
-        model=model,
-        lora_name=adapter if adapter is not None else explicit,
-    )
-
-
-def split_model_field(model: Any) -> tuple[str, str | None]:
+def split_model_field(model: str) -> tuple[str, str | None]:
     """SGLang's ``base-model:adapter-name``: split on the first colon (no colon: no adapter)."""
-    if not isinstance(model, str):
-        raise ProtocolRequestError("'model' must be a string")
     if ":" not in model:
         return model, None
     base, _, adapter = model.partition(":")
@@ -780,22 +510,8 @@ def build_abort_payload(request_id: str) -> dict[str, Any]:
     return {"rid": request_id, "abort_all": False}
 
 
-def parse_abort_payload(body: Any) -> tuple[str, bool]:
-    if not isinstance(body, Mapping) or set(body) - ABORT_REQUEST_FIELDS:
-        raise ProtocolRequestError(f"/abort_request takes {sorted(ABORT_REQUEST_FIELDS)}")
-    return str(body.get("rid", "")), bool(body.get("abort_all", False))
-
-
 def build_tokenize_payload(text: str) -> dict[str, Any]:
     return {"prompt": text, "add_special_tokens": True}
-
-
-def parse_tokenize_payload(body: Any) -> tuple[str, bool]:
-    if not isinstance(body, Mapping) or not isinstance(body.get("prompt"), str):
-        raise ProtocolRequestError("/tokenize takes {'prompt': str, 'add_special_tokens': bool}")
-    if set(body) - TOKENIZE_REQUEST_FIELDS:
-        raise ProtocolRequestError(f"/tokenize takes {sorted(TOKENIZE_REQUEST_FIELDS)}")
-    return body["prompt"], bool(body.get("add_special_tokens", True))
 
 
 def build_tokenize_response(tokens: Sequence[int], *, max_model_len: int) -> dict[str, Any]:
@@ -818,29 +534,6 @@ def build_update_weights_payload(model_path: str) -> dict[str, Any]:
     return {"model_path": model_path}
 
 
-def parse_update_weights_payload(body: Any) -> str:
-    """The model directory of an update request (the server side)."""
-    if not isinstance(body, Mapping) or not isinstance(body.get("model_path"), str):
-        raise ProtocolRequestError(
-            f"{UPDATE_WEIGHTS_PATH} takes {{'model_path': str, ...}} "
-            f"({sorted(UPDATE_WEIGHTS_REQUEST_FIELDS)})"
-        )
-    unknown = set(body) - UPDATE_WEIGHTS_REQUEST_FIELDS
-    if unknown:
-        raise ProtocolRequestError(
-            f"{UPDATE_WEIGHTS_PATH}: unknown field(s) {sorted(unknown)}; this server takes "
-            f"{sorted(UPDATE_WEIGHTS_REQUEST_FIELDS)}"
-        )
-    if body.get("load_format") not in (None, "auto"):
-        raise ProtocolRequestError(
-            f"{UPDATE_WEIGHTS_PATH}: load_format={body['load_format']!r} is not implemented by "
-            "this server (only the model directory's own format); drop it"
-        )
-    if not body["model_path"]:
-        raise ProtocolRequestError(f"{UPDATE_WEIGHTS_PATH}: model_path is empty")
-    return body["model_path"]
-
-
 def build_update_weights_response(success: bool, message: str) -> dict[str, Any]:
     return {"success": bool(success), "message": message, "num_paused_requests": 0}
 
@@ -860,37 +553,8 @@ def build_load_lora_payload(name: str, path: str, *, pinned: bool = False) -> di
     return {"lora_name": name, "lora_path": path, "pinned": bool(pinned)}
 
 
-def parse_load_lora_payload(body: Any) -> tuple[str, str, bool]:
-    """Server side: ``(lora_name, lora_path, pinned)`` of a load request."""
-    if not isinstance(body, Mapping):
-        raise ProtocolRequestError(f"{LOAD_LORA_PATH} takes {sorted(LOAD_LORA_REQUEST_FIELDS)}")
-    unknown = set(body) - LOAD_LORA_REQUEST_FIELDS
-    if unknown:
-        raise ProtocolRequestError(
-            f"{LOAD_LORA_PATH}: unknown field(s) {sorted(unknown)}; SGLang takes "
-            f"{sorted(LOAD_LORA_REQUEST_FIELDS)}"
-        )
-    name, path = body.get("lora_name"), body.get("lora_path")
-    for key, value in (("lora_name", name), ("lora_path", path)):
-        if not isinstance(value, str) or not value:
-            raise ProtocolRequestError(f"{LOAD_LORA_PATH}: '{key}' must be a non-empty string")
-    pinned = body.get("pinned", False)
-    if not isinstance(pinned, bool):
-        raise ProtocolRequestError(f"{LOAD_LORA_PATH}: 'pinned' must be true or false")
-    return name, path, pinned
-
-
 def build_unload_lora_payload(name: str) -> dict[str, Any]:
     return {"lora_name": name}
-
-
-def parse_unload_lora_payload(body: Any) -> str:
-    if not isinstance(body, Mapping) or set(body) - UNLOAD_LORA_REQUEST_FIELDS:
-        raise ProtocolRequestError(f"{UNLOAD_LORA_PATH} takes {sorted(UNLOAD_LORA_REQUEST_FIELDS)}")
-    name = body.get("lora_name")
-    if not isinstance(name, str) or not name:
-        raise ProtocolRequestError(f"{UNLOAD_LORA_PATH}: 'lora_name' must be a non-empty string")
-    return name
 
 
 def build_lora_update_response(
