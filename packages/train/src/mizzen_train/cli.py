@@ -88,6 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
         "See --help-config for every field of the TOML configuration.",
     )
 
+    export = sub.add_parser(
+        "export",
+        help="export a run's checkpoint: a PEFT adapter per tenant (and merged HF models)",
+        description="Write <run_dir>/export/step-N/<tenant>/adapter (and merged/ with --merged) "
+        "from a complete checkpoint of an existing sft or rl run.",
+    )
+    export.add_argument("run_dir", help="the run's directory (its run.dir)")
+    export.add_argument("--step", type=int, default=None, help="the checkpoint (default: newest)")
+    export.add_argument("--merged", action="store_true", help="also write merged HF models")
+
     plot = sub.add_parser("plot", help="draw loss and eval curves of a metrics.jsonl")
     plot.add_argument("metrics", help="a run's metrics.jsonl")
     plot.add_argument("-o", "--output", required=True, help="the image to write (.png)")
@@ -166,6 +176,36 @@ def _say_how_to_resume(command: str, run_dir, argv: Sequence[str]) -> None:
     )
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``mizzen-train export RUN_DIR``: the run's own configuration (run.json) says its command."""
+    from pathlib import Path
+
+    from mizzen_train.run.state import read_run_config
+    from mizzen_train.run.trainer import export_run
+
+    run_dir = Path(args.run_dir)
+    stored, source = read_run_config(run_dir)
+    command = "rl" if "rollout" in stored else "sft"
+    config_cls, _ = _command(command)
+    trainer_cls = _trainer_class(command)
+    table = {name: value for name, value in stored.items() if value is not None}  # eval: None
+    table["run"] = {**stored["run"], "dir": str(run_dir)}
+    config = config_cls.parse(table, source=source)
+    path = export_run(trainer_cls, config, step=args.step, merged=args.merged)
+    print(f"mizzen-train export: wrote {path}")
+    return 0
+
+
+def _trainer_class(name: str):
+    if name == "sft":
+        from mizzen_train.sft.trainer import SftTrainer
+
+        return SftTrainer
+    from mizzen_train.rl.trainer import RlTrainer
+
+    return RlTrainer
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     import importlib.util
 
@@ -193,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("sft", "rl"):
             return cmd_run(args, argv)
+        if args.command == "export":
+            return cmd_export(args)
         return cmd_plot(args)
     except errors as exc:
         print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)

@@ -312,6 +312,13 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
+def make_readable(directory: Path) -> None:
+    """Exported files are 0644 and directories 0755 whatever wrote them (some writers create
+    0600 files): an export is for others to load, and holds no secret."""
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def export_hf_snapshot(
     directory: str | Path,
     *,
@@ -361,6 +368,7 @@ def export_hf_snapshot(
         else:
             copy_tokenizer_files(source_dir, tmp)
         _fsync_tree(tmp)
+        make_readable(tmp)
         os.rename(tmp, target)
     finally:
         if tmp.exists():

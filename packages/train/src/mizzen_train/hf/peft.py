@@ -18,7 +18,7 @@ Invariants:
   they are written in fp32.
 - Collective under tensor parallelism (the executor all-gathers split factors); global rank 0
   writes.  The directory appears whole or not at all (temporary sibling, fsync, rename); the
-  target must not exist.
+  target must not exist; its files are 0644.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from mizzen_rollout.api import (
     adapter_config_dict,
     peft_weight_key,
 )
-from mizzen_train.hf.convert import HFLlamaConfig, layout_of
+from mizzen_train.hf.convert import HFLlamaConfig, layout_of, make_readable
 from mizzen_train.hf.mapping import LINEARS, hf_linear_names
 
 __all__ = ["export_peft_adapter", "peft_adapter_state"]
@@ -97,6 +97,7 @@ def export_peft_adapter(
         for path in sorted(tmp.iterdir()):
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
+        make_readable(tmp)
         os.rename(tmp, target)
         fd = os.open(target.parent, os.O_RDONLY)
         try:

@@ -75,6 +75,9 @@ class RunConfig:
     threads: int = opt(0, kind="int", low=0, help="torch CPU threads (0: torch's default)")
     log_interval: int = opt(1, kind="int", low=1, help="print a progress line every N steps")
     plot: bool = opt(True, kind="bool", help="draw curves.png at the end (needs matplotlib)")
+    export_merged: bool = opt(
+        False, kind="bool", help="the final export adds each tenant's merged HF model"
+    )
 
 
 @dataclass(frozen=True)

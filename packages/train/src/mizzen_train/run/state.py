@@ -108,6 +108,28 @@ def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunI
     return RunIdentity(run_id, created, True)
 
 
+def read_run_config(run_dir: Path) -> tuple[dict[str, Any], str]:
+    """The configuration table ``run_dir``'s run started with (its ``run.json``), and the
+    file's name for messages; RunStateError when it holds no readable run."""
+    path = run_dir / RUN_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunStateError(
+            f"{run_dir} holds no run ({RUN_FILE} is missing); give a run.dir"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
+    if not isinstance(record, dict):
+        record = {}
+    stored = record.get("config")
+    if record.get("format") != FORMAT or not isinstance(stored, dict):
+        raise RunStateError(f"{path}: not a run record of format {FORMAT!r}")
+    if not isinstance(stored.get("run"), dict):
+        raise RunStateError(f"{path}: its configuration has no [run] table; restore it")
+    return stored, str(path)
+
+
 def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
     """Create the run (fresh id) or, with ``resume``, read its id and check the config."""
     path = run_dir / RUN_FILE

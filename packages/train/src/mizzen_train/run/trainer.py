@@ -14,8 +14,9 @@ with a run directory, checkpoints, resume, metrics and evaluation points on the 
    then :meth:`Trainer.optimizer_step` and :meth:`Trainer.end_step`: the checkpoint every
    ``checkpoint_interval`` steps (and at the last), the eval point at every point of
    :meth:`~mizzen_train.run.sections.RunLayout.eval_points`;
-4. :meth:`Trainer.finish` -- evaluations drained, the ``summary`` record, ``curves.png``, and
-   where everything is.
+4. :meth:`Trainer.finish` -- evaluations drained, the final export (a PEFT adapter per tenant,
+   :mod:`mizzen_train.run.export`), the ``summary`` record, ``curves.png``, and where everything
+   is.
 
 A subclass sets :attr:`Trainer.command` and :attr:`Trainer.SNAPSHOT_MARKER` and implements the
 hooks marked "hook" below; it never re-implements a step of the run's life cycle.
@@ -44,6 +45,7 @@ from typing import Any, ClassVar, TextIO
 import torch
 
 from mizzen_train.run.config import ConfigError
+from mizzen_train.run.export import export_root, export_tenants
 from mizzen_train.run.lock import hold_run_dir
 from mizzen_train.run.metrics import (
     METRICS_FILE,
@@ -59,6 +61,7 @@ from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
 from mizzen_train.run.state import (
     LoadedCheckpoint,
+    RunStateError,
     check_run_dir,
     complete_checkpoints,
     load_checkpoint,
@@ -68,7 +71,14 @@ from mizzen_train.run.state import (
     set_rng_state,
 )
 
-__all__ = ["Trainer", "base_model_dir", "generation_evaluator", "load_tokenizer", "run_trainer"]
+__all__ = [
+    "Trainer",
+    "base_model_dir",
+    "export_run",
+    "generation_evaluator",
+    "load_tokenizer",
+    "run_trainer",
+]
 
 
 def base_model_dir(config: RunLayout) -> Path:
@@ -229,25 +239,10 @@ class Trainer:
     # -- 2. set-up --------------------------------------------------------------------------
 
     def setup(self) -> None:
-        from mizzen_train.executor import SlotExecutor
-        from mizzen_train.hf import import_hf_llama
-        from mizzen_train.specs import ExecutorConfig
-
         config = self.config
-        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
-        self.model, self.source, spec = imported.model, imported.source, imported.spec
+        spec = self._build_model()
         # everything is validated: only now does the run directory become a run
         self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
-        self.executor = SlotExecutor(
-            self.model,
-            ExecutorConfig(
-                num_slots=len(config.tenants),
-                max_rank=max(t.lora_rank for t in config.tenants),
-                micro_batch_size=config.run.micro_batch_size,
-            ),
-        )
-        self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
-        self.tenant_of = {t.name: t for t in config.tenants}
         self.metrics_path = self.run_dir / METRICS_FILE
         self.prepare_data()
         self.start_step = self._restore_or_init()
@@ -279,6 +274,28 @@ class Trainer:
         self.dispatcher = self._dispatcher(records) if self.evaluators else None
         if self.dispatcher is not None:
             self._start_dispatcher()
+
+    def _build_model(self):
+        """The base model imported into megatron-core and the slot executor over it; returns
+        the model's spec."""
+        from mizzen_train.executor import SlotExecutor
+        from mizzen_train.hf import import_hf_llama
+        from mizzen_train.specs import ExecutorConfig
+
+        config = self.config
+        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
+        self.model, self.source = imported.model, imported.source
+        self.executor = SlotExecutor(
+            self.model,
+            ExecutorConfig(
+                num_slots=len(config.tenants),
+                max_rank=max(t.lora_rank for t in config.tenants),
+                micro_batch_size=config.run.micro_batch_size,
+            ),
+        )
+        self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
+        self.tenant_of = {t.name: t for t in config.tenants}
+        return imported.spec
 
     def _start_dispatcher(self) -> None:
         try:
@@ -493,11 +510,53 @@ class Trainer:
 
     # -- 4. the end -------------------------------------------------------------------------
 
+    def export(self, step: int, names: Iterable[str], *, merged: bool) -> Path:
+        """The tenants' adapters (and merged models) as their slots are now, as the export of
+        ``step`` (:mod:`mizzen_train.run.export`)."""
+        evaluation = self.config.eval
+        chosen = evaluation.export_dtype if evaluation is not None else "auto"
+        return export_tenants(
+            export_root(self.run_dir, step),
+            names=list(names),
+            slot_of=self.slot_of,
+            executor=self.executor,
+            model=self.model,
+            source=self.source,
+            base_model_dir=self.model_dir,
+            tokenizer=self.tokenizer,
+            merged=merged,
+            dtype=self.dtype if chosen == "auto" else chosen,
+        )
+
+    def export_checkpoint(self, step: int | None, *, merged: bool) -> Path:
+        """Export the checkpoint of ``step`` (None: the newest) of this existing run: every
+        tenant it holds a slot of.  After :meth:`validate`, in the rank's world."""
+        self._build_model()
+        identity = open_run(self.run_dir, self.config.to_dict(), resume=True)
+        checkpoints = {int(p.name.rsplit("-", 1)[1]): p for p in complete_checkpoints(self.run_dir)}
+        if not checkpoints or (step is not None and step not in checkpoints):
+            held = ", ".join(str(s) for s in sorted(checkpoints)) or "none"
+            raise RunStateError(
+                f"{self.run_dir}: no complete checkpoint of step {step if step else '(any)'} "
+                f"(checkpoints: {held}); give --step one of them"
+            )
+        checkpoint = load_checkpoint(checkpoints[step or max(checkpoints)], run_id=identity.run_id)
+        names = sorted(
+            p.name for p in (checkpoint.path / "slots").iterdir() if p.name in self.tenant_of
+        )
+        for name in names:
+            self.restore_slot(name, checkpoint)
+        return self.export(checkpoint.step, names, merged=merged)
+
     def finish(self, wall: float) -> dict[str, Any]:
-        """The ``summary`` record, the curves, and where the run's outputs are."""
+        """The final export, the ``summary`` record, the curves, and where the run's outputs
+        are."""
         config = self.config
-        records, _ = read_metrics(self.metrics_path)
         final_step = config.run.steps
+        exported = self.export(
+            final_step, self.tenants_at(final_step), merged=config.run.export_merged
+        )
+        records, _ = read_metrics(self.metrics_path)
         final = _final_eval(records, final_step)
         summary = self.metrics.write(
             "summary",
@@ -514,6 +573,7 @@ class Trainer:
         self.progress.print(f"metrics:     {self.metrics_path}")
         if curves is not None:
             self.progress.print(f"curves:      {curves}")
+        self.progress.print(f"export:      {exported} (a PEFT adapter per tenant)")
         for line in self.output_lines(records):
             self.progress.print(line)
         checkpoints = complete_checkpoints(self.run_dir)
@@ -563,3 +623,16 @@ def run_trainer(
         trainer.validate(device, dtype)
         with single_rank(device):
             return trainer.run_to_end()
+
+
+def export_run(
+    trainer_cls: type[Trainer], config: RunLayout, *, step: int | None, merged: bool
+) -> Path:
+    """``mizzen-train export``: the checkpoint of ``step`` (None: the newest) of the existing
+    run of ``config``, holding its run directory; returns the export's directory."""
+    device, dtype = resolve_device(config)
+    trainer = trainer_cls(config, resume=True, stream=None)
+    with hold_run_dir(config.run_dir, resume=True):
+        trainer.validate(device, dtype)
+        with single_rank(device):
+            return trainer.export_checkpoint(step, merged=merged)
