@@ -28,6 +28,7 @@ from mizzen_ci.plan.request import (
     PRIVATE_CACHE,
     SHARED_CACHE,
     TRUSTED_ASSOCIATIONS,
+    UNTRUSTED_ENVIRONMENT,
     Inputs,
     compile_cache_scope,
     fast_fail,
@@ -214,6 +215,80 @@ def test_self_hosted_jobs_come_only_from_the_default_branchs_planner_and_pinned_
     for path in FILES:
         if path.name != "gpu.yml":
             assert "--matrix self-hosted" not in path.read_text(), path.name
+
+
+def gpu_pool_jobs() -> list[tuple[str, str, dict, str]]:
+    """``(workflow, job id, job, the job its matrix comes from)`` for every job that can run on a
+    self-hosted (GPU) runner: runs-on from a plan's matrix that is not the hosted kind, or a
+    literal self-hosted label."""
+    out = []
+    for path in FILES:
+        wf = yaml.safe_load(path.read_text())
+        for job_id, job in wf["jobs"].items():
+            runs_on = job.get("runs-on")
+            if runs_on is None:
+                continue  # a call of a reusable workflow: its own jobs are checked in its file
+            if "matrix.runs_on" in str(runs_on):
+                source = re.search(r"needs\.(\w+)\.outputs\.matrix", job["strategy"]["matrix"])
+                assert source, f"{path.name}: {job_id}'s matrix comes from no plan job"
+                if "--matrix hosted" not in plan_step(wf, source.group(1))["run"]:
+                    out.append((path.name, job_id, job, source.group(1)))
+            else:
+                assert "self-hosted" not in str(runs_on), f"{path.name}: {job_id} names a runner"
+    return out
+
+
+def environment_of(expression: str, trusted_output: str) -> str:
+    """Evaluate the one form of ``environment:`` the GPU jobs may use,
+    ``${{ needs.P.outputs.trusted != 'true' && 'ENV' || '' }}``, for an output value."""
+    m = re.fullmatch(
+        r"\$\{\{ needs\.\w+\.outputs\.trusted != 'true' && '([\w-]+)' \|\| '' \}\}", expression
+    )
+    assert m, f"not the fail-closed form: {expression}"
+    return m.group(1) if trusted_output != "true" else ""
+
+
+def test_every_gpu_pool_job_of_an_untrusted_head_runs_in_the_reviewed_environment():
+    # Approval by GitHub: a job that can reach a GPU runner names the deployment environment
+    # whose required reviewers approve each run of an untrusted head; the decision is the
+    # trusted plan's `trusted` output, fail-closed (anything but "true", a missing output too,
+    # goes through the environment).
+    found = gpu_pool_jobs()
+    assert [(w, j) for w, j, _, _ in found] == [("gpu.yml", "gpu")]
+    for workflow, job_id, job, source in found:
+        wf = load(workflow)
+        env = job.get("environment")
+        assert isinstance(env, str), f"{workflow}: {job_id} has no environment"
+        assert f"needs.{source}.outputs.trusted" in env  # the plan that made the matrix
+        assert source in ([job["needs"]] if isinstance(job["needs"], str) else job["needs"])
+        for output in ("false", "", "False", "TRUE", "true ", "1", "yes"):
+            assert environment_of(env, output) == UNTRUSTED_ENVIRONMENT, output
+        assert environment_of(env, "true") == ""
+        # its inputs come from the trusted plan: the default branch's planner over the head as
+        # data, whose `trusted` output the planner writes (`--github-output`)
+        plan_job = wf["jobs"][source]
+        assert plan_job["outputs"]["trusted"] == "${{ steps.plan.outputs.trusted }}"
+        step = plan_step(wf, source)
+        assert step["env"]["PYTHONPATH"] == "trusted/ci/src" and "--root tree" in step["run"]
+        assert '"--github-output=$GITHUB_OUTPUT"' in step["run"]
+        checkout = next(st for st in job["steps"] if "actions/checkout@" in st.get("uses", ""))
+        assert checkout["with"]["ref"] == f"${{{{ needs.{source}.outputs.sha }}}}"
+        assert job["runs-on"].startswith("${{ fromJSON(matrix.runs_on) }}")
+        assert job["strategy"]["matrix"] == f"${{{{ fromJSON(needs.{source}.outputs.matrix) }}}}"
+    # no other job of any workflow names the environment (it approves GPU runs only)
+    for path in FILES:
+        for job_id, job in yaml.safe_load(path.read_text())["jobs"].items():
+            if (path.name, job_id) != ("gpu.yml", "gpu"):
+                assert "environment" not in job, (path.name, job_id)
+
+
+def test_the_environment_set_up_is_documented_beside_the_runner_groups():
+    # (the planner's `trusted=` output itself: tests/ci/plan/test_trust.py)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"create `{UNTRUSTED_ENVIRONMENT}`" in readme
+    for setting in ("Required reviewers", "Prevent self-review", "Selected branches and tags"):
+        assert setting in readme, setting
+    assert readme.index("Restrict the runner groups") < readme.index("Approval of untrusted heads")
 
 
 def test_the_checks_job_is_required_and_runs_the_cheap_checks():

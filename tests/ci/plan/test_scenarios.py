@@ -412,7 +412,7 @@ def test_run_ci_all_and_unknown_labels(repo):
     assert any("volta" in w for w in p["warnings"])
 
 
-def test_untrusted_author_runs_cpu_only_until_this_event_approves_the_head(repo):
+def test_untrusted_author_runs_cpu_only_until_this_event_asks_for_gpu_jobs(repo):
     write(repo, "packages/alpha/src/alpha/leaf.py", "def f():\n    return 4\n")
     commit(repo)
     untrusted = {"fork": True, "author_association": "FIRST_TIME_CONTRIBUTOR"}
@@ -423,7 +423,8 @@ def test_untrusted_author_runs_cpu_only_until_this_event_approves_the_head(repo)
     # the labeled event that adds ok-to-test approves the head it carries ...
     p = plan(repo, labels=("ok-to-test",), action="labeled", label_added="ok-to-test", **untrusted)
     assert ("tests/beta/test_model_gpu.py", "hopper") in scheduled(p)
-    assert "ok-to-test" in p["approval"]
+    assert "ok-to-test" in p["approval"] and "`gpu-untrusted`" in p["approval"]
+    assert p["trusted"] is False  # the workflow sends these GPU jobs through the environment
     # ... another label added later approves nothing, nor does a later push
     p = plan(repo, labels=("ok-to-test", "x"), action="labeled", label_added="x", **untrusted)
     assert ("tests/beta/test_model_gpu.py", "hopper") not in scheduled(p)
@@ -435,7 +436,11 @@ def test_untrusted_author_runs_cpu_only_until_this_event_approves_the_head(repo)
     assert {a for _, a in scheduled(p)} == {None}
     p = plan(repo, comments=(Comment("MEMBER", "/run-ci lora"),), **untrusted)
     assert ("tests/beta/test_model_gpu.py", "hopper") in scheduled(p)
-    assert "comment command from MEMBER" in p["approval"]
+    assert "a trusted comment (/run-ci lora)" in p["approval"]
+    assert "required reviewers approve this run" in p["approval"] and p["trusted"] is False
+    # a command that asks for nothing that can run asks for no GPU job
+    p = plan(repo, comments=(Comment("MEMBER", "/run-ci nosuchlabel"),), **untrusted)
+    assert {a for _, a in scheduled(p)} == {None} and p["approval"] is None
     # unknown fork status is untrusted; a fork of a member is trusted
     p = plan(repo, fork=None, author_association="CONTRIBUTOR", labels=("run-ci-all",))
     assert {a for _, a in scheduled(p)} == {None}

@@ -1,6 +1,7 @@
 """Trust cannot be steered by the change: `mizzen-ci plan` (a real subprocess under ``python3 -S``
 over a real git repository) takes pools and runner labels from the base revision's fleet table,
-treats an unknown fork status as untrusted, approves an untrusted head only by an approving event,
+treats an unknown fork status as untrusted, plans an untrusted head's GPU jobs only when the event
+asks for them and marks them for the reviewed environment (``trusted=false``),
 reads comment commands as whole lines (rerun commands too: only the named or last-failed registered
 files, pinned to the head), and fails on registry errors after writing the plan."""
 
@@ -113,7 +114,7 @@ def test_a_trusted_change_to_the_fleet_does_not_move_its_own_gpu_jobs(repo: Path
         repo, "--same-repo", "--label", "run-ci-lora", "--matrix", "self-hosted"
     )
     assert code == 0, err
-    assert p["trusted"] is True
+    assert p["trusted"] is True and gh["trusted"] == "true"
     (gpu,) = [j for j in p["jobs"] if j["arch"] == "hopper"]
     assert (tuple(gpu["runs_on"]), gpu["runner_group"]) == (("self-hosted", "h200"), "mizzen-h200")
     (entry,) = json.loads(gh["matrix"])["include"]
@@ -145,6 +146,9 @@ def test_only_the_event_that_adds_ok_to_test_approves_and_the_plan_names_the_pin
     _, p, _, gh = plan(repo, *untrusted, "--action", "labeled", "--label-added", "ok-to-test")
     assert p["approval"] and [j for j in p["jobs"] if j["arch"]]
     assert p["head"] == head and gh["sha"] == head
+    # the planned GPU jobs of this untrusted head go through the reviewed environment: gpu.yml
+    # reads `trusted` (tests/ci/test_workflows.py), GitHub's reviewers approve the run
+    assert gh["trusted"] == "false" and "`gpu-untrusted`" in p["approval"]
     _, p, _, _ = plan(repo, *untrusted, "--action", "synchronize")
     assert p["approval"] is None and not [j for j in p["jobs"] if j["arch"]]
 

@@ -9,7 +9,9 @@ event, the range, the labels and the trust facts (``--fork``/``--same-repo``,
 Outputs: ``--output plan.json`` (the plan, see :mod:`mizzen_ci.plan.model`), ``--summary FILE``
 (Markdown appended, e.g. ``$GITHUB_STEP_SUMMARY``), ``--github-output FILE`` (appends
 ``matrix=<json>``, ``jobs=<n>``, ``sha=<head>``, ``blocked=<n>`` (GPU test runs waiting for an
-approval), ``fast_fail=true|false`` (whether the GPU jobs wait for the cheap checks and the CPU
+approval), ``trusted=true|false`` (whether the head is trusted: the GPU jobs of an
+untrusted one run in the environment :data:`~mizzen_ci.plan.request.UNTRUSTED_ENVIRONMENT`,
+whose required reviewers approve the run), ``fast_fail=true|false`` (whether the GPU jobs wait for the cheap checks and the CPU
 lane) and ``compile_cache=shared|private`` (:func:`mizzen_ci.plan.request.compile_cache_scope`) for
 a ``strategy.matrix`` of the lanes; ``--matrix hosted|self-hosted`` keeps the jobs of that kind of
 runner), ``--json`` (the plan on stdout instead of the table).
@@ -22,8 +24,9 @@ Invariants:
   has no readable fleet table is refused (exit 2).  An unknown fork status is untrusted.
 - Exit 0 when a plan was made; 1 when it was made but the registry has violations (written,
   annotated and printed first: CI fails on what it cannot trust); 2 for bad input.
-- ``comment`` prints, as JSON, the commands the body holds (whole lines only) and whether the
-  association may give them; it exits 0 either way (the JSON says), 2 for bad input.  With
+- ``comment`` prints, as JSON, the commands the body holds (the grammar of
+  :mod:`mizzen_ci.plan.request`), why it holds none when it may carry none (``refused``), and
+  whether the association may give them; it exits 0 either way (the JSON says), 2 for bad input.  With
   ``--github-output FILE`` it appends ``run=true|false`` (accepted) and ``rerun_failed=true|false``
   (an accepted ``/rerun-failed``: the workflow fetches the last run's records); with ``--reply
   FILE --run-url URL --head SHA [--last-run URL]`` it writes the Markdown reply that
@@ -68,7 +71,7 @@ from .request import (
     Inputs,
     RequestError,
     compile_cache_scope,
-    parse_commands,
+    read_commands,
 )
 from .selection import UNTRUSTED
 
@@ -214,7 +217,7 @@ _SHA = re.compile(r"[0-9a-f]{40}")
 
 def _comment(args: argparse.Namespace) -> int:
     body = _read_comment(args.body_file)
-    commands = parse_commands(body)
+    commands, refused = read_commands(body)
     association = args.association.upper()
     accepted = bool(commands) and association in TRUSTED_ASSOCIATIONS
     rerun_failed = accepted and any(c == "rerun-failed" for c, _ in commands)
@@ -226,6 +229,7 @@ def _comment(args: argparse.Namespace) -> int:
                 "commands": [{"command": c, "args": a} for c, a in commands],
                 "association": association,
                 "accepted": accepted,
+                "refused": refused,
             }
         )
     )
@@ -364,6 +368,7 @@ def _plan(args: argparse.Namespace) -> int:
             f.write(f"jobs={len(chosen['include'])}\n")
             f.write(f"sha={plan.head or ''}\n")
             f.write(f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n")
+            f.write(f"trusted={str(plan.trusted).lower()}\n")
             f.write(f"fast_fail={str(plan.fast_fail).lower()}\n")
             f.write(f"compile_cache={compile_cache_scope(plan.event)}\n")
     for w in plan.warnings:

@@ -108,6 +108,8 @@ def build_plan(
     )
     plan.jobs, plan.pools, plan.capacity = jobs, summaries, capacity
     plan.warnings += warnings
+    if plan.approval and not any(j.arch for j in jobs):
+        plan.approval = None  # nothing waits for a review: the ask planned no GPU job
     return plan
 
 
