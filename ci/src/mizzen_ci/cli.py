@@ -11,14 +11,22 @@ Invariants:
   (a malformed fleet table or ``pyproject.toml`` table: one escaped line naming the file).
 - :class:`UsageError` is mizzen_ci's one exception for bad usage (arguments that name nothing
   usable); a command raises it and :func:`main` prints it as that one line.
+- Secrets: before anything is parsed, the secrets of the environment and of the arguments are
+  registered in the mask set (:mod:`mizzen_ci.masking`), and the command runs with masked
+  ``sys.stdout``/``sys.stderr``: no line the process prints, a usage error or an unexpected
+  traceback included, shows a registered value.  An unexpected exception is a bug: its masked
+  traceback is printed, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
+from . import masking
 from .fleet import FleetError
 from .output import plain
 from .sources import ConfigError
@@ -72,10 +80,19 @@ def _command_of(argv: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(_command_of(argv)).parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command][0])
-    try:
-        return module.run(args.command, args)
-    except (FleetError, ConfigError, UsageError) as e:
-        print(plain(f"mizzen-ci {args.command}: {e}"), file=sys.stderr)
-        return 2
+    masking.register_environment(os.environ)
+    masking.register_arguments(argv)
+    with masking.masked_streams():
+        args = build_parser(_command_of(argv)).parse_args(argv)
+        module = importlib.import_module(COMMANDS[args.command][0])
+        try:
+            return module.run(args.command, args)
+        except (FleetError, ConfigError, UsageError) as e:
+            print(plain(f"mizzen-ci {args.command}: {e}"), file=sys.stderr)
+            return 2
+        except Exception as e:  # a bug: its traceback, masked like every other line
+            traceback.print_exc(file=sys.stderr)
+            print(plain(f"mizzen-ci {args.command}: internal error ({type(e).__name__}); "
+                        "the traceback above is a bug of mizzen-ci, please report it"),
+                  file=sys.stderr)  # fmt: skip
+            return 1

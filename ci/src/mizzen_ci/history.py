@@ -38,6 +38,8 @@ Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m
 Invariants:
 - Stdlib only (``python3 -S``): junit is read by :mod:`mizzen_ci.junit`, the stores with
   ``json``.  :func:`now_utc` is the one clock of every record.
+- The two writers of JSON lines (:func:`append_jsonl`, :func:`write_lines`; metric artefacts
+  too) mask the registered secrets (:mod:`mizzen_ci.masking`) in every line they write.
 - :func:`append_jsonl` writes all its lines with one ``write`` on a file opened for appending, so
   a crash never leaves half a batch behind a complete line.
 - A store is read from disk it did not write (a downloaded artifact, or a checkout's
@@ -74,6 +76,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .junit import JunitError, read_testcases, testcase_outcome
+from .masking import mask
 from .output import plain, text_table
 from .registry.rules import MAX_EST_TIME_SECONDS, shown
 from .sources import read_bytes
@@ -231,7 +234,7 @@ def append(path: Path | str, records: Iterable[Record]) -> int:
 def append_jsonl(path: Path | str, lines: Iterable[str]) -> int:
     """Append JSON ``lines`` (one object each, no newline) to the store at ``path`` (created with
     its parents) in one write; the number of lines written."""
-    lines = "".join(line + "\n" for line in lines)
+    lines = "".join(mask(line) + "\n" for line in lines)
     if not lines:
         return 0
     path = Path(path)
@@ -637,7 +640,7 @@ def write_lines(path: Path | str, lines: Iterable[str]) -> int:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     lines = list(lines)
     try:
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        tmp.write_text("".join(mask(line) + "\n" for line in lines), encoding="utf-8")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -30,6 +30,9 @@ Invariants:
   message can never inject a second command; any other character that does not print (a
   terminal escape, a direction override) is shown as its code point, as :func:`plain` does.
   Annotations are printed only when ``GITHUB_ACTIONS=true``.
+- Every escaping function here masks the values of the process-wide mask set
+  (:func:`mizzen_ci.masking.mask`) *before* it escapes, so a registered secret never reaches a
+  terminal, a summary or an annotation, whatever text carries it; text without one is unchanged.
 - Every table renderer takes the same (headers, rows) shape; cells are converted with ``str``
   and escaped for the renderer's medium (a :class:`Code` cell is a code span in Markdown).
 """
@@ -40,6 +43,8 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+
+from . import masking
 
 # One pattern finds everything plain() may change: any non-printable-ASCII character, and the
 # two workflow-command openers.  Pure printable ASCII without them is returned as it is.
@@ -81,8 +86,12 @@ def _shown_as_code_point(ch: str, in_ascii_word: bool) -> bool:
 
 
 def plain(text: object) -> str:
-    """``text`` as one line of safe printable text (see the module docstring)."""
-    s = str(text)
+    """``text`` as one line of safe printable text, registered secrets masked first (see the
+    module docstring)."""
+    return _plain(masking.mask(text))
+
+
+def _plain(s: str) -> str:
     if not _SUSPECT.search(s):
         return s
     if not s.isascii():
@@ -147,7 +156,7 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 def xml_text(text: object) -> str:
     """``text`` as characters XML 1.0 can hold (see the module docstring)."""
-    s = str(text)
+    s = masking.mask(text)
     return _NOT_XML.sub(lambda m: _code_point(m.group()), s) if _NOT_XML.search(s) else s
 
 
@@ -204,13 +213,21 @@ def annotation(
     """The workflow command line for one annotation (``level``: error, warning or notice)."""
     props = []
     if file:
-        props.append(f"file={_escape_property(file)}")
+        props.append(f"file={_escape_property(masking.mask(file))}")
     if line:
         props.append(f"line={int(line)}")
     if title:
-        props.append(f"title={_escape_property(title)}")
+        props.append(f"title={_escape_property(masking.mask(title))}")
     head = f"::{level} {','.join(props)}" if props else f"::{level}"
-    return f"{head}::{_escape_data(message)}"
+    return f"{head}::{_escape_data(masking.mask(message))}"
+
+
+# A registered secret is masked in the escaped forms of these media too (a text escaped before
+# it reaches a masked stream).
+masking.add_encoding(_plain)
+masking.add_encoding(lambda s: _MARKDOWN_PUNCTUATION.sub(r"\\\1", _plain(s)))
+masking.add_encoding(_escape_data)
+masking.add_encoding(_escape_property)
 
 
 def emit(level: str, message: str, **where) -> None:

@@ -26,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 
-from .. import output
+from .. import masking, output
 from ..fleet import find_repo_root
 from ..registry.rules import shown
 from .artefacts import CPU_ARCH, Point, default_dir, read_points, valid_key, valid_test_path
@@ -226,8 +226,7 @@ def _check(root: Path, args: argparse.Namespace) -> int:
 
     sys.stdout.write(text(result))
     if args.summary:
-        with args.summary.open("a", encoding="utf-8") as f:
-            f.write(markdown(result))
+        masking.write_text(args.summary, markdown(result), append=True)
     annotate(result)
     return 1 if result.failed else 0
 

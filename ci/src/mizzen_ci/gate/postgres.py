@@ -1,11 +1,16 @@
-"""The PostgreSQL backend of the metric store, for teams: the URL (``postgresql://…``) comes from
+"""The PostgreSQL backend of the metric store, for teams: the URL (``postgresql://…`` or a libpq
+key/value string) comes from
 ``--store`` or ``$MIZZEN_METRICS_STORE``; the driver is ``psycopg`` (3.x), the optional extra
 ``mizzen-ci[postgres]``, imported inside this module's functions only.
 
 Invariants:
+- The store is a ``postgresql://`` URL or a libpq key/value string (``host=… password=…``); a
+  key/value string that does not parse is refused before the driver sees it (libpq's own error
+  would quote a piece of it).
 - The URL is never shown: messages, ``repr()`` and errors use
   :func:`~mizzen_ci.gate.redact.redact_url`, and a driver's message goes through
-  :func:`~mizzen_ci.gate.redact.redact_text` with the URL's password and query masked.
+  :func:`~mizzen_ci.gate.redact.redact_text` with the URL's password and query masked, and every
+  value of the mask set (:mod:`mizzen_ci.masking`).
 - A read-only store runs every transaction read-only (``default_transaction_read_only``);
   statements are bounded by ``statement_timeout`` (:data:`STATEMENT_MS`), connecting by
   :data:`CONNECT_SECONDS`.
@@ -16,9 +21,12 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from datetime import datetime
+from urllib.parse import unquote, urlsplit
 
+from ..masking import conninfo_pairs, is_conninfo, register
 from .redact import redact_text, redact_url, url_secrets
 from .sql import SqlStore
 from .store import StoreError
@@ -44,11 +52,101 @@ SCHEMA = (
 )
 
 
+_QUOTED = re.compile(r""""([^"]*)"|'([^']*)'""")
+_SHOWABLE = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,255}")
+_KEYWORDS = frozenset(
+    [
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "channel_binding",
+        "connect_timeout",
+        "client_encoding",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "replication",
+        "gssencmode",
+        "sslmode",
+        "requiressl",
+        "sslcompression",
+        "sslcert",
+        "sslkey",
+        "sslpassword",
+        "sslcertmode",
+        "sslrootcert",
+        "sslcrl",
+        "sslcrldir",
+        "sslsni",
+        "requirepeer",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "krbsrvname",
+        "gsslib",
+        "gssdelegation",
+        "service",
+        "target_session_attrs",
+        "load_balance_hosts",
+        "sslnegotiation",
+        "require_auth",
+    ]
+)
+_SCHEMA_NAMES = frozenset(
+    [
+        "mizzen_meta",
+        "runs",
+        "metric_values",
+        "runs_recent_trusted",
+        "id",
+        "test",
+        "arch",
+        "pool",
+        "commit_sha",
+        "pr",
+        "event",
+        "trusted",
+        "attempt",
+        "created",
+        "source",
+        "run",
+        "metric",
+        "step",
+        "value",
+        "kind",
+        "key",
+    ]
+)
+
+
+def _shown_values(url: str) -> frozenset[str]:
+    """The host, port, database and user of a store, where they have a showable shape."""
+    values: list[str] = []
+    if is_conninfo(url):
+        pairs = conninfo_pairs(url) or []
+        values = [v for k, v in pairs if k in ("host", "hostaddr", "port", "dbname", "user")]
+    else:
+        with contextlib.suppress(Exception):
+            parts = urlsplit(url)
+            values = [parts.hostname or "", str(parts.port or ""), parts.path.lstrip("/"),
+                      unquote(parts.username or "")]  # fmt: skip
+    return frozenset(v for v in values if _SHOWABLE.fullmatch(v)) - set(url_secrets(url))
+
+
 class PostgresStore(SqlStore):
     def __init__(self, url: str, *, readonly: bool = False):
         self.readonly = readonly
         self.shown = redact_url(url)
-        self._secrets = url_secrets(url)
+        register(*url_secrets(url))  # the mask set holds them: never an attribute of the store
+        self._quotable = _KEYWORDS | _SCHEMA_NAMES | _shown_values(url)
         try:
             import psycopg
         except ImportError:
@@ -57,6 +155,12 @@ class PostgresStore(SqlStore):
                 "`mizzen-ci[postgres]` (psycopg[binary])"
             ) from None
         self._errors = psycopg.Error
+        if is_conninfo(url) and conninfo_pairs(url) is None:  # never handed to the driver
+            raise StoreError(
+                f"{self.shown}: not a usable libpq connection string; write "
+                "host=HOST port=PORT dbname=DATABASE user=USER password=PASSWORD (quote a value "
+                "with spaces: password='…')"
+            )
         try:
             self.conn = psycopg.connect(url, connect_timeout=CONNECT_SECONDS, autocommit=True)
         except psycopg.Error as e:
@@ -66,7 +170,7 @@ class PostgresStore(SqlStore):
         except Exception as e:  # a malformed URL: psycopg raises ProgrammingError or ValueError
             raise StoreError(
                 f"{self.shown}: not a usable PostgreSQL URL ({type(e).__name__}); write "
-                "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+                "postgresql://USER:PASSWORD@HOST:PORT/DATABASE or host=… dbname=… user=…"
             ) from None
         settings = (f"SET statement_timeout = {int(STATEMENT_MS)}",)
         if readonly:
@@ -77,7 +181,16 @@ class PostgresStore(SqlStore):
         self._execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
 
     def _said(self, error: BaseException) -> str:
-        return redact_text(str(error).strip() or type(error).__name__, self._secrets)
+        """A driver's message as it may be shown: every quoted value in it that is not a
+        libpq keyword, a name of the schema or a shown part of the store (host, port, database,
+        user) is ``***`` (libpq quotes what it could not use: a piece of a mistyped password
+        too), then :func:`~mizzen_ci.gate.redact.redact_text` (the mask set)."""
+        text = str(error).strip() or type(error).__name__
+        text = _QUOTED.sub(
+            lambda m: m[0] if (m[1] if m[1] is not None else m[2]) in self._quotable else "***",
+            text,
+        )
+        return redact_text(text)
 
     def _check_schema(self) -> None:
         tables = {

@@ -7,9 +7,15 @@ Invariants:
   IPv4 or bracketed IPv6 address, a port that is not 1-5 digits, a database path outside
   ``[A-Za-z0-9_./-]`` and a scheme outside :data:`SHOWN_SCHEMES` become ``***`` too.  A value
   with no ``://`` (a SQLite path) is shown as a path, cut to :data:`MAX_SHOWN` characters.
+- A libpq key/value string (``host=… port=… dbname=… user=… password=…``,
+  :func:`mizzen_ci.masking.is_conninfo`) is shown as ``host=H port=P dbname=D`` (each value only
+  when it has the shape above) with every other keyword's value ``***``; one that does not parse
+  is ``***`` whole.
 - :func:`redact_text` masks, in free text (a driver's error message), every given secret and
   every ``scheme://…`` token (replaced by its :func:`redact_url` form); then
-  :func:`mizzen_ci.output.plain` makes it one printable line.
+  :func:`mizzen_ci.output.plain` makes it one printable line, masking every value of the
+  process-wide mask set (:mod:`mizzen_ci.masking`).  These shape rules are the first line; the
+  mask set, where every store URL is registered when it is chosen, is the guarantee.
 - mizzen_ci depends on nothing, so this is its own copy of the rule
   ``mizzen_rollout.harbor.redaction`` applies to URLs: never show a userinfo, a query or a
   fragment.
@@ -21,6 +27,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
+from ..masking import connection_secrets, conninfo_pairs, is_conninfo
 from ..output import plain
 
 MASK = "***"
@@ -45,6 +52,8 @@ def redact_url(url: object) -> str:
     except Exception:
         return MASK
     if "://" not in text:
+        if is_conninfo(text):
+            return redact_conninfo(text)
         if "@" in text or "?" in text or "#" in text:  # a bare user:password@host
             return MASK
         return _cut(plain(text))
@@ -77,6 +86,22 @@ def redact_url(url: object) -> str:
         return MASK
 
 
+_SHOWN_KEYWORDS = {"host": _HOST, "hostaddr": _HOST, "port": _PORT, "dbname": _PATH}
+
+
+def redact_conninfo(text: str) -> str:
+    """The shown form of a libpq key/value string (see the module docstring)."""
+    pairs = conninfo_pairs(text)
+    if not pairs:
+        return MASK
+    shown = []
+    for key, value in pairs:
+        rule = _SHOWN_KEYWORDS.get(key)
+        ok = rule is not None and bool(value) and bool(rule.fullmatch(value))
+        shown.append(f"{key}={value if ok else MASK}")  # a keyword is [A-Za-z_][A-Za-z0-9_]*
+    return _cut(" ".join(shown))
+
+
 def redact_text(text: object, secrets: Iterable[str] = ()) -> str:
     """Free text with every secret and URL masked, as one printable line."""
     try:
@@ -90,17 +115,19 @@ def redact_text(text: object, secrets: Iterable[str] = ()) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The secret parts of a URL (its password, raw and decoded; its query), for
-    :func:`redact_text` of messages that might repeat them."""
+    """The secret parts of a store URL or libpq string (a URL's userinfo, password raw and
+    decoded, and query; a key/value string's secret values), for :func:`redact_text` of messages
+    that might repeat them."""
+    if "://" not in url:
+        return connection_secrets(url)
     try:
         parts = urlsplit(url)
     except Exception:
         return [url]
-    out = []
+    out = connection_secrets(url)
     userinfo = parts.netloc.rpartition("@")[0]
     if userinfo:
-        password = userinfo.partition(":")[2]
-        out += [userinfo, password, unquote(password)]
+        out += [userinfo]
     if parts.query:
         out += [parts.query, unquote(parts.query)]
     return [x for x in out if x]

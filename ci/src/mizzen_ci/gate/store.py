@@ -26,7 +26,9 @@ Invariants:
   bounds a query's time.
 - Every error is a :class:`StoreError` whose message shows the store only through
   :func:`~mizzen_ci.gate.redact.redact_url` (a password never appears in a message, a ``repr()``
-  or a log line).
+  or a log line); the store's secrets are registered in the process-wide mask set when the URL
+  is chosen (:func:`store_url`, :func:`~mizzen_ci.gate.backends.open_store`), and a
+  :class:`StoreError` message and a store's ``repr()`` are masked with it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..masking import mask, register_connection
 from .artefacts import MAX_ABS_VALUE, MAX_KEY_CHARS, NONFINITE, valid_test_path
 
 SCHEMA_VERSION = "1"
@@ -53,7 +56,10 @@ KINDS = ("finite", "nan", "inf", "-inf")
 
 class StoreError(RuntimeError):
     """The store cannot be opened, read or written; the message says which store (redacted),
-    what failed and the fix."""
+    what failed and the fix, with every registered secret masked (:mod:`mizzen_ci.masking`)."""
+
+    def __init__(self, message: object):
+        super().__init__(mask(message))
 
 
 @dataclass(frozen=True)
@@ -154,7 +160,7 @@ class MetricStore(ABC):
     shown: str
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.shown}>"
+        return mask(f"<{type(self).__name__} {self.shown}>")
 
     @abstractmethod
     def add_run(self, run: RunInfo, values: Mapping[tuple[str, int], float]) -> bool:
@@ -227,5 +233,7 @@ class MetricStore(ABC):
 
 def store_url(given: str | None, root: Path) -> str:
     """The store to use: ``--store``, else ``$MIZZEN_METRICS_STORE``, else the SQLite file of the
-    tree's history folder (:data:`DEFAULT_STORE`)."""
-    return given or os.environ.get(STORE_ENV) or str(Path(root) / DEFAULT_STORE)
+    tree's history folder (:data:`DEFAULT_STORE`); its secrets registered in the mask set."""
+    url = given or os.environ.get(STORE_ENV) or str(Path(root) / DEFAULT_STORE)
+    register_connection(url)
+    return url

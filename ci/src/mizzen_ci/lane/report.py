@@ -19,7 +19,9 @@ Invariants:
 - Every path, reason and message in the summaries goes through the medium's one escaping function
   (:mod:`mizzen_ci.output`; the table renderers escape every cell): a test's output, a skip
   reason or a file name cannot break a table, inject Markdown or print a workflow command.  At
-  most :data:`TAIL_BYTES` of a test's log are read (for its junit error case).
+  most :data:`TAIL_BYTES` of a test's log are read (for its junit error case).  Every file
+  written here is masked (:func:`mizzen_ci.masking.write_text`; junit text through
+  :func:`mizzen_ci.output.xml_text`): a registered secret a test printed never reaches it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import history, junit
+from .. import history, junit, masking
 from ..fleet import nox_session_name
 from ..output import markdown as markdown_text
 from ..output import markdown_table, plain, text_table
@@ -444,13 +446,13 @@ def write_reports(
     table = tables()
     last, failed = verdict(outcome, rows)
     print(f"\n{table}\n\n{plain(last)}\nmerged junit: {plain(report_dir / 'junit.xml')}")
-    (report_dir / "summary.txt").write_text(f"{table}\n\n{plain(last)}\n")
+    masking.write_text(report_dir / "summary.txt", f"{table}\n\n{plain(last)}\n")
     markdown = f"### {markdown_text(name)}\n\n{tables(markdown=True)}\n\n{markdown_text(last)}\n"
-    (report_dir / "summary.md").write_text(markdown)
+    masking.write_text(report_dir / "summary.md", markdown)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
-            f.write(markdown)
-    (report_dir / "summary.json").write_text(json.dumps(summary_json(outcome, flakes), indent=2))
+        masking.write_text(os.environ["GITHUB_STEP_SUMMARY"], markdown, append=True)
+    summary = json.dumps(summary_json(outcome, flakes), indent=2)
+    masking.write_text(report_dir / "summary.json", summary)
     return 1 if failed else 0
 
 
