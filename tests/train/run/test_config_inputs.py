@@ -288,3 +288,25 @@ def test_the_property_tests_reach_both_outcomes(tmp_path):
     assert RlConfig.parse(_with_run_dir(BASES["rl"], tmp_path)).run.steps == 4
     with pytest.raises(ConfigError):
         SftConfig.parse({**_with_run_dir(BASES["sft"], tmp_path), "run": {"steps": math.nan}})
+
+
+def test_a_bad_config_is_refused_before_torch_loads(tmp_path):
+    """The configuration is checked before any heavy import (a typo costs a second, not torch)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        SFT_TOML.format(run_dir=tmp_path / "run", snapshot_dir="snapshots") + "typo = 1\n"
+    )
+    probe = (
+        "import sys\nfrom mizzen_train.cli import main\n"
+        f"code = main(['sft', '--config', {str(path)!r}])\n"
+        "heavy = sorted(m for m in ('torch', 'megatron', 'transformers') if m in sys.modules)\n"
+        "print(code, heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == "2 []", (done.stdout, done.stderr[-2000:])
+    assert "typo" in done.stderr and "Fix:" in done.stderr, done.stderr

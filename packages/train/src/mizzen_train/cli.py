@@ -127,22 +127,31 @@ def _config_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
 
 
-def _command(name: str):
-    """``(config class, run function)`` of the run command ``name``."""
+def _config_class(name: str):
+    """The configuration class of the run command ``name`` (no torch imported)."""
     if name == "sft":
         from mizzen_train.sft.config import SftConfig
-        from mizzen_train.sft.trainer import run_sft
 
-        return SftConfig, run_sft
+        return SftConfig
     from mizzen_train.rl.config import RlConfig
-    from mizzen_train.rl.trainer import run_rl
 
-    return RlConfig, run_rl
+    return RlConfig
+
+
+def _trainer_class(name: str):
+    """The trainer of the run command ``name`` (imports torch and megatron)."""
+    if name == "sft":
+        from mizzen_train.sft.trainer import SftTrainer
+
+        return SftTrainer
+    from mizzen_train.rl.trainer import RlTrainer
+
+    return RlTrainer
 
 
 def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``mizzen-train sft|rl``: help, or the run; Ctrl-C says how to resume."""
-    config_cls, run = _command(args.command)
+    config_cls = _config_class(args.command)
     if args.help_config:
         print(config_cls.help_text())
         return 0
@@ -153,8 +162,10 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         return 2
     config = config_cls.load(args.config, [*_field_overrides(args), *args.set])
+    from mizzen_train.run.trainer import run_trainer
+
     try:
-        run(config, resume=args.resume)
+        run_trainer(_trainer_class(args.command), config, resume=args.resume, stream=None)
     except KeyboardInterrupt:
         _say_how_to_resume(args.command, config.run_dir, argv)
         return 130
@@ -186,24 +197,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     stored, source = read_run_config(run_dir)
     command = "rl" if "rollout" in stored else "sft"
-    config_cls, _ = _command(command)
-    trainer_cls = _trainer_class(command)
+    config_cls = _config_class(command)
     table = {name: value for name, value in stored.items() if value is not None}  # eval: None
     table["run"] = {**stored["run"], "dir": str(run_dir)}
     config = config_cls.parse(table, source=source)
-    path = export_run(trainer_cls, config, step=args.step, merged=args.merged)
+    path = export_run(_trainer_class(command), config, step=args.step, merged=args.merged)
     print(f"mizzen-train export: wrote {path}")
     return 0
-
-
-def _trainer_class(name: str):
-    if name == "sft":
-        from mizzen_train.sft.trainer import SftTrainer
-
-        return SftTrainer
-    from mizzen_train.rl.trainer import RlTrainer
-
-    return RlTrainer
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
@@ -202,6 +200,8 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def rng_state() -> dict[str, Any]:
+    import torch
+
     state = {"python": random.getstate(), "torch": torch.random.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -209,6 +209,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
+    import torch
+
     random.setstate(state["python"])
     torch.random.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -226,6 +228,8 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path."""
+    import torch
+
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
@@ -274,6 +278,8 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
+    import torch
+
     try:
         state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
