@@ -12,7 +12,10 @@ Invariants:
   runner drops its copies only after the whole process group is gone.  Files sharing a GPU
   (``gpu_seats`` > 1) share one lease of it: taken when the first starts, held by the runner
   and by each of them, and freed when the last one's group is gone.
-- A file's timeout is ``max(min_timeout, estimate × factor)``; on expiry the whole group gets
+- A file's timeout is ``max(min_timeout, estimate × factor)``, at most the job timeout every
+  workflow job keeps (:data:`MAX_FILE_TIMEOUT_S`, from
+  :data:`mizzen_ci.registry.rules.MAX_JOB_TIMEOUT_MINUTES`: whatever the estimate, the factor or
+  the plan file say); on expiry the whole group gets
   SIGTERM, then SIGKILL after a grace period.  When a file's main process exits, whatever it left
   in its group is killed before its GPUs are released.
 - A failed attempt is retried (same file, new process, new timeout, possibly other GPUs) only
@@ -49,6 +52,7 @@ from .. import __file__ as _package_init
 from ..fleet import NVIDIA, VENDORS, Vendor, nox_session_name
 from ..junit import Counts, JunitError, first_problem, read_counts
 from ..packing.gpus import GpuPacker, PackItem
+from ..registry.rules import MAX_JOB_TIMEOUT_MINUTES
 from ..sources import read_tail
 from .compile_cache import STATS_ENV, CompileCache, CompileStats, read_stats
 from .hardware import Gpu
@@ -59,6 +63,7 @@ from .retry import Classification, classify
 PLUGIN_MODULE = "mizzen_ci.pytest_plugin"
 POLL_S = 0.05
 CLASSIFY_BYTES = 8 * 1024 * 1024  # of a failed file's log, read for the retry classifier
+MAX_FILE_TIMEOUT_S = MAX_JOB_TIMEOUT_MINUTES * 60.0  # the job running the lane ends by then
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,8 @@ class RunnerConfig:
     gpu_seats: int = 1  # files that share a GPU, at most, on one GPU (1: no sharing)
 
     def timeout_for(self, est_seconds: float) -> float:
-        return max(self.min_timeout_s, est_seconds * self.timeout_factor)
+        wanted = max(self.min_timeout_s, est_seconds * self.timeout_factor)
+        return wanted if wanted <= MAX_FILE_TIMEOUT_S else MAX_FILE_TIMEOUT_S  # nan: the cap
 
     @property
     def vendor(self) -> Vendor:

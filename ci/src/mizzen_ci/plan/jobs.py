@@ -15,8 +15,9 @@ Invariants:
   ``cpu-<k>`` and ``<arch>-<pool>-<k>``; a job's lane is :func:`mizzen_ci.fleet.nox_session_name` of its
   arch; its tests are in planned start order, their start counted from the job's start.
 - A job's timeout is its set-up plus its tests' span × :data:`TIMEOUT_FACTOR`, plus
-  :data:`TIMEOUT_SLACK_MINUTES`.  A test estimated over the tests' budget gets a job of its own,
-  and a warning saying so.
+  :data:`TIMEOUT_SLACK_MINUTES`, and never over
+  :data:`~mizzen_ci.registry.rules.MAX_JOB_TIMEOUT_MINUTES` (the workflows' job limit).  A test
+  estimated over the tests' budget gets a job of its own, and a warning saying so.
 - The capacity summary of each arch compares the arch's finish (its last pool done) with a bound
   that pools the eligible capacity: over every set S of the arch's pools, the GPU-seconds of the
   tests that only S can host over S's GPUs, plus the set-ups of the jobs a runner needs for that
@@ -35,6 +36,7 @@ from .. import history
 from ..fleet import CpuPool, Fleet, Pool, nox_session_name
 from ..packing.gpus import PackItem
 from ..packing.pool import PackedJob, Packing, job_gpu_seconds, pack, with_setups
+from ..registry.rules import MAX_JOB_TIMEOUT_MINUTES
 from .model import ArchSummary, Job, PlannedTest, PoolSummary
 from .selection import Selected
 
@@ -317,8 +319,9 @@ def _job_record(
         runs_on=tuple(pool.runs_on),
         runner_group=pool.runner_group,
         gpus=packing.gpus,
-        timeout_minutes=math.ceil(
-            (packing.setup + job.seconds * TIMEOUT_FACTOR) / 60 + TIMEOUT_SLACK_MINUTES
+        timeout_minutes=min(
+            MAX_JOB_TIMEOUT_MINUTES,
+            math.ceil((packing.setup + job.seconds * TIMEOUT_FACTOR) / 60 + TIMEOUT_SLACK_MINUTES),
         ),
         over_budget=job.over_budget,
         est_seconds=round(packing.setup + job.seconds, 1),

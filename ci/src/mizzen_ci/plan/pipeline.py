@@ -11,7 +11,7 @@ Invariants:
 - Every enabled registered test is scheduled or listed in ``not_scheduled`` with its reason;
   registry violations are listed and also in ``errors``.
 - Every number that reaches the packing is finite and bounded: ``est_time`` and recorded
-  durations by the registry's ceiling (7 days), the budget by :data:`MAX_BUDGET_SECONDS`; so job
+  durations by the registry's ceiling (3 hours), the budget by :data:`MAX_BUDGET_SECONDS`; so job
   timeouts cannot overflow.  Bad history lines are dropped with one warning naming them.
 """
 
@@ -35,7 +35,7 @@ from .selection import select
 DEFAULT_BUDGET_MINUTES = 60
 DEFAULT_MIN_JOB_MINUTES = 5
 HISTORY_DIR = Path(".ci-artifacts") / "history"
-MAX_BUDGET_SECONDS = MAX_EST_TIME_SECONDS  # a job budget over 7 days is a typo
+MAX_BUDGET_SECONDS = MAX_EST_TIME_SECONDS  # a job budget over the ceiling is a typo
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _check_options(options: PlanOptions) -> None:
     if not (math.isfinite(budget) and 0 < budget <= MAX_BUDGET_SECONDS):
         raise RequestError(
             f"the job budget must be a finite number of minutes from more than 0 to "
-            f"{MAX_BUDGET_SECONDS // 60} (7 days), got {budget / 60:g} (--budget-minutes)"
+            f"{MAX_BUDGET_SECONDS // 60}, got {budget / 60:g} (--budget-minutes)"
         )
     if not (math.isfinite(min_job) and 0 <= min_job <= budget):
         raise RequestError(

@@ -10,8 +10,8 @@ Invariants:
   for a content-hash cache; ``Registration(*row)`` is the registration.
 - Numbers are bounded before anything computes with them, so no value a file can spell
   overflows downstream (planner timeouts, GPU-lane timeouts, packing): ``est_time`` is finite,
-  positive and at most :data:`MAX_EST_TIME_SECONDS` (7 days; an integer or float literal of any
-  size beyond it is an error, never an ``OverflowError``); ``num_gpus`` is at most
+  positive and at most :data:`MAX_EST_TIME_SECONDS` (an integer or float literal of any size
+  beyond it is an error, never an ``OverflowError``); ``num_gpus`` is at most
   :data:`MAX_NUM_GPUS`.  A ``disabled`` reason is printable text of at most
   :data:`MAX_REASON_CHARS` characters with something visible in it.  A value quoted in a message
   is cut to :data:`SHOWN_CHARS` characters (:func:`shown`).
@@ -27,7 +27,15 @@ from ..fleet import VENDORS, Fleet
 from .model import Registration, RuleBroken, Violation
 from .syntax import BACKEND_OF, REQUIRED, SIGNATURES, VENDORS_OF
 
-MAX_EST_TIME_SECONDS = 7 * 24 * 3600  # a test file that needs more is not a CI test
+# The one ceiling of a test file's time, and the job timeout it keeps every workflow under:
+# 3 hours of est_time (recorded durations are bounded by it too, :mod:`mizzen_ci.history`) gives
+# a job of that one file at most MAX_JOB_SETUP_S (1 h) + 3 h × 1.25 + 5 min = 290 minutes
+# (:mod:`mizzen_ci.plan.jobs`), under the 360-minute limit GitHub puts on a hosted runner's job,
+# which every job the plan emits keeps (``timeout_minutes`` ≤ MAX_JOB_TIMEOUT_MINUTES, the
+# ``timeout-minutes`` of the lane jobs of pr.yml and gpu.yml).  A GPU lane's per-file timeout
+# (estimate × factor) is bounded by the same job limit: the job would end first.
+MAX_EST_TIME_SECONDS = 3 * 3600  # a test file that needs more must be split
+MAX_JOB_TIMEOUT_MINUTES = 360
 MAX_NUM_GPUS = 1024
 MAX_REASON_CHARS = 300
 SHOWN_CHARS = 80
@@ -71,7 +79,7 @@ def _strings(value, field_name: str) -> tuple[str, ...]:
 def _check_est_time(value, fleet: Fleet):
     fix = (
         "write the expected wall time in seconds, e.g. `est_time=30` (at most "
-        f"{MAX_EST_TIME_SECONDS} s, 7 days)"
+        f"{MAX_EST_TIME_SECONDS} s, {MAX_EST_TIME_SECONDS // 3600} hours)"
     )
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RuleBroken(
@@ -91,8 +99,10 @@ def _check_est_time(value, fleet: Fleet):
     if value > MAX_EST_TIME_SECONDS:
         raise RuleBroken(
             "est-time",
-            f"`est_time` must be at most {MAX_EST_TIME_SECONDS} s (7 days), got {shown(value)}",
-            "give the real wall time in seconds; a file that needs days must be split",
+            f"`est_time` must be at most {MAX_EST_TIME_SECONDS} s "
+            f"({MAX_EST_TIME_SECONDS // 3600} hours, the CI's ceiling), got {shown(value)}",
+            "give the real wall time in seconds; a file that needs longer must be split into "
+            "files that each fit (a job of it must end within the workflow's job timeout)",
         )
     return float(value)
 
