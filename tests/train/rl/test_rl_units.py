@@ -181,6 +181,8 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
         rl_trainer.run_rl(config, stream=io.StringIO())
     assert len(spawned) == 2
     assert not any(s.alive for s in spawned), f"an engine outlived the failed {fails_in}"
+    run_dir = str((tmp_path / "run").resolve())  # the adapters it publishes load from there
+    assert all(s.command[s.command.index(run_dir) - 1] == "--load-dir" for s in spawned)
     assert events.count("engine_stopped") == (2 if fails_in == "engine start" else 0)
 
 

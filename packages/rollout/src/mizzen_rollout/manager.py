@@ -73,6 +73,9 @@ class EngineSpec:
     num_gpus: float = 0.0
     #: ``kind="embedded"``: where the embedded engine generates ("cpu" or "cuda").
     device: str = "cpu"
+    #: ``kind="embedded"``: the directories it may load weights and adapters from (default: the
+    #: one holding ``model_path``).
+    load_dirs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind == "url" and not self.url:
@@ -121,6 +124,7 @@ class EngineWorker:
                 backend=spec.backend,
                 deadline_s=spec.launch_deadline_s,
                 device=spec.device,
+                load_dirs=spec.load_dirs,
             )
             url = self.server.url
         elif spec.kind == "sglang":

@@ -242,6 +242,7 @@ class RlTrainer(Trainer):
                         num_threads=rollout.engine_threads,
                         deadline_s=rollout.startup_timeout_s,
                         device=self._engine_device(),
+                        load_dirs=self._engine_load_dirs(),
                         wait=False,
                     )
                 )
@@ -274,6 +275,7 @@ class RlTrainer(Trainer):
                 device=self._engine_device(),
                 launch_deadline_s=rollout.startup_timeout_s,
                 timeout_s=rollout.request_timeout_s,
+                load_dirs=self._engine_load_dirs(),
             )
             self.manager = RolloutManager(
                 [spec] * rollout.num_engines,
@@ -304,6 +306,11 @@ class RlTrainer(Trainer):
             if getattr(evaluator, "needs_engine", False) and hasattr(evaluator, "engine_urls"):
                 evaluator.engine_urls = tuple(urls)
         self.progress.print(f"engines ({rollout.engines}): {', '.join(urls)}")
+
+    def _engine_load_dirs(self) -> tuple[str, ...]:
+        """Where the run's engines may load from: the base model's directory, and the run
+        directory (the adapters it publishes, the snapshots it evaluates)."""
+        return (str(self.model_dir.resolve().parent), str(self.run_dir.resolve()))
 
     def _engine_device(self) -> str:
         chosen = self.config.rollout.engine_device
