@@ -109,7 +109,7 @@ def only(result):
 
 
 def test_within_band_passes_against_trusted_history_only(history_store, points):
-    row = only(judge(history_store, [LOSS], points(eval__loss_at_60=1.05, eval__loss_at_20=2.0)))
+    row = only(judge(history_store, [LOSS], points(eval__loss_at_60=1.05)))
     assert (row.verdict, row.fails, row.step) == ("pass", False, 60)  # "last" is the last step
     # the median of 0.99 1.0 1.0 1.01 1.02 5.0: the outlier does not move it
     assert row.reference == pytest.approx(1.005) and len(row.history) == 6
@@ -166,12 +166,38 @@ def test_two_different_values_for_one_step_fail(history_store, points):
     assert row.verdict == "FAIL" and "2 different values" in row.why
 
 
-def test_the_newest_run_of_the_artefacts_is_judged(history_store, points):
+def test_every_run_of_the_artefacts_is_judged_not_only_the_newest(history_store, points):
+    """Issue 31: a regressed run beside a newer good one fails; each row names its run."""
     pts = points(run="old", when="2026-12-01T09:00:00+00:00", eval__loss_at_60=9.0) + points(
         run="new", when="2026-12-01T10:00:00+00:00", eval__loss_at_60=1.0
     )
     result = judge(history_store, [LOSS], pts)
-    assert only(result).verdict == "pass" and "judged the newest (new)" in result.notes[0]
+    rows = [(r.verdict, r.why.split(":")[0]) for r in result.rows]
+    assert rows == [("FAIL", "run old"), ("pass", "run new")] and result.failed
+    assert "2 runs in the artefacts; each is judged (old, new)" in result.notes[0]
+
+
+def test_every_step_of_a_run_is_judged_not_only_the_last(history_store, points):
+    """Issue 31: steps="last" with a regression at an earlier step that has history fails."""
+    result = judge(history_store, [LOSS], points(eval__loss_at_20=9.0, eval__loss_at_60=1.0))
+    assert {r.step: r.verdict for r in result.rows} == {20: "FAIL", 60: "pass"}
+    assert result.failed
+
+
+def test_a_later_step_does_not_hide_the_last_step_of_the_history(history_store, points):
+    """A run that records a step beyond the history's last (no history: inactive) is still
+    judged at the history's last step, and fails when it lacks it."""
+    result = judge(history_store, [LOSS], points(eval__loss_at_60=9.0, eval__loss_at_61=1.0))
+    assert {r.step: r.verdict for r in result.rows} == {60: "FAIL", 61: "inactive"}
+    result = judge(history_store, [LOSS], points(eval__loss_at_61=1.0))
+    verdicts = {r.step: (r.verdict, r.why) for r in result.rows}
+    assert verdicts[61][0] == "inactive" and verdicts[60][0] == "FAIL"
+    assert "newest trusted run's last step" in verdicts[60][1]
+
+
+def test_two_equal_values_of_one_step_are_judged_once(history_store, points):
+    pts = points(eval__loss_at_60=1.0) + points(eval__loss_at_60=1.0)
+    assert only(judge(history_store, [LOSS], pts)).verdict == "pass"
 
 
 def test_not_enforced_failure_is_a_warning_with_its_reason(history_store, points):
@@ -205,7 +231,7 @@ def test_the_run_being_judged_is_not_its_own_history(history_store, points):
     assert len(row.history) == 5
 
 
-def test_newest_is_by_time_not_by_the_text_of_its_offset(
+def test_runs_are_ordered_by_time_not_by_the_text_of_its_offset(
     history_store, points, write_points, tmp_path
 ):
     from mizzen_ci.gate.artefacts import read_points
@@ -216,4 +242,5 @@ def test_newest_is_by_time_not_by_the_text_of_its_offset(
     pts, problems = read_points(write_points(tmp_path / "cpu.jsonl", older + newer))
     assert problems == [] and pts[0].when == "2026-12-01T08:00:00.000000+00:00"
     result = judge(history_store, [LOSS], pts)
-    assert only(result).verdict == "pass" and "judged the newest (newer)" in result.notes[0]
+    assert [r.why.split(":")[0] for r in result.rows] == ["run older", "run newer"]
+    assert "each is judged (older, newer)" in result.notes[0]

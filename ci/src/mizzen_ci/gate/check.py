@@ -1,16 +1,19 @@
-"""One gate run: for each (test file, arch) to judge, the newest run of its artefacts, every
-coordinate its gates declare, the trusted history of each, and the verdict rows.
+"""One gate run: for each (test file, arch) to judge, every run of its artefacts, every step of
+each gated metric, the trusted history of each, and the verdict rows.
 
 Invariants:
 - What is judged comes from the caller (:func:`targets_from_plan`: the tests a plan's jobs ran;
   :func:`targets_from_points`: the tests with artefacts); a judged test that recorded nothing
   fails every gate it declares ("not recorded: did it run?").
-- Of several runs of one (test, arch) in the artefacts the newest is judged (the others are
-  named in a note); a run being judged is left out of its own history (``exclude_source``).
-- Coordinates: ``steps="last"``: the run's largest step of the metric; a list: each listed step;
-  ``"all"``: every step the run recorded and every step the newest trusted run recorded (one the
-  run lacks fails).  A missing metric or step, and a step recorded twice with different values,
-  fail (:mod:`.judge`).
+- Every run of one (test, arch) in the artefacts is judged, never only the newest: with several,
+  each row names its run (``run KEY: …``) and a note says how many; a run being judged is left
+  out of its own history (``exclude_source``).
+- Every step a run recorded of a gated metric is judged (a step with too little history is
+  inactive, as any cold start), and the declaration adds the steps that must be there:
+  ``steps="last"``: the run's largest step and the newest trusted run's largest step (a run
+  cannot dodge its regressed last step by recording a later one); a list: each listed step;
+  ``"all"``: every step the newest trusted run recorded.  A required step the run lacks, a
+  missing metric, and a step recorded twice with different values fail (:mod:`.judge`).
 - No store: no history, every gate inactive, and the summary says why.
 """
 
@@ -85,14 +88,13 @@ def targets_from_plan(plan, lanes: str, declarations: Declarations) -> list[tupl
     return sorted(out)
 
 
-def _newest_run(points: list[Point]) -> tuple[str | None, list[Point], int]:
+def _runs(points: list[Point]) -> list[tuple[str | None, list[Point]]]:
+    """Every run of the points, oldest first (``[(None, [])]`` for none: nothing recorded)."""
     runs: dict[str, list[Point]] = {}
     for p in points:
         runs.setdefault(p.run, []).append(p)
-    if not runs:
-        return None, [], 0
-    key = max(runs, key=lambda r: (max(p.when for p in runs[r]), r))
-    return key, runs[key], len(runs)
+    order = sorted(runs, key=lambda r: (max(p.when for p in runs[r]), r))
+    return [(key, runs[key]) for key in order] or [(None, [])]
 
 
 def run_gate(
@@ -113,32 +115,49 @@ def run_gate(
     for p in points:
         by_target.setdefault((p.test, p.arch), []).append(p)
     for test, arch in targets:
-        run, run_points, n_runs = _newest_run(by_target.get((test, arch), []))
-        if n_runs > 1:
+        runs = _runs(by_target.get((test, arch), []))
+        if len(runs) > 1:
             result.notes.append(
-                f"{test} on {arch}: {n_runs} runs in the artefacts; judged the newest ({run})"
+                f"{test} on {arch}: {len(runs)} runs in the artefacts; each is judged "
+                f"({', '.join(str(r) for r, _ in runs)})"
             )
-        values: dict[tuple[str, int], list[float]] = {}
-        for p in run_points:
-            values.setdefault((p.metric, p.step), []).append(p.value)
-        for gate in declarations.gates.get(test, []):
-            for step, decision, value, history in _coordinates(
-                gate, arch, run, values, store, settings, result
-            ):
-                settled = settle(
-                    decision,
-                    enforce=gate.enforce,
-                    reason=gate.reason,
-                    quarantine=quarantined.get((test, arch)),
-                )
-                why = decision.why + (f"; {settled.note}" if settled.note else "")
-                result.rows.append(
-                    Row(
-                        test, arch, gate.metric, step, value, decision.reference, decision.band,
-                        history, settled.verdict, settled.fails, why, gate.enforce,
-                    )
-                )  # fmt: skip
+        for run, run_points in runs:
+            label = f"run {run}: " if len(runs) > 1 else ""
+            _judge_run(declarations, test, arch, run, run_points, label, store, settings,
+                       quarantined, result)  # fmt: skip
     return result
+
+
+def _judge_run(declarations, test, arch, run, run_points, label, store, settings, quarantined,
+               result: GateRun) -> None:  # fmt: skip
+    """The rows of every gate of ``test`` for one run of it."""
+    values: dict[tuple[str, int], list[float]] = {}
+    for p in run_points:
+        values.setdefault((p.metric, p.step), []).append(p.value)
+    for gate in declarations.gates.get(test, []):
+        for step, decision, value, history in _coordinates(
+            gate, arch, run, values, store, settings, result
+        ):
+            settled = settle(
+                decision,
+                enforce=gate.enforce,
+                reason=gate.reason,
+                quarantine=quarantined.get((test, arch)),
+            )
+            why = label + decision.why + (f"; {settled.note}" if settled.note else "")
+            result.rows.append(
+                Row(
+                    test, arch, gate.metric, step, value, decision.reference, decision.band,
+                    history, settled.verdict, settled.fails, why, gate.enforce,
+                )
+            )  # fmt: skip
+
+
+_REQUIRED_BECAUSE = {
+    "all": "the newest trusted run recorded it",
+    "last": "the newest trusted run's last step; a changed step count is judged by the base "
+    "until it lands",
+}
 
 
 def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, result: GateRun):
@@ -153,19 +172,20 @@ def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, 
             (),
         )
         return
+    newest = set(store.last_steps(test, arch, metric)) if store is not None else set()
     if gate.steps == "last":
+        required = set(recorded[-1:]) | ({max(newest)} if newest else set())
         if not recorded:
             yield None, missing(f"{metric} not recorded by this run"), None, ()
             return
-        steps = [recorded[-1]]
     elif gate.steps == "all":
-        newest = set(store.last_steps(test, arch, metric)) if store is not None else set()
-        steps = sorted(set(recorded) | newest)
-        if not steps:
-            yield None, missing(f"{metric} not recorded by this run"), None, ()
-            return
+        required = newest
     else:
-        steps = list(gate.steps)
+        required = set(gate.steps)
+    steps = sorted(set(recorded) | required)
+    if not steps:
+        yield None, missing(f"{metric} not recorded by this run"), None, ()
+        return
     for step in steps:
         history: tuple[float, ...] = ()
         if store is not None:
@@ -175,11 +195,8 @@ def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, 
             result.problems.extend(problems)
             history = tuple(v.value for v in reversed(stored))
         if (metric, step) not in values:
-            why = (
-                "the newest trusted run recorded it"
-                if gate.steps == "all"
-                else f"declared steps {gate.steps_text()}"
-            )
+            why = _REQUIRED_BECAUSE.get(gate.steps if isinstance(gate.steps, str) else "list")
+            why = why or f"declared steps {gate.steps_text()}"
             shown = ", ".join(map(str, recorded)) or "none"
             yield (
                 step,
