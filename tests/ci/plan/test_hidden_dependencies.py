@@ -136,6 +136,8 @@ def test_python_m_commands_run_a_module_and_its_main_in_a_subprocess():
         ("mizzen_ci.__main__", 0, (), 3, "subprocess", False, "run"),
         ("pkg.tool", 0, (), 5, "subprocess", False, "run"),
         ("pkg.tool.__main__", 0, (), 5, "subprocess", False, "run"),
+        # any other program: a console script of the workspace, if it declares one of that name
+        ("script:git", 0, (), 6, "subprocess", False, "script"),
     ]
     assert dynamic == 0
 

@@ -2,7 +2,8 @@
 files it names by string literals (:mod:`.path_literals`), their resolution to absolute names and
 sibling files (:mod:`.resolve`), the workspace's files and entry points (:mod:`.workspace`), the
 graph with its chains (:mod:`.graph`), the inverted one-step relations for reverse searches
-(:mod:`.reach`) and the folder-level rules of a package (:mod:`.folders`: no folder cycle, no
+(:mod:`.reach`), what a file loads without an import statement (:mod:`.loaders`: programs it
+runs, ``sys.path`` edits, entry-point groups) and the folder-level rules of a package (:mod:`.folders`: no folder cycle, no
 private name across a folder).  The lazy-import check and the planner's impact analysis both build on them.
 """
 
@@ -11,8 +12,11 @@ from .graph import GETATTR_SUFFIX, Hop, ImportEdge, ImportGraph
 from .reach import ReachIndex, node_entry, parents_of, reach_of_graph
 from .resolve import direct_names, package_of, relative_base
 from .workspace import (
+    UNKNOWN_GROUP,
+    EntryPointDecl,
     GraphProblem,
     entry_point_modules,
+    entry_point_table,
     iter_source_modules,
     locate_packages,
     relative_dirs,
@@ -25,6 +29,8 @@ from .workspace import (
 
 __all__ = [
     "GETATTR_SUFFIX",
+    "UNKNOWN_GROUP",
+    "EntryPointDecl",
     "GraphProblem",
     "Hop",
     "ImportEdge",
@@ -34,6 +40,7 @@ __all__ = [
     "ReachIndex",
     "direct_names",
     "entry_point_modules",
+    "entry_point_table",
     "facts_of_parse_error",
     "facts_of_tree",
     "iter_source_modules",

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..sources import PARSE_ERRORS
+from .loaders import LOADER_SPELLINGS, loaders_of_tree
 from .path_literals import path_literals, unparsed_literals
 
 _GUARD_EXCEPTIONS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
@@ -95,6 +96,9 @@ class ModuleFacts:
     bound: frozenset[str] | None = None
     dynamic: int = 0  # line of the first import with a computed name (0: none)
     paths: tuple[str, ...] = ()  # path literals (mizzen_ci.imports.path_literals)
+    # sys.path folders it adds ("file:REL" / "root:REL", mizzen_ci.imports.loaders)
+    syspath: tuple[str, ...] = ()
+    opaque: str = ""  # "LINE: what" it loads that the planner cannot resolve ("": nothing)
 
 
 def parse_facts(source: bytes, filename: str = "<unknown>") -> ModuleFacts:
@@ -110,22 +114,45 @@ def facts_of_parse_error(e: BaseException, source: bytes = b"") -> ModuleFacts:
     """The facts of a source that does not parse (``e``: what ``ast.parse`` raised)."""
     line = getattr(e, "lineno", None) or 1
     msg = getattr(e, "msg", None) or str(e)
-    return ModuleFacts((), f"line {line}: {msg}", line, paths=unparsed_literals(source))
+    # Python's own import refuses a source that does not parse, except one the ``ast`` module
+    # alone gives up on (too deep for its objects): what that one runs is unknown.
+    opaque = (
+        f"{line}: too deep for the planner to parse"
+        if isinstance(e, (RecursionError, MemoryError))
+        else ""
+    )
+    return ModuleFacts(
+        (), f"line {line}: {msg}", line, paths=unparsed_literals(source), opaque=opaque
+    )
 
 
 def facts_of_tree(tree: ast.Module, source: bytes) -> ModuleFacts:
     """The imports of a source already parsed into ``tree`` (the same as :func:`parse_facts`)."""
-    imports, bound, dynamic = imports_of_tree(tree, source)
+    imports, bound, dynamic, syspath, opaque = imports_of_tree(tree, source)
     return ModuleFacts(
         tuple(map(RawImport._make, imports)),
         bound=bound,
         dynamic=dynamic,
         paths=path_literals(source, tree) or (),
+        syspath=syspath,
+        opaque=opaque,
     )
 
 
+def unreadable_facts(e: OSError) -> ModuleFacts:
+    """The facts of a file that cannot be read (over a size cap, a link, gone): nothing is known
+    of what it imports, so it is opaque (its dependents fail open), never a file without edges."""
+    return ModuleFacts((), f"line 1: cannot read: {e.strerror}", 1, opaque=unreadable_why(e))
+
+
+def unreadable_why(e: OSError) -> str:
+    """The ``opaque`` mark of a file that cannot be read."""
+    return f"1: cannot be read ({e.strerror})"
+
+
 # Spellings that make the walk search expressions: every dynamic import, alias and ``-m`` run
-# recognised here spells one of them (so does every use this module fails open on).
+# recognised here spells one of them (so does every use this module fails open on), and so does
+# everything :mod:`.loaders` reads (programs run, sys.path edits, entry-point groups).
 DYNAMIC_SPELLINGS = (
     b"import_module",
     b"__import__",
@@ -133,26 +160,29 @@ DYNAMIC_SPELLINGS = (
     b"run_module",
     b'"-m"',
     b"'-m'",
+    *LOADER_SPELLINGS,
 )
 
 
 def spells_dynamic(source: bytes) -> bool:
-    """Whether ``source`` may hold a dynamic import (it spells one of :data:`DYNAMIC_SPELLINGS`)."""
-    return (  # (the tuple above, spelled out: a generator costs more than the scans)
+    """Whether ``source`` may hold a dynamic import or a loader (it spells one of
+    :data:`DYNAMIC_SPELLINGS`)."""
+    return (  # (the first ones spelled out: a generator costs more than the scans)
         b"import_module" in source
         or b"__import__" in source
         or b"importorskip" in source
         or b"run_module" in source
         or b'"-m"' in source
         or b"'-m'" in source
+        or any(s in source for s in LOADER_SPELLINGS)
     )
 
 
 def imports_of_tree(
     tree: ast.Module, source: bytes
-) -> tuple[tuple[tuple, ...], frozenset[str] | None, int]:
-    """``(imports as plain tuples of the RawImport fields, bound, dynamic)``: what
-    :func:`facts_of_tree` wraps, for a caller that stores plain data."""
+) -> tuple[tuple[tuple, ...], frozenset[str] | None, int, tuple[str, ...], str]:
+    """``(imports as plain tuples of the RawImport fields, bound, dynamic, syspath, opaque)``:
+    what :func:`facts_of_tree` wraps, for a caller that stores plain data."""
     out: list[tuple] = []
     dynamic = _Dynamic(tree, out) if spells_dynamic(source) else None
     _Walker(out, dynamic, None if dynamic else _keyword_lines(source)).block(
@@ -163,7 +193,16 @@ def imports_of_tree(
         if imp[4] == "getattr":
             bound = frozenset(_bound_names(tree.body))
             break
-    return tuple(out), bound, dynamic.line if dynamic is not None else 0
+    line = dynamic.line if dynamic is not None else 0
+    if dynamic is None:
+        return tuple(out), bound, line, (), ""
+    loaders = loaders_of_tree(tree)
+    seen = set(out)
+    out += [imp for imp in dict.fromkeys(loaders.imports) if imp not in seen]
+    if loaders.dynamic and (not line or loaders.dynamic < line):
+        line = loaders.dynamic
+    syspath = tuple(dict.fromkeys(loaders.syspath))
+    return tuple(out), bound, line, syspath, loaders.opaque
 
 
 def _bound_names(body: list[ast.stmt]) -> Iterator[str]:
@@ -389,14 +428,19 @@ class _Dynamic:
                 target = node.targets[0] if t is ast.Assign else node.target
                 if type(target) is ast.Name:
                     bindings.append((target.id, node.value))
-        for _ in range(3):  # alias chains (``a = importlib; b = a.import_module``)
+        for _ in range(len(bindings) + 1):  # alias chains of any length, to a fixpoint
+            grown = False
             for name, value in bindings:
                 kind = self._function_kind(value)
                 if kind is not None:
+                    grown |= self.functions.get(name) != kind
                     self.functions[name] = kind
                     self.handled.add(id(value))
                 elif type(value) is ast.Name and value.id in self.modules:
+                    grown |= self.modules.get(name) != self.modules[value.id]
                     self.modules[name] = self.modules[value.id]
+            if not grown:
+                break
 
     def _function_kind(self, func: ast.expr) -> str | None:
         """The kind of import a call of ``func`` makes, or None when it is no importing function."""

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from ..sources import read_bytes
-from .facts import ModuleFacts, RawImport, parse_facts
+from .facts import ModuleFacts, RawImport, parse_facts, unreadable_facts
 from .resolve import package_of, relative_base, sibling_files
 from .workspace import GraphProblem, root_relative, source_modules
 
@@ -81,8 +81,8 @@ def read_facts(path: str) -> ModuleFacts:
     """The facts of one file read and parsed here (an unreadable file is a fact, not an error)."""
     try:
         source, _ = read_bytes(path)
-    except OSError as e:
-        return ModuleFacts((), f"line 1: cannot read: {e.strerror}", 1)
+    except OSError as e:  # over the size cap, a link, gone: opaque, never a file without edges
+        return unreadable_facts(e)
     return parse_facts(source, path)
 
 

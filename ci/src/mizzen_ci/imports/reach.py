@@ -46,8 +46,11 @@ from .resolve import direct_names, package_of
 
 ANY = "*"  # in a node's wild packages: every workspace package, when it names none of them
 
-# What a node contributes to the index: (names, parents_of(names), path literals, wild packages).
-Entry = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+# What a node contributes to the index: (names, parents_of(names), path literals, wild packages,
+# sys.path folders it adds, what it loads that cannot be resolved ("LINE: what" or "")).
+Entry = tuple[
+    tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...], str
+]
 
 
 def parents_of(names: Iterable[str]) -> tuple[str, ...]:
@@ -65,11 +68,18 @@ def parents_of(names: Iterable[str]) -> tuple[str, ...]:
 
 
 def node_entry(
-    node: str, imports: Iterable[tuple], package: str, paths: Iterable[str], dynamic: int
+    node: str,
+    imports: Iterable[tuple],
+    package: str,
+    paths: Iterable[str],
+    dynamic: int,
+    syspath: Iterable[str] = (),
+    opaque: str = "",
 ) -> Entry:
     """The :data:`Entry` of ``node`` (a module name, or a path for a file under ``tests/``) from
-    its facts: imports, the package its relative imports start from, path literals and whether it
-    imports by a computed name (``dynamic``: a line, 0 for none)."""
+    its facts: imports, the package its relative imports start from, path literals, whether it
+    imports by a computed name (``dynamic``: a line, 0 for none), the ``sys.path`` folders it
+    adds and what it loads that cannot be resolved (:mod:`mizzen_ci.imports.loaders`)."""
     names = direct_names(imports, package)
     wild: tuple[str, ...] = ()
     if dynamic:
@@ -77,13 +87,13 @@ def node_entry(
             wild = (*dict.fromkeys(n.partition(".")[0] for n in names), ANY)
         else:
             wild = (node.partition(".")[0],)
-    return names, parents_of(names), tuple(paths), wild
+    return names, parents_of(names), tuple(paths), wild, tuple(syspath), opaque
 
 
 class ReachIndex:
     """The inverted one-step relations; see the module docstring."""
 
-    __slots__ = ("_wild_by_top", "named", "paths", "under", "wild")
+    __slots__ = ("_wild_by_top", "named", "opaque", "paths", "syspath", "under", "wild")
 
     def __init__(
         self,
@@ -91,11 +101,16 @@ class ReachIndex:
         under: dict[str, list[str]] | None = None,
         paths: dict[str, list[str]] | None = None,
         wild: dict[str, tuple[str, ...]] | None = None,
+        syspath: dict[str, tuple[str, ...]] | None = None,
+        opaque: dict[str, str] | None = None,
     ):
         self.named: dict[str, list[str]] = named if named is not None else {}
         self.under: dict[str, list[str]] = under if under is not None else {}
         self.paths: dict[str, list[str]] = paths if paths is not None else {}
         self.wild: dict[str, tuple[str, ...]] = wild if wild is not None else {}
+        # the few nodes that add sys.path folders / load what cannot be resolved
+        self.syspath: dict[str, tuple[str, ...]] = syspath if syspath is not None else {}
+        self.opaque: dict[str, str] = opaque if opaque is not None else {}
         self._wild_by_top: tuple[object, dict[str, list[str]]] | None = None
 
     @classmethod
@@ -110,7 +125,7 @@ class ReachIndex:
         """Record ``node``'s ``entry`` ``(names, parents, paths, wild)``: it names ``names``
         (distinct) whose strict prefixes are ``parents``, has the path literals ``paths`` and the
         fail-open packages ``wild``."""
-        names, parents, paths, wild = entry
+        names, parents, paths, wild, syspath, opaque = entry
         list_under(self.named, node, names)
         list_under(self.under, node, parents)
         if paths:
@@ -118,10 +133,18 @@ class ReachIndex:
         if wild:
             self.wild[node] = wild
             self._wild_by_top = None
+        if syspath:
+            self.syspath[node] = syspath
+        if opaque:
+            self.opaque[node] = opaque
 
     def remove(self, node: str, entry: Entry) -> None:
         """Undo :meth:`add` of the same ``node`` and ``entry``."""
-        names, parents, paths, wild = entry
+        names, parents, paths, wild, syspath, opaque = entry
+        if syspath:
+            self.syspath.pop(node, None)
+        if opaque:
+            self.opaque.pop(node, None)
         for table, keys in ((self.named, names), (self.under, parents), (self.paths, paths)):
             for k in keys:
                 nodes = table.get(k)
@@ -177,13 +200,13 @@ class ReachIndex:
         return out
 
     def to_data(self) -> tuple:
-        return self.named, self.under, self.paths, self.wild
+        return self.named, self.under, self.paths, self.wild, self.syspath, self.opaque
 
     @classmethod
     def from_data(cls, data: object) -> ReachIndex | None:
         """The index from :meth:`to_data`, or None when ``data`` is not one."""
         if not (
-            isinstance(data, tuple) and len(data) == 4 and all(isinstance(t, dict) for t in data)
+            isinstance(data, tuple) and len(data) == 6 and all(isinstance(t, dict) for t in data)
         ):
             return None
         return cls(*data)
@@ -200,6 +223,8 @@ class ReachIndex:
                 for t in ("named", "under", "paths")
             )
             and self.wild == other.wild
+            and self.syspath == other.syspath
+            and self.opaque == other.opaque
         )
 
 
@@ -209,7 +234,9 @@ def reach_of_graph(graph: ImportGraph) -> ReachIndex:
     for node, facts in graph.facts.items():
         rel = graph.modules.get(node)
         package = package_of(node, rel.endswith("__init__.py")) if rel is not None else ""
-        nodes[node] = node_entry(node, facts.imports, package, facts.paths, facts.dynamic)
+        nodes[node] = node_entry(
+            node, facts.imports, package, facts.paths, facts.dynamic, facts.syspath, facts.opaque
+        )
     return ReachIndex.build(nodes)
 
 

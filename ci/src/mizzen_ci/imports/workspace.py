@@ -6,8 +6,9 @@ workspace, packages located by name, and root-relative paths.
   them — and module below each ``sys.path`` entry, by dotted name).
 - ``workspace_members(root)`` / ``workspace_source_dirs(root)``: a uv workspace's members and
   their ``sys.path`` entries.
-- ``entry_point_modules(root)``: the modules the members' ``pyproject.toml`` declare as entry
-  points (``[project.scripts]``, ``[project.gui-scripts]``, ``[project.entry-points.*]``).
+- ``entry_point_table(root)`` / ``entry_point_modules(root)``: the entry points the members'
+  ``pyproject.toml`` declare (``[project.scripts]``, ``[project.gui-scripts]``,
+  ``[project.entry-points.*]``), by group, and the plugins pytest's ``addopts`` load.
 - ``locate_packages(root, names)``: where top-level packages live in a tree.
 - ``root_relative(path, root)`` / ``relative_dirs(dirs, root)``: paths as the CI names them.
 
@@ -24,10 +25,15 @@ import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..sources import ConfigError, folder_entries, read_bytes
 
-_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
+# Folders no import can name (not identifiers) are passed over by the walk's identifier test; a
+# folder that *is* a package (an identifier holding ``__init__.py``) is walked whatever its name,
+# as Python imports it (``pkg/node_modules/__init__.py`` is ``pkg.node_modules``): a module left
+# out of the graph would drop its edges.
+_SKIP_DIRS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -218,39 +224,50 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
-_ENTRY_POINT_TABLES = ("scripts", "gui-scripts")
+# [project.<table>] -> the entry-point group an installer writes it under
+_SCRIPT_GROUPS = {"scripts": "console_scripts", "gui-scripts": "gui_scripts"}
+UNKNOWN_GROUP = "*"  # the entry points of a member whose pyproject.toml cannot be read
 
 
-def entry_point_modules(root: Path) -> dict[str, list[str]]:
-    """``{module: [how it is an entry point]}`` for every module a workspace member declares:
-    the ``module`` of each ``module:attr`` (or plain ``module``) value of ``[project.scripts]``,
-    ``[project.gui-scripts]`` and ``[project.entry-points.<group>]``; each description names the
-    table, the entry and the member's ``pyproject.toml`` (e.g. ``entry point mizzen-rollout of
-    [project.scripts] in packages/rollout/pyproject.toml``).  A value whose module part is not a
-    dotted name is no entry point any installer accepts, and is left out.  A member whose
-    ``pyproject.toml`` cannot be read (not valid TOML) has unknown entry points: its directory
-    (with a trailing ``/``) is a key, meaning every module of it (fail open; the description says
-    why)."""
-    out: dict[str, list[str]] = {}
+class EntryPointDecl(NamedTuple):
+    """One entry point a workspace declares: ``group`` (``console_scripts`` for
+    ``[project.scripts]``, ``gui_scripts``, or the ``[project.entry-points.<group>]`` name),
+    its ``name``, the ``module`` it loads and ``how`` (where it is declared, in words).  A member
+    whose ``pyproject.toml`` cannot be read gives one row of group :data:`UNKNOWN_GROUP` whose
+    ``module`` is the member's folder with a trailing ``/`` (every module of it)."""
+
+    group: str
+    name: str
+    module: str
+    how: str
+
+
+def entry_point_table(root: Path) -> list[EntryPointDecl]:
+    """Every entry point the workspace members' ``pyproject.toml`` declare
+    (``[project.scripts]``, ``[project.gui-scripts]``, ``[project.entry-points.<group>]``), and the
+    plugins the root's pytest configuration loads in every session (``-p NAME`` in
+    ``[tool.pytest.ini_options] addopts``: group ``pytest11``), in a fixed order.  A value whose
+    module part is not a dotted name is no entry point any installer accepts, and is left out."""
+    out: list[EntryPointDecl] = []
     for member in workspace_members(root):
         path = member / "pyproject.toml"
         rel = root_relative(path, root)[1]
         try:
-            source, _ = read_bytes(path, 1024 * 1024)
-            project = tomllib.loads(source.decode("utf-8")).get("project", {})
+            project = _toml(path).get("project", {})
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
             directory = root_relative(member, root)[1] + "/"
-            out[directory] = [f"{rel} cannot be read ({e}): its entry points are unknown"]
+            how = f"{rel} cannot be read ({e}): its entry points are unknown"
+            out.append(EntryPointDecl(UNKNOWN_GROUP, "", directory, how))
             continue
         if not isinstance(project, dict):
             continue
-        tables: list[tuple[str, object]] = [
-            (f"[project.{t}]", project.get(t)) for t in _ENTRY_POINT_TABLES
+        tables: list[tuple[str, str, object]] = [
+            (f"[project.{t}]", g, project.get(t)) for t, g in _SCRIPT_GROUPS.items()
         ]
         groups = project.get("entry-points")
         if isinstance(groups, dict):
-            tables += [(f"[project.entry-points.{g}]", v) for g, v in sorted(groups.items())]
-        for table, entries in tables:
+            tables += [(f"[project.entry-points.{g}]", g, v) for g, v in sorted(groups.items())]
+        for table, group, entries in tables:
             if not isinstance(entries, dict):
                 continue
             for name, value in entries.items():
@@ -258,7 +275,54 @@ def entry_point_modules(root: Path) -> dict[str, list[str]]:
                     continue
                 module = value.partition(":")[0].partition("[")[0].strip()
                 if module and all(p.isidentifier() for p in module.split(".")):
-                    out.setdefault(module, []).append(f"entry point {name} of {table} in {rel}")
+                    how = f"entry point {name} of {table} in {rel}"
+                    out.append(EntryPointDecl(group, name, module, how))
+    out += _pytest_addopts_plugins(root)
+    return out
+
+
+def _toml(path: Path) -> dict:
+    source, _ = read_bytes(path, 1024 * 1024)
+    return tomllib.loads(source.decode("utf-8"))
+
+
+def _pytest_addopts_plugins(root: Path) -> list[EntryPointDecl]:
+    """``-p NAME`` / ``-pNAME`` in the root ``pyproject.toml``'s pytest ``addopts``: loaded in
+    every pytest session, as a ``pytest11`` entry point is (``-p no:NAME`` disables one)."""
+    try:
+        data = _toml(root / "pyproject.toml")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return []  # (the workspace members were read from it: a broken file is reported there)
+    table: object = data
+    for key in ("tool", "pytest", "ini_options"):
+        table = table.get(key, {}) if isinstance(table, dict) else {}
+    addopts = table.get("addopts", []) if isinstance(table, dict) else []
+    if isinstance(addopts, str):
+        addopts = addopts.split()
+    if not isinstance(addopts, list):
+        return []
+    opts = [a for a in addopts if isinstance(a, str)]
+    out = []
+    for i, a in enumerate(opts):
+        name = opts[i + 1] if a == "-p" and i + 1 < len(opts) else a[2:] if a[:2] == "-p" else ""
+        if name and not name.startswith("no:") and all(p.isidentifier() for p in name.split(".")):
+            how = f"-p {name} in [tool.pytest.ini_options] addopts of pyproject.toml"
+            out.append(EntryPointDecl("pytest11", name, name, how))
+    return out
+
+
+def entry_point_modules(root: Path) -> dict[str, list[str]]:
+    """``{module: [how it is an entry point]}`` for every module a workspace member declares
+    (:func:`entry_point_table`, without the pytest ``addopts`` plugins): each description names
+    the table, the entry and the member's ``pyproject.toml`` (e.g. ``entry point mizzen-rollout
+    of [project.scripts] in packages/rollout/pyproject.toml``).  A member whose
+    ``pyproject.toml`` cannot be read (not valid TOML) has unknown entry points: its directory
+    (with a trailing ``/``) is a key, meaning every module of it (fail open; the description says
+    why)."""
+    out: dict[str, list[str]] = {}
+    for decl in entry_point_table(root):
+        if " addopts " not in decl.how:
+            out.setdefault(decl.module, []).append(decl.how)
     return out
 
 

@@ -28,7 +28,21 @@ A test file is impacted when
 - a package's ``__main__`` module, or a module the package's ``pyproject.toml`` declares as an
   entry point (:func:`mizzen_ci.imports.workspace.entry_point_modules`), changed and it reaches
   any module of that package (``python -m pkg`` and console scripts run code no import shows);
-- a changed path matches a glob its registration ``watches``.
+- a changed path matches a glob its registration ``watches``;
+- something in its closure *loads* a changed module without an import statement
+  (:mod:`mizzen_ci.imports.loaders`): runs it in a subprocess (``python -m``, ``python -c``
+  code, a console script of the workspace mapped through ``[project.scripts]``), loads an
+  entry-point group the module is a target of (``entry_points(group=…)``: the group's targets
+  are that loader's dependencies), or imports it through a folder some file adds to
+  ``sys.path`` (``sys.path`` is one per process: every file's imports resolve against every such
+  folder).  These are one-step relations of *virtual* nodes ``script:NAME`` and
+  ``entry-points:GROUP`` built from the workspace's entry points each run;
+- a ``pytest11`` target (or a ``-p`` plugin of the root's pytest ``addopts``) reaches a changed
+  module: pytest loads it in every session, so every test is selected;
+- something in its closure loads code the planner cannot resolve (a computed program, a
+  ``sys.path`` folder it cannot evaluate or whose files it does not read, a file over a size cap
+  or unreadable: ``ReachIndex.opaque``) and any source changed: selected with the reason
+  ``runs code the planner cannot resolve: file:line (what)``.
 
 Invariants:
 - A changed path's meaning is decided only by the rules table; a path no rule knows, a Python
@@ -56,7 +70,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..imports import ImportGraph, ReachIndex, reach_of_graph, relative_dirs, workspace_source_dirs
+from ..imports import (
+    UNKNOWN_GROUP,
+    EntryPointDecl,
+    ImportGraph,
+    ReachIndex,
+    parents_of,
+    reach_of_graph,
+    relative_dirs,
+    workspace_source_dirs,
+)
+from ..imports.loaders import resolve_dir
 from ..imports.path_literals import CONVENTION_NAMES
 from ..imports.resolve import sibling_names
 from ..registry import TESTS_DIR, TestTree, is_excluded
@@ -142,6 +166,7 @@ class Analyser:
         *,
         watches: Mapping[str, Iterable[str]] | None = None,
         entry_points: Mapping[str, Iterable[str]] | None = None,
+        entry_table: Iterable[EntryPointDecl] = (),
     ):
         self.excludes = tuple(excludes)
         self.modules = modules
@@ -156,6 +181,7 @@ class Analyser:
         self.tests_by_dir: dict[str, list[str]] = {}
         for t in tree.tests:
             self.tests_by_dir.setdefault(_dir(t), []).append(t)
+        self._virtual(list(entry_table))
 
     @classmethod
     def of_graph(
@@ -180,7 +206,102 @@ class Analyser:
             index.excludes,
             watches=watches,
             entry_points=index.entry_points,
+            entry_table=index.entry_table,
         )
+
+    # -- code loaded without an import statement
+
+    def _virtual(self, table: list[EntryPointDecl]) -> None:
+        """The virtual nodes of the workspace's entry points: ``script:NAME`` (a console script)
+        and ``entry-points:GROUP`` each load their targets (with their parent packages)."""
+        nodes: dict[str, list[str]] = {}
+        self.unknown_members: list[tuple[str, str]] = []  # (folder/, why)
+        self.every_session: dict[str, str] = {}  # virtual node -> how pytest loads its targets
+        for decl in table:
+            if decl.group == UNKNOWN_GROUP:
+                self.unknown_members.append((decl.module, decl.how))
+                continue
+            keys = [f"entry-points:{decl.group}"]
+            if decl.group in ("console_scripts", "gui_scripts"):
+                keys.append(f"script:{decl.name}")
+            for key in keys:
+                nodes.setdefault(key, []).append(decl.module)
+            if decl.group == "pytest11":
+                known = self.every_session.get(keys[0])
+                self.every_session[keys[0]] = f"{known}; {decl.how}" if known else decl.how
+        self.virtual = ReachIndex()
+        for key, targets in nodes.items():
+            names = tuple(dict.fromkeys(targets))
+            self.virtual.add(key, (names, parents_of(names), (), (), (), ""))
+
+    def virtual_importers(self, module: str) -> list[str]:
+        """The virtual nodes that load ``module`` (or a module below it, whose parent packages
+        run first), and for a module of a member whose entry points are unknown, every loader
+        of any group or script."""
+        found = self.virtual.importers(module, self.modules)
+        if self.unknown_members:
+            file = self.modules.get(module, "")
+            if any(file.startswith(folder) for folder, _ in self.unknown_members):
+                found = found + self._every_loader()
+        return found
+
+    def _every_loader(self) -> list[str]:
+        named = self.reach.index.named if hasattr(self.reach, "index") else self.reach.named
+        return [
+            n
+            for key, nodes in named.items()
+            if key.startswith(("script:", "entry-points:"))
+            for n in nodes
+        ]
+
+    def loaders_of(self, virtual: str) -> list[str]:
+        """The nodes that run a console script / load an entry-point group (an unknown group,
+        ``entry-points:*``, loads every group)."""
+        found = self.reach.naming(virtual, False)
+        if virtual.startswith("entry-points:"):
+            found = found + self.reach.naming("entry-points:*", False)
+        return found
+
+    def syspath_dirs(self) -> tuple[dict[str, str], dict[str, str]]:
+        """``({folder: the node adding it}, {node: why it is opaque})``: the root-relative folders
+        files add to ``sys.path`` (one ``sys.path`` per process: every file's imports resolve
+        against each), and the nodes whose folder the planner cannot follow (outside the
+        repository, or holding files it does not read: outside ``tests/`` and every source
+        dir)."""
+        table = self.reach.index.syspath if hasattr(self.reach, "index") else self.reach.syspath
+        folders: dict[str, str] = {}
+        opaque: dict[str, str] = {}
+        readable = [*(d.rstrip("/") for d in self.source_dirs), TESTS_DIR]
+        for node in sorted(table):
+            file = self.modules.get(node, node)
+            for encoded in table[node]:
+                folder = resolve_dir(encoded, file)
+                if folder is None:
+                    opaque.setdefault(node, f"adds {encoded} to sys.path, outside the repository")
+                elif not any(_under(folder, d) or _under(d, folder) for d in readable):
+                    opaque.setdefault(
+                        node,
+                        f"adds {folder or '.'}/ to sys.path, whose files the planner does not read",
+                    )
+                else:
+                    folders.setdefault(folder, node)
+        return folders, opaque
+
+    def through_syspath(self, file: str) -> list[str]:
+        """The nodes that may import ``file`` through a folder on ``sys.path``."""
+        found: list[str] = []
+        if not file.endswith(".py"):
+            return found
+        for folder in self._folders:
+            prefix = folder + "/" if folder else ""
+            if not file.startswith(prefix):
+                continue
+            parts = file[len(prefix) : -3].split("/")
+            if parts[-1] == "__init__":
+                parts.pop()
+            if parts and all(p.isidentifier() for p in parts):
+                found += self.reach.naming(".".join(parts), True)
+        return found
 
     # -- graph
 
@@ -201,6 +322,7 @@ class Analyser:
             return rank.get(node, last), node
 
         origin: dict[str, str] = {}
+        self._folders, _ = self.syspath_dirs()
         named = set(paths or ())  # paths whose namers are looked up (changed paths: below)
         queue = deque((name, why, False) for name, why in changed.items())
         queue.extend((path, why, True) for path, why in (paths or {}).items())
@@ -209,7 +331,10 @@ class Analyser:
             key, why, is_path = queue.popleft()
             found: list[str] = []
             if is_path:
-                found = self.namers(key)
+                found = self.namers(key) + self.through_syspath(key)
+            elif key.startswith(("script:", "entry-points:")):  # a virtual node: its loaders
+                found = self.loaders_of(key)
+                file = None
             else:
                 if "/" in key:  # a file under tests/: who imports it as a sibling
                     for directory, dotted in sibling_names(key, tree_files):
@@ -220,8 +345,10 @@ class Analyser:
                         ]
                     file = key if key in tree_files else None
                 else:
-                    found = reach.importers(key, modules)
+                    found = reach.importers(key, modules) + self.virtual_importers(key)
                     file = modules.get(key)
+                if file is not None:  # who imports its file through a sys.path folder
+                    found = found + self.through_syspath(file)
                 if file is not None and file not in named:  # who names its file
                     named.add(file)
                     found = found + self.namers(file)
@@ -312,6 +439,7 @@ class Analyser:
         changed: dict[str, str] = {}  # module names and files under tests/ -> why
         changed_paths: dict[str, str] = {}  # every changed path -> why (for who names it)
         selected: dict[str, str] = {}
+        source_changed = False  # a workspace source or a Python file under tests/ changed
 
         def select(tests: Iterable[str], why: str) -> None:
             for t in tests:
@@ -324,6 +452,10 @@ class Analyser:
                 impact.everything_because.append(f"{path} changed ({rule.why})")
                 continue
             changed_paths[path] = f"names {path}, which changed"
+            if rule.effect in (PYTHON, PACKAGE_DATA) or (
+                rule.effect == TESTS and path.endswith(".py")
+            ):
+                source_changed = True
             if rule.effect == NOTHING:
                 impact.ignored.append((path, rule.why))
             elif rule.effect == PYTHON:
@@ -363,10 +495,38 @@ class Analyser:
         if impact.everything:
             return impact
 
-        for node, why in self.importers_with_origin(changed, changed_paths).items():
+        if source_changed:  # what loads code it cannot resolve may load the change
+            for node, why in self.opaque_nodes().items():
+                changed.setdefault(node, why)
+                if node.startswith(TESTS_DIR + "/"):
+                    select(self.tests_for_test_path(node), why)
+        origin = self.importers_with_origin(changed, changed_paths)
+        for virtual, how in self.every_session.items():
+            if virtual in origin:
+                select(
+                    self.tree.tests, f"{origin[virtual]}; {how}: pytest loads it in every session"
+                )
+        for node, why in origin.items():
             if node in self.test_set:
                 selected.setdefault(node, why)
             elif node.startswith(TESTS_DIR + "/"):
                 select(self.tests_for_test_path(node), f"{node} {why}")
         impact.tests = selected
         return impact
+
+    def opaque_nodes(self) -> dict[str, str]:
+        """``{node: why}`` of the nodes that load code the planner cannot resolve, in the tree's
+        order (see :meth:`syspath_dirs` for the ``sys.path`` folders it cannot follow)."""
+        table = dict(self.reach.index.opaque if hasattr(self.reach, "index") else self.reach.opaque)
+        _, folders = self.syspath_dirs()
+        out: dict[str, str] = {}
+        last = len(self.rank)
+        for node in sorted({*table, *folders}, key=lambda n: (self.rank.get(n, last), n)):
+            file = self.modules.get(node, node)
+            what = table.get(node)
+            if what:
+                line, _, what = what.partition(": ")
+            else:
+                line, what = "1", folders[node]
+            out[node] = f"runs code the planner cannot resolve: {file}:{line} ({what})"
+        return out

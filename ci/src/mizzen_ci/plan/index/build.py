@@ -25,8 +25,9 @@
    planner after its impact search) keeps what they parsed.
 
 ``with_reach=False`` (a run that selects everything) reads only the registry's test files and
-keeps the cached facts of the others for the next run.  ``index.entry_points`` are read from the
-workspace members' ``pyproject.toml`` on every run (a handful of small files; not cached).
+keeps the cached facts of the others for the next run.  ``index.entry_points`` and
+``index.entry_table`` are read from the workspace members' ``pyproject.toml`` on every run (a
+handful of small files; not cached).
 
 Invariants:
 - ``index.registry`` equals :func:`mizzen_ci.registry.read_registry` of the same tree (same
@@ -54,14 +55,17 @@ from pathlib import Path
 
 from ...fleet import Fleet
 from ...imports import (
+    EntryPointDecl,
     ReachIndex,
     entry_point_modules,
+    entry_point_table,
     package_of,
     relative_dirs,
     source_modules,
     workspace_source_dirs,
 )
 from ...imports import facts as _facts_module
+from ...imports import loaders as _loaders_module
 from ...imports import path_literals as _path_literals_module
 from ...imports import reach as _reach_module
 from ...imports import resolve as _resolve_module
@@ -106,6 +110,8 @@ class PlanIndex:
     reach_modified: bool = False  # the reach section differs from the one loaded
     # module -> how it is an entry point (see mizzen_ci.imports.workspace.entry_point_modules)
     entry_points: dict[str, list[str]] = field(default_factory=dict)
+    # every entry point by group (mizzen_ci.imports.workspace.entry_point_table)
+    entry_table: list[EntryPointDecl] = field(default_factory=list)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -144,6 +150,7 @@ def cache_context(fleet: Fleet) -> str:
         Path(_lazy_reach_module.__file__),
         Path(_spelled_names_module.__file__),
         Path(_facts_module.__file__),
+        Path(_loaders_module.__file__),
         Path(_path_literals_module.__file__),
     ):
         try:
@@ -232,9 +239,11 @@ def _scan(key: str, arg: tuple, source: bytes) -> tuple | None:
 
 
 def _entry(key: str, facts: FileFacts | None, package: str) -> Entry:
-    if facts is None:
-        return (), (), (), ()
-    return node_entry(key, facts.imports, package, facts.paths, facts.dynamic)
+    if facts is None:  # not read in this run (gone): nothing to index
+        return (), (), (), (), (), ""
+    return node_entry(
+        key, facts.imports, package, facts.paths, facts.dynamic, facts.syspath, facts.opaque
+    )
 
 
 def build_index(
@@ -344,6 +353,7 @@ def _build_index(
         with_reach,
         modified,
         entry_point_modules(root) if with_reach else {},
+        entry_point_table(root) if with_reach else [],
     )
 
 
@@ -402,5 +412,5 @@ def _update_reach(
     for key, (package, extra, spelled) in nodes.items():
         if extra is None and spelled is None:
             sha = cache.sha_of(key)
-            fresh.index.add(key, *_entry(key, cache.facts_of(sha) if sha else None, package))
+            fresh.index.add(key, _entry(key, cache.facts_of(sha) if sha else None, package))
     return fresh, True

@@ -67,6 +67,7 @@ from pathlib import Path
 from ... import __file__ as _register_functions
 from ... import sources
 from ...imports import facts as _import_facts
+from ...imports import loaders as _loaders
 from ...imports import path_literals as _path_literals
 from ...registry import model as _registry_model
 from ...registry import rules as _registry_rules
@@ -77,7 +78,7 @@ from .cache_home import seal, unseal, user_key
 from .source_facts import FileFacts, extract, unreadable
 
 PARALLEL_MIN = 400  # files to read before worker processes pay for their start-up
-_FORMAT = 4
+_FORMAT = 5
 _RACY_WINDOW_NS = 2_000_000_000
 
 
@@ -86,6 +87,7 @@ CODE_MODULES = (
     __file__,
     source_facts.__file__,
     _import_facts.__file__,
+    _loaders.__file__,
     _path_literals.__file__,
     _registry_syntax.__file__,
     _registry_rules.__file__,
@@ -134,7 +136,7 @@ def _is_file_facts(facts: FileFacts) -> bool:
     """The shape :func:`.source_facts.extract` gives (read back from a cache)."""
     if not isinstance(facts, tuple) or len(facts) != len(FileFacts._fields):
         return False
-    imports, error, error_line, bound, registration, dynamic, paths = facts
+    imports, error, error_line, bound, registration, dynamic, paths, syspath, opaque = facts
     return (
         type(imports) is tuple
         and all(type(i) is tuple and len(i) == 7 for i in imports)
@@ -146,6 +148,9 @@ def _is_file_facts(facts: FileFacts) -> bool:
         and type(dynamic) is int
         and type(paths) is tuple
         and all(type(p) is str for p in paths)
+        and type(syspath) is tuple
+        and all(type(p) is str for p in syspath)
+        and type(opaque) is str
     )
 
 

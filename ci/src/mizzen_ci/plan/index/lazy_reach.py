@@ -84,6 +84,8 @@ class LazyReach:
             {k: list(v) for k, v in self.index.under.items()},
             {k: list(v) for k, v in self.index.paths.items()},
             dict(self.index.wild),
+            dict(self.index.syspath),
+            dict(self.index.opaque),
         )
         pending = list(self.pending.nodes)
         if pending:
@@ -99,9 +101,9 @@ class LazyReach:
     @classmethod
     def from_data(cls, data: object) -> LazyReach | None:
         """The index from :meth:`to_data` (without ``resolve``), or None when ``data`` is not one."""
-        if not (isinstance(data, tuple) and len(data) == 8):
+        if not (isinstance(data, tuple) and len(data) == 10):
             return None
-        index, pending = ReachIndex.from_data(data[:4]), PendingNodes.from_data(data[4:])
+        index, pending = ReachIndex.from_data(data[:6]), PendingNodes.from_data(data[6:])
         if index is None or pending is None:
             return None
         return cls(index, pending)

@@ -24,7 +24,13 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
-from ...imports.facts import ModuleFacts, RawImport, facts_of_parse_error, imports_of_tree
+from ...imports.facts import (
+    ModuleFacts,
+    RawImport,
+    facts_of_parse_error,
+    imports_of_tree,
+    unreadable_why,
+)
 from ...imports.path_literals import path_literals
 from ...registry import syntax as registry_syntax
 from ...sources import PARSE_ERRORS
@@ -40,6 +46,8 @@ class FileFacts(NamedTuple):
     registration: tuple  # registry_syntax.RegistrationSyntax.plain()
     dynamic: int  # see ModuleFacts.dynamic
     paths: tuple[str, ...]  # see ModuleFacts.paths
+    syspath: tuple[str, ...] = ()  # see ModuleFacts.syspath
+    opaque: str = ""  # see ModuleFacts.opaque
 
     def module_facts(self) -> ModuleFacts:
         """The import facts as :class:`~mizzen_ci.imports.facts.ModuleFacts`."""
@@ -50,6 +58,8 @@ class FileFacts(NamedTuple):
             self.bound,
             self.dynamic,
             self.paths,
+            self.syspath,
+            self.opaque,
         )
 
 
@@ -60,8 +70,8 @@ def extract(source: bytes, filename: str = "<unknown>") -> FileFacts:
     except PARSE_ERRORS as e:
         m = facts_of_parse_error(e, source)
         reg = registry_syntax.registration_syntax(source, parse_error=e)
-        return FileFacts((), m.error, m.error_line, None, reg.plain(), 0, m.paths)
-    imports, bound, dynamic = imports_of_tree(tree, source)
+        return FileFacts((), m.error, m.error_line, None, reg.plain(), 0, m.paths, (), m.opaque)
+    imports, bound, dynamic, syspath, opaque = imports_of_tree(tree, source)
     return FileFacts(
         imports,
         None,
@@ -70,6 +80,8 @@ def extract(source: bytes, filename: str = "<unknown>") -> FileFacts:
         registry_syntax.registration_syntax(source, tree).plain(),
         dynamic,
         path_literals(source, tree) or (),
+        syspath,
+        opaque,
     )
 
 
@@ -83,4 +95,6 @@ def unreadable(e: OSError) -> FileFacts:
         registry_syntax.unreadable(e).plain(),
         0,
         (),
+        (),
+        unreadable_why(e),  # what it imports is unknown: its dependents fail open
     )
