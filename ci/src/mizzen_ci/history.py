@@ -49,7 +49,10 @@ Invariants:
   a line is at most :data:`MAX_LINE_CHARS` characters of JSON; ``seconds`` is a finite number
   from 0 to the registry's ``est_time`` ceiling (:data:`MAX_SECONDS`, compared before any
   conversion: an integer of any size is an error, never an ``OverflowError``); the text fields
-  are strings of bounded length.  :func:`read_stores` drops each bad line (and each unreadable
+  are strings of bounded length; ``when`` (of a duration or a flake record) is an ISO-8601
+  time (UTC when it names no offset) from :data:`EARLIEST` to now + :data:`MAX_CLOCK_SKEW`: a
+  record dated ``9999-99-99``, next year or 1970 is dropped like any bad line (it would be the
+  "newest" forever and never compacted away).  :func:`read_stores` drops each bad line (and each unreadable
   store) with a problem naming ``path:line``, the rule and what was found, and keeps the good
   ones (the planner and the estimator use those, and warn); :func:`load` is the strict form that
   raises :class:`HistoryError` for the first problem.  The flake record is read the same way
@@ -72,7 +75,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from .junit import JunitError, read_testcases, testcase_outcome
@@ -92,6 +95,8 @@ MAX_PATH_CHARS = 1024  # file, job
 MAX_NAME_CHARS = 64  # arch, lane, when, outcome
 MAX_STORE_DEPTH = 16  # directories below a store directory
 MAX_PROBLEMS_SHOWN = 5  # dropped lines named in one warning (the rest are counted)
+EARLIEST = datetime(2020, 1, 1, tzinfo=UTC)  # a record's time: not before this epoch,
+MAX_CLOCK_SKEW = timedelta(minutes=10)  # nor later than now + this skew between machines
 
 
 class HistoryError(ValueError):
@@ -291,13 +296,42 @@ def _record_from(obj: object, where: str) -> Record:
         arch=arch,
         seconds=float(value),
         outcome=outcome,
-        when=text("when", MAX_NAME_CHARS),
+        when=checked_when(text("when", MAX_NAME_CHARS), where),
         lane=text("lane", MAX_NAME_CHARS),
         job=text("job", MAX_PATH_CHARS, nullable=True, numeric=True) if "job" in obj else None,
     )
 
 
 _FIELDS = "file, arch, seconds, outcome, when, lane"
+
+
+def time_problem(value: object) -> str | None:
+    """Why ``value`` is not a time a record may carry (see the module docstring), or ``None``."""
+    if not isinstance(value, str) or len(value) > MAX_NAME_CHARS:
+        return "is not an ISO-8601 time"
+    try:
+        parsed = datetime.fromisoformat(value)
+        parsed = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+    except (ValueError, OverflowError):
+        return "is not an ISO-8601 time"
+    if parsed < EARLIEST:
+        return f"is before {EARLIEST.date()} (no CI record is older)"
+    if parsed > datetime.now(UTC) + MAX_CLOCK_SKEW:
+        return (
+            f"is in the future (more than {MAX_CLOCK_SKEW.seconds // 60} min ahead of this clock)"
+        )
+    return None
+
+
+def checked_when(value: str, where: str, what: str = "when") -> str:
+    """``value`` when it is a time a record may carry; :class:`HistoryError` naming ``where``."""
+    problem = time_problem(value)
+    if problem is not None:
+        raise HistoryError(
+            f"{where}: `{what}` {shown(value)} {problem}; a record's time is the ISO-8601 UTC time "
+            "it was recorded at (mizzen-ci writes it)"
+        )
+    return value
 
 
 def history_files(path: Path | str) -> list[Path]:
@@ -542,6 +576,7 @@ def _flake_from(obj: object, where: str) -> FlakeRecord:
                 f"got {shown(value)}"
             )
         values[name] = value
+    checked_when(values["when"], where)
     job = obj.get("job")
     if job is not None and not (isinstance(job, str) and len(job) <= MAX_PATH_CHARS):
         raise HistoryError(f"{where}: flake record `job` must be a string or null")

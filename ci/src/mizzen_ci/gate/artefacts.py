@@ -114,16 +114,18 @@ def valid_key(value: object) -> bool:
 
 
 def valid_when(value: object) -> bool:
+    """An ISO-8601 time with its offset, within the history's bounds
+    (:func:`mizzen_ci.history.time_problem`: not before its epoch, not in the future)."""
+    from ..history import time_problem
+
     if not (isinstance(value, str) and len(value) <= 40):
         return False
     try:
-        parsed = datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
+        if datetime.fromisoformat(value).tzinfo is None:
             return False
-        parsed.astimezone(UTC)  # what utc_iso does: a year-1 or year-9999 time can overflow
-    except (ValueError, OverflowError):
+    except ValueError:
         return False
-    return True
+    return time_problem(value) is None
 
 
 def utc_iso(when: str) -> str:
@@ -183,7 +185,7 @@ def point_from(obj: object, where: str) -> Point:
     job = obj.get("job")
     if job is not None and not valid_key(job):
         raise ArtefactError(f"{where}: `job` must be a job id or null, got {shown(job)}")
-    when = need("when", valid_when, "an ISO-8601 time with its UTC offset")
+    when = need("when", valid_when, "an ISO-8601 time with its UTC offset, not in the future")
     return Point(test, arch, metric, step, value, run, job, utc_iso(when))
 
 
