@@ -62,14 +62,22 @@ class Workspace:
         return build_plan(self.root, fleet, change, Inputs(**inputs), options, pools).to_json()
 
 
+def _make_workspace(root: Path, files: dict[str, str]) -> Workspace:
+    ws = Workspace(root)
+    ws.write({"ci/fleet.toml": SMALL_FLEET.read_text(), **files})
+    ws.git("init", "-q", "-b", "main")
+    ws.commit("base")
+    ws.git("checkout", "-q", "-b", "change")
+    return ws
+
+
 @pytest.fixture
 def workspace(tmp_path: Path):
-    def make(files: dict[str, str]) -> Workspace:
-        ws = Workspace(tmp_path / "repo")
-        ws.write({"ci/fleet.toml": SMALL_FLEET.read_text(), **files})
-        ws.git("init", "-q", "-b", "main")
-        ws.commit("base")
-        ws.git("checkout", "-q", "-b", "change")
-        return ws
+    return lambda files: _make_workspace(tmp_path / "repo", files)
 
-    return make
+
+@pytest.fixture(scope="module")
+def module_workspace(tmp_path_factory):
+    """``module_workspace(files)``: like ``workspace``, one per call, for a whole module (a
+    property test resets its branch ``change`` for each example)."""
+    return lambda files: _make_workspace(tmp_path_factory.mktemp("ws") / "repo", files)

@@ -222,7 +222,8 @@ def check_accounted(repo: Path, p: dict) -> None:
     assert not missing, f"both scheduled and not: {missing}"
     files = {f for f, _ in runs} | {n["file"] for n in p["not_scheduled"]}
     on_disk = {p.relative_to(repo).as_posix() for p in (repo / "tests").rglob("test_*.py")}
-    assert files == on_disk
+    kept = {o["file"] for o in p.get("overrides", [])}  # a base file the head deleted
+    assert files == on_disk | kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,11 +299,20 @@ def test_deletion_selects_the_importers_of_the_deleted_module(repo):
     }
 
 
-def test_deleted_test_file_is_gone_from_the_plan(repo):
+def test_a_deleted_test_file_the_base_runs_stays_in_the_plan_with_an_error(repo):
     git(repo, "rm", "-q", "tests/alpha/test_plain.py")
     commit(repo)
     p = plan(repo)
-    assert p["jobs"] == []  # nothing else read it
+    # the base runs a changed test file; a change cannot remove a run (land disabled= first)
+    assert scheduled(p) == {("tests/alpha/test_plain.py", None)}
+    assert any("tests/alpha/test_plain.py: the base runs it" in e for e in p["errors"])
+    (o,) = p["overrides"]
+    assert "deletes it" in o["reason"]
+    # a test the base already disabled goes quietly
+    git(repo, "rm", "-q", "tests/gpu/test_disabled_gpu.py")
+    commit(repo)
+    p = plan(repo, base="HEAD~1")
+    assert p["jobs"] == [] and not p["errors"] and "overrides" not in p
 
 
 @pytest.mark.parametrize("path", ["uv.lock", "packages/beta/pyproject.toml", "ci/fleet.toml"])

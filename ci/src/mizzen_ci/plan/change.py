@@ -227,3 +227,45 @@ def git_change(
     except GitError as e:
         what = f"base {base!r}" if base else "the default base"
         return Change.unusable(f"cannot read the diff from {what}: {e}", base, head)
+
+
+def tree_files(root: Path, rev: str, under: str) -> list[str]:
+    """The regular files (not links, not submodules) under the folder ``under`` at revision
+    ``rev`` (``git ls-tree -r``); :class:`GitError` when the revision is missing."""
+    out = _git(root, "ls-tree", "-r", "-z", resolve(root, rev), "--", f":(literal){under}/")
+    files = []
+    for record in out.split("\0"):
+        meta, _, path = record.partition("\t")
+        if path and meta.split(" ")[0] in ("100644", "100755"):
+            files.append(path)
+    return files
+
+
+def blobs_at(root: Path, rev: str, paths: list[str]) -> dict[str, bytes]:
+    """The bytes of each of ``paths`` at revision ``rev`` that is a file there (one ``git
+    cat-file --batch`` for all of them); :class:`GitError` when git fails."""
+    sha = resolve(root, rev)
+    wanted = [p for p in paths if "\n" not in p]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_OPTIONAL_LOCKS"] = "0"
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "cat-file", "--batch"],
+            input="".join(f"{sha}:{p}\n" for p in wanted).encode("utf-8", "surrogateescape"),
+            capture_output=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+        raise GitError(f"`git cat-file --batch` failed: {e}") from None
+    if done.returncode != 0:
+        raise GitError(f"`git cat-file --batch` failed: {done.stderr.decode(errors='replace')}")
+    out, at, blobs = done.stdout, 0, {}
+    for path in wanted:
+        end = out.index(b"\n", at)
+        header = out[at:end].split(b" ")
+        at = end + 1
+        if len(header) == 3:  # SHA TYPE SIZE, then the object (else: SPEC missing)
+            size = int(header[2])
+            if header[1] == b"blob":
+                blobs[path] = out[at : at + size]
+            at += size + 1
+    return blobs

@@ -22,7 +22,9 @@ The plan JSON (``version`` 1; fields may be added, never renamed)::
                    "makespan_seconds": ..., "bound_seconds": ..., "vendor": "nvidia"}],
      "not_scheduled": [{"file": ..., "arch": ..., "code": ..., "reason": ...}],
      "warnings": [...], "errors": [...],
-     "fast_fail": true, "fast_fail_reason": "pull request: GPU jobs wait for ..."}
+     "fast_fail": true, "fast_fail_reason": "pull request: GPU jobs wait for ...",
+     "overrides": [{"file": ..., "arch": ..., "base_file": ..., "reason": "runs as the base
+                    declares it: the head set disabled='...'"}]}
 
 A job's ``lane`` is also the nox session that runs it (``cpu`` or ``gpu-<arch>``); its
 ``est_seconds`` include its pool's set-up, and its tests' ``start_seconds`` count from the job's
@@ -36,7 +38,10 @@ for the CPU pool), a field added after version 1: a plan written without it read
 revision's, never the change's); ``approval`` says what approved an untrusted author's head.
 ``fast_fail`` (added after version 1; a plan without it reads as ``false``) says whether the GPU
 jobs wait for the cheap checks and the CPU lane of the head to pass, ``fast_fail_reason`` why or
-why not (:func:`mizzen_ci.plan.request.fast_fail`).  A job's tests
+why not (:func:`mizzen_ci.plan.request.fast_fail`).  ``overrides`` (added after version 1,
+written only when not empty; absent reads as ``[]``) lists each (file, arch) that runs because the
+base revision runs it for this change though the head's registration would not, with what the
+head changed (:mod:`mizzen_ci.plan.base_runs`).  A job's tests
 are listed in their planned start order (longest first): the lanes run them so.  CPU jobs have
 ``arch: null``, ``lane: "cpu"`` and ``gpus: 1``.
 
@@ -80,7 +85,11 @@ class _Record:
     """JSON of a dataclass record: its fields, in order; nested records and sequences as JSON."""
 
     def to_json(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in fields(self)
+            if not (f.metadata.get("omit_empty") and not getattr(self, f.name))
+        }
 
     @classmethod
     def from_json(cls, data: object, where: str):
@@ -108,6 +117,18 @@ class NotScheduled(_Record):
     file: str = field(metadata=_read("text"))
     arch: str | None = field(metadata=_read("opt_text"))
     code: str = field(metadata=_read("text"))
+    reason: str = field(metadata=_read("text"))
+
+
+@dataclass(frozen=True)
+class Override(_Record):
+    """A (test file, arch) the plan runs because the base revision runs it for this change, though
+    the head's registration would not: ``base_file`` is its path at the base (``file`` its path
+    at the head, or the base path when the head has none), ``reason`` what the head changed."""
+
+    file: str = field(metadata=_read("text"))
+    arch: str | None = field(metadata=_read("opt_text"))
+    base_file: str = field(metadata=_read("text"))
     reason: str = field(metadata=_read("text"))
 
 
@@ -225,6 +246,10 @@ class Plan(_Record):
     errors: list[str] = field(default_factory=list, metadata=_read("texts", list))
     fast_fail: bool = field(default=False, metadata=_read("added_flag"))
     fast_fail_reason: str | None = field(default=None, metadata=_read("added_text"))
+    overrides: list[Override] = field(
+        default_factory=list,
+        metadata={**_read("added_records", Override), "omit_empty": True},
+    )
 
     def to_json(self) -> dict:
         return {"version": PLAN_VERSION, **super().to_json()}
@@ -314,6 +339,12 @@ class _Reader:
         if key not in self.data:
             return False
         return self.flag(key)
+
+    def added_records(self, key: str, kind: type[_Record]) -> list:
+        """Records added after version 1, written only when there are some: absent is ``[]``."""
+        if key not in self.data:
+            return []
+        return self.records(key, kind, list)
 
     def flag(self, key: str) -> bool:
         value = self._get(key)

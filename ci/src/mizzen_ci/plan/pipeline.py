@@ -2,7 +2,8 @@
 
 :func:`build_plan` runs the pipeline: request (:mod:`.request`) → the tree's index
 (:mod:`.index`: registry and reverse import index, one parse per file, warm from its cache) →
-impact analysis (:mod:`.impact`) → selection (:mod:`.selection`) → estimates
+impact analysis (:mod:`.impact`) → selection (:mod:`.selection`), with the runs the base revision's
+registrations keep (:mod:`.base_runs`, read from git outside every cache) → estimates
 (:mod:`mizzen_ci.history`) → packing per pool (:mod:`.jobs`) → a :class:`~.model.Plan`.
 
 Invariants:
@@ -24,6 +25,8 @@ from pathlib import Path
 from .. import history
 from ..fleet import Fleet
 from ..registry.rules import MAX_EST_TIME_SECONDS
+from . import base_runs
+from .base_runs import BaseRuns
 from .change import Change
 from .impact import Analyser, Impact
 from .index import CACHE_FILE, PlanIndex, build_index
@@ -76,6 +79,16 @@ def build_plan(
     selected, not_scheduled, selection_warnings = select(
         registry.registrations, registry.violations, pools, request, impact
     )
+    base = BaseRuns([], [], [])
+    if base_runs.applies(request, change):
+        base_regs, problems = base_runs.base_registrations(root, change, registry, pools)
+        selection_warnings += problems
+        if base_regs:
+            base = base_runs.keep_base_runs(
+                base_regs, selected, registry, pools, request, impact, change
+            )
+            selected += base.selected
+            not_scheduled = base_runs.without_overridden(not_scheduled, base.selected)
     plan = Plan(
         event=request.event,
         cadence=request.cadence,
@@ -91,9 +104,10 @@ def build_plan(
         ),
         not_scheduled=sorted(not_scheduled, key=lambda n: (n.file, n.arch or "")),
         warnings=[*request.warnings, *selection_warnings],
-        errors=[str(v) for v in registry.violations],
+        errors=[str(v) for v in registry.violations] + base.errors,
         fast_fail=request.fast_fail,
         fast_fail_reason=request.fast_fail_reason,
+        overrides=base.overrides,
     )
     if not change.usable:
         plan.warnings.append(f"selecting everything: {change.reason}")

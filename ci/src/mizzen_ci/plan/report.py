@@ -192,6 +192,8 @@ def terminal(plan: Plan, *, verbose: bool = False) -> str:
             out += ["", text_table(("test", "arch", "reason"), rows)]
         else:
             out.append("(--verbose lists each test with its reason)")
+    for o in plan.overrides:
+        out.append(plain(f"override: {o.file} ({o.arch or 'cpu'}) {o.reason}"))
     for w in plan.warnings:
         out.append(f"warning: {plain(w)}")
     for e in plan.errors:
@@ -208,6 +210,14 @@ def markdown(plan: Plan) -> str:
         markdown_text(provenance(plan)),
         "",
     ]
+    if plan.overrides:
+        rows = [(Code(o.file), o.arch or "cpu", o.reason) for o in plan.overrides]
+        out += [
+            "Runs the base revision keeps (the head's registration would not run them):",
+            "",
+            markdown_table(("test", "arch", "why"), rows),
+            "",
+        ]
     for w in plan.warnings:
         out.append(f"> [!WARNING]\n> {markdown_text(w)}\n")
     for e in plan.errors:
