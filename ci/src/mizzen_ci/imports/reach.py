@@ -155,6 +155,14 @@ class ReachIndex:
         if wild and self.wild.pop(node, None) is not None:
             self._wild_by_top = None
 
+    def forget(self, node: str) -> None:
+        """Drop what the per-node tables hold of ``node`` (``wild``, ``syspath``, ``opaque``):
+        the whole entry of a node that names nothing (a file that could not be read)."""
+        if self.wild.pop(node, None) is not None:
+            self._wild_by_top = None
+        self.syspath.pop(node, None)
+        self.opaque.pop(node, None)
+
     def naming(self, name: str, below: bool) -> list[str]:
         """The nodes that name ``name`` (and, with ``below``, a name below it); a node may be
         listed twice."""

@@ -389,7 +389,9 @@ def _update_reach(
             old = previous.get(key)
             if key in pending.nodes:
                 pending.remove(key)
-            elif old is not None and old[1][0] is not None:
+            elif old is None:  # new, or unreadable last run (nothing kept: no names indexed)
+                index.forget(key)
+            elif old[1][0] is not None:
                 facts = cache.facts_of(old[0])
                 if facts is None:  # the old names are unknown: build afresh
                     break
