@@ -770,4 +770,8 @@ def run(command: str, args: argparse.Namespace) -> int:
     except HistoryError as e:
         print(plain(f"history: {e}"), file=sys.stderr)
         return 1
+    except OSError as e:  # an --out that is a folder, or in one that cannot be written
+        print(plain(f"history: {e.filename or ''}: {e.strerror or e}; give --out (and "
+                    "--flakes-out) a file path in a folder you can write"), file=sys.stderr)  # fmt: skip
+        return 2
     return 0

@@ -29,7 +29,16 @@ from pathlib import Path
 from .. import masking, output
 from ..fleet import find_repo_root
 from ..registry.rules import shown
-from .artefacts import CPU_ARCH, Point, default_dir, read_points, valid_key, valid_test_path
+from .artefacts import (
+    ARCH,
+    CPU_ARCH,
+    MAX_STEP,
+    Point,
+    default_dir,
+    read_points,
+    valid_key,
+    valid_test_path,
+)
 from .backends import open_store
 from .check import Settings, run_gate, targets_from_plan, targets_from_points
 from .declarations import held_to_base, read_declarations
@@ -37,7 +46,7 @@ from .judge import DEFAULT_K, DEFAULT_MIN_HISTORY, DEFAULT_WINDOW, robust_band
 from .quarantine import read_revision, read_tree
 from .redact import redact_url
 from .store import EVENTS, MAX_WINDOW, RunInfo, StoreError, store_url
-from .vocabulary import load_vocabulary
+from .vocabulary import load_vocabulary, valid_name
 
 _COMMIT = re.compile(r"[0-9a-f]{7,64}|local")
 
@@ -144,6 +153,11 @@ def run(command: str, args: argparse.Namespace) -> int:
         return action[args.gate_command](root, args)
     except (StoreError, GateInputError) as e:
         print(output.plain(f"mizzen-ci gate {args.gate_command}: {e}"), file=sys.stderr)
+        return 2
+    except OSError as e:  # a --summary, --plan or artefact path that cannot be used
+        print(output.plain(f"mizzen-ci gate {args.gate_command}: {e.filename or ''}: "
+                           f"{e.strerror or e}; give a path that can be read or written"),
+              file=sys.stderr)  # fmt: skip
         return 2
 
 
@@ -311,6 +325,10 @@ def _untrust(root: Path, args: argparse.Namespace) -> int:
         raise GateInputError("--commit is not a commit sha")
     if args.run_key and not valid_key(args.run_key):
         raise GateInputError("--run-key is not a run key")
+    if args.test and not valid_test_path(args.test):
+        raise GateInputError("--test is not a test file path under tests/")
+    if args.arch and not ARCH.fullmatch(args.arch):
+        raise GateInputError("--arch is not an arch (cpu or a GPU generation)")
     store = open_store(store_url(args.store, root))
     try:
         n = store.mark_untrusted(
@@ -325,6 +343,10 @@ def _untrust(root: Path, args: argparse.Namespace) -> int:
 def _show(root: Path, args: argparse.Namespace) -> int:
     if not valid_test_path(args.test) or not 1 <= args.window <= MAX_WINDOW:
         raise GateInputError("--test must be a test file path and --window 1-1000")
+    if not (ARCH.fullmatch(args.arch) and valid_name(args.metric)):
+        raise GateInputError("--arch must be an arch and --metric a metric name of ci/metrics.toml")
+    if args.step is not None and not 0 <= args.step <= MAX_STEP:
+        raise GateInputError(f"--step must be from 0 to {MAX_STEP}")
     url = store_url(args.store, root)
     store = open_store(url, readonly=True)
     if store is None:

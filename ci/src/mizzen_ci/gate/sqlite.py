@@ -80,7 +80,13 @@ class SqliteStore(SqlStore):
                     f"{MAX_STORE_BYTES >> 20} MiB; start a new one or prune old runs"
                 )
         elif not readonly:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(
+                    f"{self.shown}: cannot create the metric store's folder: {e.strerror}; give a "
+                    "--store path in a folder you can write"
+                ) from None
         mode = "ro" if readonly else "rwc"
         self._deadline = 0.0
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import signal
 import sys
@@ -40,13 +41,14 @@ from ..fleet import (
 from ..imports import workspace_source_dirs
 from ..output import plain, plain_lines
 from ..packing.gpus import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
+from ..registry.rules import MAX_NUM_GPUS
 from . import compile_cache
 from .hardware import lane_gpus
 from .leases import LEASE_DIR_ENV, default_lease_dir
 from .progress import Progress
 from .refusal import LaneRefusal
 from .report import LaneOutcome, write_reports
-from .runner import GpuLaneRunner, RunnerConfig
+from .runner import MAX_FILE_TIMEOUT_S, GpuLaneRunner, RunnerConfig
 from .selection import select
 
 ARTIFACTS = Path(".ci-artifacts")
@@ -175,8 +177,18 @@ def _run(args: argparse.Namespace) -> int:
             f"unknown GPU generation {args.arch!r}; {FLEET_RELATIVE_PATH} has "
             f"{', '.join(fleet.generation_names)}"
         )
-    if args.retries < 0 or args.timeout_factor <= 0 or args.min_timeout < 0:
-        raise LaneRefusal("--retries must be ≥ 0, --timeout-factor > 0, --min-timeout ≥ 0")
+    seconds = (args.timeout_factor, args.min_timeout, args.lease_timeout, args.kill_grace)
+    if not (
+        0 <= args.retries <= 10
+        and all(math.isfinite(x) and 0 <= x <= MAX_FILE_TIMEOUT_S for x in seconds)
+        and args.timeout_factor > 0
+    ):
+        raise LaneRefusal(
+            "--retries must be 0-10; --timeout-factor above 0, --min-timeout, --lease-timeout "
+            f"and --kill-grace from 0, all finite and at most {MAX_FILE_TIMEOUT_S:.0f}"
+        )
+    if args.fake_gpus is not None and not 1 <= args.fake_gpus <= MAX_NUM_GPUS:
+        raise LaneRefusal(f"--fake-gpus must be from 1 to {MAX_NUM_GPUS}, got {args.fake_gpus}")
     if not 1 <= args.gpu_seats <= MAX_GPU_SEATS:
         raise LaneRefusal(
             f"--gpu-seats must be from 1 to {MAX_GPU_SEATS} (a sharing file is promised a "
