@@ -126,7 +126,9 @@ def test_store_round_trip_and_append_is_additive(tmp_path):
 
 def test_malformed_store_lines_name_path_and_line(tmp_path):
     store = tmp_path / "d.jsonl"
-    good = Record("tests/test_a.py", None, 1.0, "passed", "2026-11-01T00:00:00+00:00", "cpu").to_json()
+    good = Record(
+        "tests/test_a.py", None, 1.0, "passed", "2026-11-01T00:00:00+00:00", "cpu"
+    ).to_json()
     store.write_text(good + "\n{not json\n")
     with pytest.raises(HistoryError, match=r"d\.jsonl:2: not JSON"):
         load(store)
