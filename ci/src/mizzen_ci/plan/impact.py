@@ -495,12 +495,13 @@ class Analyser:
         if impact.everything:
             return impact
 
-        if source_changed:  # what loads code it cannot resolve may load the change
-            for node, why in self.opaque_nodes().items():
-                changed.setdefault(node, why)
-                if node.startswith(TESTS_DIR + "/"):
-                    select(self.tests_for_test_path(node), why)
         origin = self.importers_with_origin(changed, changed_paths)
+        if source_changed:  # what loads code it cannot resolve may load the change
+            opaque = {n: why for n, why in self.opaque_nodes().items() if n not in changed}
+            for node, why in opaque.items():
+                origin.setdefault(node, why)
+            for node, why in self.importers_with_origin(opaque).items():
+                origin.setdefault(node, why)  # (a reason naming the change comes first)
         for virtual, how in self.every_session.items():
             if virtual in origin:
                 select(
