@@ -28,3 +28,16 @@ def echo_servers():
     for server in servers:
         server.stop()
         server.cleanup_logs()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_masks():
+    """Each test starts with the process-wide mask set as it was, and leaves it so: a secret one
+    test registers does not mask another test's output."""
+    try:
+        from mizzen_rollout.masking import isolated_masks
+    except ImportError:  # code from before the mask set (leak tests run against it fail there)
+        yield
+        return
+    with isolated_masks():
+        yield

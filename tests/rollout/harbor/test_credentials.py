@@ -121,7 +121,7 @@ def test_nothing_at_all_is_an_error_with_a_hint(tmp_path: Path, monkeypatch) -> 
 def test_partial_multi_key_is_an_error() -> None:
     with pytest.raises(ProviderCredentialError, match="MODAL_TOKEN_SECRET"):
         provision_provider(
-            "modal", {"MODAL_TOKEN_ID": "ak-1"}, specs=specs_with_sdk(), echo=Printed()
+            "modal", {"MODAL_TOKEN_ID": "ak-1-work"}, specs=specs_with_sdk(), echo=Printed()
         )
 
 
@@ -129,7 +129,7 @@ def test_modal_config_file(tmp_path: Path) -> None:
     config = tmp_path / "modal.toml"
     config.write_text(
         f'[old]\ntoken_id = "ak-old"\ntoken_secret = "as-old"\n'
-        f'[work]\ntoken_id = "ak-1"\ntoken_secret = "{SECRET}"\nactive = true\n'
+        f'[work]\ntoken_id = "ak-1-work"\ntoken_secret = "{SECRET}"\nactive = true\n'
     )
     env = {"MODAL_CONFIG_PATH": str(config)}
     printed = Printed()
@@ -137,7 +137,7 @@ def test_modal_config_file(tmp_path: Path) -> None:
     assert forwarded == {"MODAL_CONFIG_PATH": str(config.resolve())}
     assert SECRET not in "".join(printed)
     assert resolve_provider_credentials("modal", env) == {
-        "MODAL_TOKEN_ID": "ak-1",
+        "MODAL_TOKEN_ID": "ak-1-work",
         "MODAL_TOKEN_SECRET": SECRET,
     }
     assert resolve_provider_credentials("modal", {**env, "MODAL_PROFILE": "old"}) == {
@@ -166,7 +166,7 @@ def test_malformed_key_file_is_refused_without_showing_it(tmp_path: Path) -> Non
     ],
 )
 def test_address_variables_with_credentials_are_refused(variable: str, value: str) -> None:
-    env = {"DAYTONA_API_KEY": "k", variable: value}
+    env = {"DAYTONA_API_KEY": "k-env-0123", variable: value}
     printed = Printed()
     with pytest.raises(ProviderCredentialError, match=f"{variable}=.*carries credentials") as e:
         provision_provider("daytona", env, specs=specs_with_sdk(), echo=printed)

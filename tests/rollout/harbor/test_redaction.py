@@ -213,3 +213,32 @@ def test_secret_is_a_str_with_a_masked_repr() -> None:
     assert key == PW and f"{key}" == PW and key + "x" == PW + "x"
     assert repr(key) == "'***'" and PW not in repr({"E2B_API_KEY": key})
     assert pickle.loads(pickle.dumps(key)) == PW
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'export OPENAI_API_KEY="{PW}"',
+        f"export API_TOKEN='{PW}'",
+        f'{{"api_key": "{PW}"}}',
+        f"{{'api_key': '{PW}'}}",
+        json.dumps({"llm": {"auth_token": PW}}),
+        f'api_key = "{PW}"',
+        f"--api-key {PW}",
+        f"--api-key={PW}",
+        f'headers=[("X-Api-Key", "{PW}")]',
+        f'["--api-key", "{PW}"]',
+        f"pass\u200bword={PW}",  # zero-width space inside the name
+        f"to\u200dken: {PW}",  # zero-width joiner
+        f"sec\u2060ret={PW}",  # word joiner
+        f"pass\ufeffwd={PW}",  # zero-width no-break space
+    ],
+)
+def test_redact_text_masks_quoted_paired_and_zero_width_named_values(text: str) -> None:
+    out = redact_text(text, environ={})
+    assert PW not in out and "***" in out
+
+
+def test_redact_text_keeps_json_json() -> None:
+    out = redact_text(json.dumps({"api_key": PW, "max_tokens": 10}), environ={})
+    assert json.loads(out) == {"api_key": "***", "max_tokens": 10}

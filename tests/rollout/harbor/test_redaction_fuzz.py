@@ -168,7 +168,7 @@ def test_every_leaky_address_is_refused_without_showing_it(
     leaky: Leaky, address: tuple[str, str], provider_specs, leaked
 ) -> None:
     provider, variable = address
-    env = {var: "k-env" for var in PROVIDER_SPECS[provider].key_vars} | {variable: leaky.url}
+    env = {var: "k-env-0123" for var in PROVIDER_SPECS[provider].key_vars} | {variable: leaky.url}
     printed: list[str] = []
     with pytest.raises(ProviderCredentialError) as error:
         provision_provider(provider, env, specs=provider_specs, echo=printed.append)

@@ -52,7 +52,7 @@ def provision(provider_specs) -> Callable[..., Printed]:
     `variable=value` (and a key in the environment); returns the printed lines."""
 
     def run(variable: str, value: str, provider: str = "daytona") -> Printed:
-        env = {var: "k-env" for var in PROVIDER_SPECS[provider].key_vars} | {variable: value}
+        env = {var: "k-env-0123" for var in PROVIDER_SPECS[provider].key_vars} | {variable: value}
         printed = Printed()
         provision_provider(provider, env, specs=provider_specs, echo=printed)
         return printed
@@ -415,7 +415,7 @@ def test_resolved_keys_have_a_masked_repr(tmp_path: Path) -> None:
 def test_worker_side_address_variables_are_checked_too(tmp_path: Path, monkeypatch) -> None:
     """A worker whose own environment has a credential-bearing address (not one the launcher
     forwarded) refuses it before Harbor's SDK reads it."""
-    monkeypatch.setenv("DAYTONA_API_KEY", "k-env")
+    monkeypatch.setenv("DAYTONA_API_KEY", "k-env-0123")
     monkeypatch.setenv("DAYTONA_API_URL", f"https://user:{SECRET}@daytona.example.com/api")
     with pytest.raises(ProviderCredentialError, match="DAYTONA_API_URL") as e:
         export_provider_credentials("daytona")
@@ -564,3 +564,70 @@ def test_the_command_line_refuses_a_credential_base_url_without_printing_it(
     assert SECRET not in result.stdout + result.stderr
     written = [p for p in trials.rglob("*") if p.is_file()] if trials.exists() else []
     assert [p for p in written if SECRET.encode() in p.read_bytes()] == []
+
+
+# ------------------------------------- keys named beside them, not above them (issue 31 probe)
+
+
+@pytest.mark.parametrize(
+    "agent_kwargs",
+    [
+        {"env": [{"name": "OPENAI_API_KEY", "value": SECRET}]},
+        {"headers": [{"header": "X-Api-Key", "value": SECRET}]},
+        {"llm_call_kwargs": {"extra_headers": [["X-Api-Key", SECRET]]}},
+        {"extra_headers": [("Cookie", SECRET)]},
+        {"args": ["--model", "m", "--api-key", SECRET]},
+        {"args": ["--model", "m", f"--api-key={SECRET}"]},
+        {"command": f'export OPENAI_API_KEY="{SECRET}" && run-agent'},
+        {"notes": f'{{"api_key": "{SECRET}"}}'},
+    ],
+)
+def test_a_key_named_beside_it_never_reaches_the_workers(
+    agent_kwargs: dict, tmp_path: Path, tasks_dir: Path, leaked
+) -> None:
+    with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_AGENT_KWARGS") as e:
+        harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir), agent_kwargs=agent_kwargs)
+    assert leaked(SECRET, e.value) == []
+
+
+def test_innocent_pairs_and_lists_are_forwarded(tmp_path: Path, tasks_dir: Path) -> None:
+    kwargs = {
+        "env": [{"name": "MODEL", "value": "m-1"}],
+        "args": ["--max-tokens", 256, "--model", "m"],
+        "tools": ["read_token_count", "bash", "edit"],  # (a two-item list is a name/value pair)
+    }
+    env = harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir), agent_kwargs=kwargs)
+    assert json.loads(env[ENV_VARS["agent_kwargs"]]) == kwargs
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",  # identifier-shaped tokens
+        "sk_live_51HxYzAbCdEfGhIjKlMnOpQr",
+        "AKIAIOSFODNN7EXAMPLE",
+        "xoxb_1234567890_abcdefghij",
+        "a1b2c3d4e5f6a7b8c9d0",
+    ],
+)
+def test_a_token_given_as_engine_api_key_var_is_refused_unrepeated(
+    value: str, tmp_path: Path, tasks_dir: Path, leaked
+) -> None:
+    with pytest.raises(ProviderCredentialError, match="engine_api_key_var") as e:
+        harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir, engine_api_key_var=value))
+    assert leaked(value, e.value) == []
+
+
+def test_the_value_of_a_key_variable_is_refused_as_its_name(
+    tmp_path: Path, tasks_dir: Path, monkeypatch, leaked
+) -> None:
+    """A key in variable-name shape is still the key when a password-like variable holds it."""
+    key = "ENGINE_KEY_" + "ABC"  # built, so the traceback's source lines do not show it
+    monkeypatch.setenv("MIZZEN_TEST_ENGINE_KEY", key)
+    with pytest.raises(ProviderCredentialError, match="engine_api_key_var") as e:
+        harbor_env_vars(**launcher_kwargs(tmp_path, tasks_dir, engine_api_key_var=key))
+    assert leaked(key, e.value) == []
+    env = harbor_env_vars(
+        **launcher_kwargs(tmp_path, tasks_dir, engine_api_key_var="MIZZEN_TEST_ENGINE_KEY")
+    )
+    assert env[ENV_VARS["engine_api_key_var"]] == "MIZZEN_TEST_ENGINE_KEY"

@@ -35,7 +35,12 @@ The surface, by concern:
   :data:`ADAPTER_CONFIG_FILE` and :data:`ADAPTER_WEIGHTS_FILE`, and their weight keys
   :func:`peft_weight_key`, :func:`split_peft_weight_key`;
 - the embedded engine's tiny model and byte tokenizer: :func:`load_tiny_config`,
-  :func:`hf_byte_tokenizer`.
+  :func:`hf_byte_tokenizer`;
+- secrets masked at the output boundary (the process-wide mask set): :func:`register_secret`,
+  :func:`register_url`, :func:`register_environment`, :func:`mask`, :func:`mask_value`,
+  :func:`masked_repr`, :func:`install_output_masks`, :func:`describe_env`,
+  :func:`check_worker_env`, :data:`MIN_SECRET_LENGTH`, :class:`SecretError`,
+  :class:`SecretTooShortError`.
 
 Invariant: importing this module imports no heavy library (torch, ray, transformers, harbor):
 every module behind it keeps torch and friends inside functions (the lazy-import policy of the
@@ -83,6 +88,20 @@ from .engines.launcher import (
 )
 from .loading import ObjectSpecError, load_object
 from .manager import EngineSpec, RolloutManager
+from .masking import (
+    MIN_SECRET_LENGTH,
+    SecretError,
+    SecretTooShortError,
+    check_worker_env,
+    describe_env,
+    install_output_masks,
+    mask,
+    mask_value,
+    masked_repr,
+    register_environment,
+    register_secret,
+    register_url,
+)
 from .metrics import RolloutMetrics
 from .prompts import Prompt, render_prompt
 from .rewards import RewardFn, RewardSpecError, load_reward, score_samples
@@ -108,6 +127,7 @@ __all__ = [
     "ADAPTER_CONFIG_FILE",
     "ADAPTER_WEIGHTS_FILE",
     "ENGINE_MAX_BATCH",
+    "MIN_SECRET_LENGTH",
     "SCHEMA_VERSION",
     "AdapterConfig",
     "AdapterFormatError",
@@ -146,20 +166,31 @@ __all__ = [
     "SampleStatus",
     "SampleValidationError",
     "SamplingParams",
+    "SecretError",
+    "SecretTooShortError",
     "ServerProcess",
     "adapter_config_dict",
+    "check_worker_env",
+    "describe_env",
     "drop_groups_with_aborted",
     "drop_groups_with_failed",
     "find_free_port",
     "hf_byte_tokenizer",
+    "install_output_masks",
     "launch_embedded",
     "launch_sglang",
     "load_object",
     "load_reward",
     "load_tiny_config",
+    "mask",
+    "mask_value",
+    "masked_repr",
     "peft_weight_key",
     "read_adapter_config",
     "read_samples",
+    "register_environment",
+    "register_secret",
+    "register_url",
     "render_prompt",
     "run_rollout",
     "score_samples",

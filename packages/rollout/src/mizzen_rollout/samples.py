@@ -14,6 +14,9 @@ Invariants:
   response token; ``loss_mask`` entries are 0 or 1.
 - A ``FAILED`` sample carries its error message in ``error``; other statuses carry none.
 - ``write_samples`` is atomic: the file at ``path`` is either the old one or the complete new one.
+- ``write_samples`` writes through the process-wide mask set (:mod:`.masking`): a line holding a
+  registered secret (an engine URL's password in ``metadata.engine``, a key echoed in an error)
+  is written with every string masked, so no samples file holds a secret.
 - ``from_dict`` rejects unknown keys (extensions go into ``metadata``), so a renamed field fails
   loudly instead of being dropped.
 """
@@ -30,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .masking import mask, mask_json
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -358,7 +363,10 @@ def write_samples(path: str | os.PathLike[str], samples: Iterable[Sample]) -> in
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             for sample in samples:
                 sample.validate()
-                handle.write(sample.to_json())
+                line = sample.to_json()  # refuses values that are not JSON, naming the sample
+                if mask(line) != line:
+                    line = mask_json(sample.to_dict(), ensure_ascii=False, allow_nan=False)
+                handle.write(line)
                 handle.write("\n")
                 count += 1
         os.replace(tmp_name, target)

@@ -3,7 +3,8 @@
 It goes through the same path as a training run: `harbor_env_vars` (checks, credentials) sets this
 process's worker environment, then the agent function `run` executes the trial and the outcome
 (sample metadata) is printed as JSON. Exit code 0 when the trial ran (whatever its reward), 2 on a
-configuration error.
+configuration error. Everything it prints (and logs) goes through the process-wide mask set
+(`mizzen_rollout.masking`), with the password-like environment registered first.
 
 Example (local sandbox, needs root; oracle agent, no engine needed):
 
@@ -25,6 +26,7 @@ from mizzen_rollout.harbor.agent import run_sync
 from mizzen_rollout.harbor.errors import HarborConfigError
 from mizzen_rollout.harbor.launcher import harbor_env_vars
 from mizzen_rollout.harbor.local_environment import LOCAL_ENVIRONMENT_IMPORT_PATH
+from mizzen_rollout.masking import install_output_masks, register_environment
 
 
 def _sampling(pairs: list[str]) -> dict[str, Any]:
@@ -65,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    restore = install_output_masks()
+    try:
+        register_environment()
+        return _run(argv)
+    finally:
+        restore()
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     import_path = args.environment_import_path
     environment_type = None

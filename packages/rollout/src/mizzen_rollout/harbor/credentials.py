@@ -22,6 +22,10 @@ Invariants:
 - Every error here is a `ProviderCredentialError`.
 - Worker side: the key comes from the variable, else the key file (`<key_file_var>` or the default
   path), else a clear error. Resolved values are `redaction.Secret`s (their `repr()` is masked).
+- Every key value read here (variables on the launcher and the workers, key files) is registered
+  in the process-wide mask set (`mizzen_rollout.masking.register_secret`) as it is read, so no
+  output of the process shows it; a key shorter than `masking.MIN_SECRET_LENGTH` is refused
+  (ProviderCredentialError naming the variable or file, never the value).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Literal, NoReturn
 from mizzen_rollout.harbor.addresses import FORMS, AddressKind, check_address
 from mizzen_rollout.harbor.errors import ProviderCredentialError
 from mizzen_rollout.harbor.redaction import Secret, redact_url, shown
+from mizzen_rollout.masking import SecretError, register_secret
 
 KeyFileFormat = Literal["raw", "modal-toml"]
 
@@ -152,6 +157,18 @@ def _spec(name: str, specs: Mapping[str, ProviderSpec]) -> ProviderSpec:
 # ------------------------------------------------------------------------------ key files
 
 
+def register_keys(spec: ProviderSpec, values: Mapping[str, str], origin: str) -> None:
+    """Register every key value in the mask set; ProviderCredentialError if one cannot be."""
+    for variable, value in values.items():
+        problem = ""
+        try:
+            register_secret(value, source=f"{spec.name}: {variable} ({origin})")
+        except SecretError as exc:
+            problem = str(exc)
+        if problem:
+            raise ProviderCredentialError(problem)
+
+
 def _key_file_error(spec: ProviderSpec, path: Path, origin: str, problem: str) -> NoReturn:
     raise ProviderCredentialError(
         f"{spec.name}: the key file {path} ({origin}) {problem}; fix: write only the key into "
@@ -200,8 +217,11 @@ def read_key_file(
         problem = _check_key(text)
         if problem is not None:
             _key_file_error(spec, path, origin, problem)
-        return {spec.key_vars[0]: Secret(text.strip())}
-    return _read_modal_toml(spec, path, text, environ, origin)
+        keys = {spec.key_vars[0]: Secret(text.strip())}
+    else:
+        keys = _read_modal_toml(spec, path, text, environ, origin)
+    register_keys(spec, keys, f"the key file {path}")
+    return keys
 
 
 def _read_modal_toml(
@@ -380,6 +400,7 @@ def provision_provider(
             f"or none (and use {spec.key_file_var})."
         )
     if present:
+        register_keys(spec, {var: env[var].strip() for var in present}, "environment")
         source = f"environment ({', '.join(spec.key_vars)}; assumed set on the workers too)"
     else:
         if key_file is None:
@@ -424,6 +445,7 @@ def resolve_provider_credentials(
     env = os.environ if environ is None else environ
     values = {var: env.get(var, "").strip() for var in spec.key_vars}
     if all(values.values()):
+        register_keys(spec, values, "environment")
         return {var: Secret(value) for var, value in values.items()}
     explicit = env.get(spec.key_file_var, "").strip()
     path = _expanded(explicit or spec.default_key_path)

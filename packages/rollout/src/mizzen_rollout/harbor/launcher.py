@@ -14,6 +14,8 @@ Invariants:
   `environment_kwargs` carry no credential (`HarborSettings.check_no_credentials`). Unknown environment types are
   passed through with a printed notice (their credentials are the operator's business).
 - Optional knobs appear in the result only when set (`max_iterations=0` is set).
+- The result carries no registered secret (`masking.check_worker_env`, by variable name), and
+  every printed line goes through `masking.mask`.
 - Importable and usable without torch or ray; Harbor is imported lazily (environment checks).
 """
 
@@ -25,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from mizzen_rollout.harbor.credentials import PROVIDER_SPECS, provision_provider
-from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.errors import HarborConfigError, ProviderCredentialError
 from mizzen_rollout.harbor.redaction import redact_text
 from mizzen_rollout.harbor.settings import HarborSettings
+from mizzen_rollout.masking import SecretError, check_worker_env, mask
 
 
 def check_environment_import_path(import_path: str) -> None:
@@ -76,6 +79,11 @@ def harbor_env_vars(
     echo: Callable[[str], None] = print,
 ) -> dict[str, str]:
     """Validate a Harbor run's configuration and return the workers' environment variables."""
+    shown_echo = echo
+
+    def echo(line: str) -> None:
+        shown_echo(mask(line))
+
     settings = HarborSettings(
         tasks_dir=Path(tasks_dir),
         trials_dir=Path(trials_dir),
@@ -109,4 +117,11 @@ def harbor_env_vars(
             "in mizzen; passing it through unchanged. Make sure every worker has whatever it "
             "needs (daemon access, cloud credentials)."
         )
+    problem = ""
+    try:
+        check_worker_env(env, where="harbor_env_vars")
+    except SecretError as exc:
+        problem = str(exc)
+    if problem:
+        raise ProviderCredentialError(problem)
     return env

@@ -6,8 +6,11 @@ may hold a secret goes through this module:
   a URL inside a kwarg or inside a message). Every error about a URL shows only this form.
 - `redact_text(text)`: free text we did not write (Harbor's exception messages): known secret
   values are masked, then every URL-like token is replaced by its `redact_url` form, the value of
-  every `NAME=value` / `NAME: value` with a password-like NAME and of every `Bearer <value>` is
-  masked, then control and bidirectional-format characters are escaped.
+  every `NAME=value` / `NAME: value` / `NAME value` (a `--flag`) / `"NAME": "value"` /
+  `("NAME", "value")` with a password-like NAME (quoted or not, `export NAME="value"` too) and of
+  every `Bearer <value>` is masked, then control and bidirectional-format characters are escaped,
+  and last the process-wide mask set (`mizzen_rollout.masking.mask`) masks every registered
+  secret: these shape rules are a first line, the mask set is what guarantees.
 - `redact_value(value)` / `shown(value)`: a JSON-like structure (kwargs, settings fields) for
   `repr()`, log lines and error messages.
 - `is_sensitive_name(name)`: the one rule for password-like names (environment variables, kwargs
@@ -35,8 +38,10 @@ Invariants:
   `https:u:p@h` have a userinfo); the authority ends at the first `/`, `\\`, `?` or `#`; the
   userinfo ends at the authority's last `@`. A value with no scheme (`user:pw@host`,
   `//user:pw@host`, `host:port`) is read as an authority.
-- A name is password-like when its NFKC case-folded form contains `pass`, `secret`, `token`,
-  `key`, `credential`, `auth`, `cookie` or `signature`, or the word `sig`. That makes `max_tokens`
+- A name is password-like when its NFKC case-folded form, default-ignorable characters
+  (zero-width, joiners, bidi controls) removed, contains `pass`, `secret`, `token`,
+  `key`, `credential`, `auth`, `cookie` or `signature`, or the word `sig`
+  (`mizzen_rollout.masking.is_sensitive_name`, the one rule). That makes `max_tokens`
   password-like too: callers decide what such a name may hold (numbers and booleans, never text).
 """
 
@@ -50,6 +55,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from mizzen_rollout.masking import IGNORABLE_CHARACTERS, is_sensitive_name, mask
+
 MASK = "***"
 #: the longest redacted URL or shown value (longer ones are cut, with `...`)
 MAX_SHOWN = 300
@@ -59,9 +66,6 @@ SHOWN_SCHEMES = frozenset(
 )
 _SPECIAL_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
 
-_SENSITIVE_NAME = re.compile(
-    r"pass|secret|token|key|credential|auth|cookie|signature|(?<![a-z])sig(?![a-z])"
-)
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _URL_REMOVED = dict.fromkeys(map(ord, "\t\n\r"))  # WHATWG drops these anywhere in a URL
 _HOST_NAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?")
@@ -82,21 +86,31 @@ _URL_IN_TEXT = re.compile(
 _AUTH_HEADER_VALUE = re.compile(r"(bearer|basic|digest|token)\s+\S+", re.IGNORECASE)
 #: inside free text: `Bearer <credential>` and `NAME=<value>` / `NAME: <value>`
 _AUTH_IN_TEXT = re.compile(r"\b(bearer|basic|digest)(\s+)[^\s,;'\"]+", re.IGNORECASE)
-_ASSIGNMENT_IN_TEXT = re.compile(r"(?<![\w-])([A-Za-z_][\w-]*)(\s*[=:]\s*)([^\s,;'\"]+)")
-_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*[=:]\s*(\S.*)", re.DOTALL)
+#: a name (a `--flag` too; default-ignorable characters inside it are part of it), optionally
+#: quoted, then `=` / `:` (or `,` between two quoted items: a pair), then a value, quoted or not
+_NAME = rf"-{{0,2}}[A-Za-z_](?:[\w.-]|[{IGNORABLE_CHARACTERS}])*"
+_QUOTED = r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"
+_ASSIGNMENT_IN_TEXT = re.compile(
+    rf"(?<![\w-])(?P<q>[\"']?)(?P<name>{_NAME})(?P=q)"
+    rf"(?P<sep>\s*[=:]\s*|(?<=[\"'])\s*,\s*(?=[\"']))(?P<value>{_QUOTED}|[^\s,;'\"]+)"
+)
+#: `--api-key VALUE` (a flag followed by its value, as in a command line)
+_FLAG_IN_TEXT = re.compile(
+    rf"(?<![\w-])(?P<q>[\"']?)(?P<name>--?[A-Za-z_](?:[\w.-]|[{IGNORABLE_CHARACTERS}])*)(?P=q)"
+    rf"(?P<sep>\s+|\s*,\s*)(?P<value>{_QUOTED}|[^\s,;'\"-][^\s,;'\"]*)"
+)
+_ASSIGNMENT = re.compile(
+    rf"(?:export\s+)?[\"']?({_NAME})[\"']?\s*[=:]\s*(\S.*)|(--?[A-Za-z_][\w.-]*)\s+(\S.*)",
+    re.DOTALL,
+)
 _TEMPLATE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-_BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off"})
+_BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "null", "none"})
 _MIN_SECRET_LENGTH = 4
 
 
 def normalize(text: str) -> str:
     """NFKC, then tab/CR/LF removed and outer whitespace stripped: the form every check reads."""
     return unicodedata.normalize("NFKC", text).translate(_URL_REMOVED).strip()
-
-
-def is_sensitive_name(name: object) -> bool:
-    """Whether `name` is password-like (see the module docstring)."""
-    return bool(_SENSITIVE_NAME.search(unicodedata.normalize("NFKC", str(name)).casefold()))
 
 
 def is_template(text: str) -> bool:
@@ -249,7 +263,7 @@ def _render(parts: UrlParts) -> str:
 
 def redact_url(value: object) -> str:
     """The shown form of a URL-like value (see the module docstring for what it guarantees)."""
-    return _render(split_url(value))
+    return mask(_render(split_url(value)))
 
 
 # ----------------------------------------------------------------------- credential shapes
@@ -286,11 +300,23 @@ def _whole_shape(normal: str) -> tuple[str, str] | None:
     if _AUTH_HEADER_VALUE.fullmatch(normal):
         return "header", normal.split()[0]
     assignment = _ASSIGNMENT.fullmatch(normal)
-    if assignment and is_sensitive_name(assignment.group(1)):
-        value = assignment.group(2).strip()
-        if not (value.startswith("//") or value.isdigit() or value.lower() in _BOOLEAN_WORDS):
-            return "assignment", assignment.group(1)
+    if assignment:
+        name = assignment.group(1) or assignment.group(3)
+        value = (assignment.group(2) or assignment.group(4)).strip().strip("\"'")
+        if is_sensitive_name(name) and _is_secret_value(value):
+            return "assignment", name
     return None
+
+
+def _is_secret_value(value: str) -> bool:
+    """What may follow a password-like name and be a secret: not empty, a `//` URL rest, the
+    mask, a number or a boolean (`max_tokens=10`, `auth: true`)."""
+    return bool(value) and not (
+        value.startswith("//")
+        or value == MASK
+        or value.isdigit()
+        or value.lower() in _BOOLEAN_WORDS
+    )
 
 
 def credential_shape(text: str) -> str | None:
@@ -310,6 +336,14 @@ def credential_shape(text: str) -> str | None:
         problems = url_credential_problems(split_url(match.group()))
         if problems:
             return f"a URL with {' and '.join(problems)}"
+    if _AUTH_IN_TEXT.search(normal) or any(
+        _masked_pair(m) != m.group()
+        for rule in (_ASSIGNMENT_IN_TEXT, _FLAG_IN_TEXT)
+        for m in rule.finditer(normal)
+    ):
+        return "a credential inside the text (Bearer <token>, NAME=value, --name value)"
+    if mask(text) != text:
+        return "a registered secret (a key this process loaded)"
     return None
 
 
@@ -320,8 +354,8 @@ def _redact_string(text: str) -> str:
         kind, word = whole
         return f"{_escape(word)} {MASK}" if kind == "header" else f"{_escape(word)}={MASK}"
     if _URL_IN_TEXT.search(normal):
-        return _escape(_URL_IN_TEXT.sub(lambda match: redact_url(match.group()), normal))
-    return _escape(text)
+        return mask(_escape(_URL_IN_TEXT.sub(lambda match: redact_url(match.group()), normal)))
+    return mask(_escape(text))
 
 
 def redact_value(value: Any, *, sensitive: bool = False) -> Any:
@@ -356,7 +390,7 @@ def redact_value(value: Any, *, sensitive: bool = False) -> Any:
 
 def shown(value: Any, limit: int = 120) -> str:
     """`repr()` of `redact_value(value)`, cut at `limit` characters: for values in messages."""
-    return _bounded(repr(redact_value(value)), limit)
+    return mask(_bounded(repr(redact_value(value)), limit))
 
 
 # ----------------------------------------------------------------------------------- text
@@ -393,17 +427,21 @@ def redact_text(
         text = text.replace(value, MASK)
     text = _URL_IN_TEXT.sub(lambda match: redact_url(match.group()), text)
     text = _AUTH_IN_TEXT.sub(lambda match: f"{match.group(1)}{match.group(2)}{MASK}", text)
-    text = _ASSIGNMENT_IN_TEXT.sub(_mask_assignment, text)
-    return _escape(text, keep="\n\t")
+    text = _ASSIGNMENT_IN_TEXT.sub(_masked_pair, text)
+    text = _FLAG_IN_TEXT.sub(_masked_pair, text)
+    return mask(_escape(text, keep="\n\t"))
 
 
-def _mask_assignment(match: re.Match[str]) -> str:
-    name, separator, value = match.groups()
-    if not is_sensitive_name(name) or value == MASK or value.startswith("//"):
+def _masked_pair(match: re.Match[str]) -> str:
+    """A `name`/`value` match with the value masked when the name is password-like (quotes
+    kept, so JSON stays JSON)."""
+    value = match.group("value")
+    quote_char = value[0] if value[:1] in ("'", '"') and len(value) > 1 else ""
+    inner = value[1:-1] if quote_char else value.rstrip(")]}")  # `"max_tokens": 10}`
+    if not is_sensitive_name(match.group("name")) or not _is_secret_value(inner):
         return match.group()
-    if value.isdigit() or value.lower() in _BOOLEAN_WORDS:
-        return match.group()
-    return f"{name}{separator}{MASK}"
+    start = match.start("value") - match.start()
+    return f"{match.group()[:start]}{quote_char}{MASK}{quote_char}"
 
 
 def _escape(text: str, keep: str = "") -> str:

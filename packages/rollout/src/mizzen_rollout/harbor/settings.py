@@ -18,9 +18,19 @@ Invariants:
   would reach the agent as literal text); anywhere, a string of a credential shape
   (`redaction.credential_shape`: `Bearer ...`, `API_KEY=...`, a URL with a userinfo or a
   password-like or unnamed query/`;params`/fragment item); a key name that is not ASCII after
-  NFKC (a look-alike would hide a password-like name). Numbers, booleans and null under
+  NFKC (a look-alike would hide a password-like name). A value is under a password-like name
+  also when the name is beside it rather than above it: a mapping whose `name`/`key`/`header`/
+  `var`/`flag`/... field is a password-like name (`env=[{"name": "OPENAI_API_KEY", "value": S}]`),
+  a two-item list whose first item is one (a header pair `["X-Api-Key", S]`), and the item after
+  a password-like `--flag` in a list (`["--api-key", S]`). Every text refused as a credential is
+  registered in the mask set (`mizzen_rollout.masking`), so nothing later shows it either.
+  Numbers, booleans and null under
   password-like names are fine (`max_tokens`, `max_thinking_tokens`). Kwargs must be JSON.
-- `repr()` shows every field through `redaction.redact_value`; no error message repeats a raw
+- `engine_api_key_var` is an environment variable NAME: UPPER_CASE words of letters and digits
+  (each at most 16 characters, at most 3 digits), not the value of a password-like variable or a
+  registered secret; anything else looks like a key pasted in its place and is refused (and
+  registered) without being repeated.
+- `repr()` shows every field through `redaction.redact_value` and the mask set; no error message repeats a raw
   value (they go through `redaction.shown`), and none is chained to the exception that held it.
 - Importing this module imports no Harbor; `validate` imports `harbor` lazily to check the
   environment type against Harbor's own `EnvironmentType` and the harness against `AgentName`.
@@ -45,12 +55,23 @@ from mizzen_rollout.harbor.redaction import (
     redact_value,
     shown,
 )
+from mizzen_rollout.masking import environment_secrets, mask, masked_repr, register_candidate
 
 RESPONSE_TOO_LONG_POLICIES = ("abort", "recover")
 DEFAULT_REWARD_KEY = "reward"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _KWARGS = ("environment_kwargs", "agent_kwargs")
 _MAX_KWARGS_DEPTH = 32
+#: fields of a mapping that NAME its other fields (`{"name": "OPENAI_API_KEY", "value": ...}`)
+_NAMING_FIELDS = frozenset(
+    {"name", "key", "header", "field", "var", "variable", "env", "flag", "option", "param",
+     "parameter", "id", "label"}
+)  # fmt: skip
+_NAME_ITEM = re.compile(r"-{0,2}[A-Za-z_][\w.-]*")
+#: an environment variable name, and what a key pasted in its place looks like
+_VARIABLE_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+_MAX_NAME_WORD = 16
+_MAX_NAME_DIGITS = 3
 
 #: setting name -> worker environment variable
 ENV_VARS: dict[str, str] = {
@@ -73,6 +94,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 
+@masked_repr
 @dataclass(repr=False)
 class HarborSettings:
     """How every trial of a run is configured (see `ENV_VARS` for the variables).
@@ -158,14 +180,8 @@ class HarborSettings:
                 )
         if not self.reward_key or not isinstance(self.reward_key, str):
             raise _error("reward_key", "is empty", f"use a reward name, e.g. {DEFAULT_REWARD_KEY}")
-        if self.engine_api_key_var is not None and not (
-            isinstance(self.engine_api_key_var, str)
-            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.engine_api_key_var)
-        ):
-            raise ProviderCredentialError(
-                f"{ENV_VARS['engine_api_key_var']} (engine_api_key_var): is not a variable name; "
-                "fix: give the NAME of the variable holding the engine key (on the workers), never the key"
-            )
+        if self.engine_api_key_var is not None:
+            check_key_variable_name(self.engine_api_key_var)
         self.check_no_credentials()
         return self
 
@@ -297,6 +313,29 @@ class HarborSettings:
         return cls(**values).validate()
 
 
+def check_key_variable_name(name: object) -> None:
+    """Raise ProviderCredentialError unless `name` reads as an environment variable name rather
+    than a key (see the module docstring); the value is registered and never repeated."""
+    problem = ""
+    if not isinstance(name, str) or not _VARIABLE_NAME.fullmatch(name):
+        problem = "is not an UPPER_CASE variable name"
+    elif any(
+        len(word) > _MAX_NAME_WORD or sum(c.isdigit() for c in word) > _MAX_NAME_DIGITS
+        for word in name.split("_")
+    ):
+        problem = "looks like a key (a long or digit-heavy word), not a variable name"
+    elif mask(name) != name or name in {v.strip() for v in environment_secrets().values()}:
+        problem = "is the value of a key, not the name of the variable holding it"
+    if problem:
+        if isinstance(name, str):
+            register_candidate(name, "engine_api_key_var")
+        raise ProviderCredentialError(
+            f"{ENV_VARS['engine_api_key_var']} (engine_api_key_var): {problem} (its value is not "
+            "repeated); fix: give the NAME of the variable holding the engine key on the "
+            "workers, e.g. MIZZEN_ENGINE_KEY, never the key"
+        )
+
+
 def normalize_environment_type(raw: str) -> str:
     """Strip and lower-case `raw` and check it against Harbor's own `EnvironmentType`."""
     try:
@@ -401,7 +440,9 @@ def _walk(value: Any, path: str, under: str | None, problems: list[str], depth: 
                 f"{where} holds a mapping under the password-like name {_key_shown(under)!r} "
                 "(its keys are text)"
             )
+            _register_texts(value)
             return
+        beside = _name_beside(value)
         for key, item in value.items():
             if not isinstance(key, str):
                 problems.append(f"{where}: a key of type {type(key).__name__} (JSON keys are text)")
@@ -415,17 +456,63 @@ def _walk(value: Any, path: str, under: str | None, problems: list[str], depth: 
             elif credential_shape(key):
                 problems.append(f"{here}: the key itself is {credential_shape(key)}")
             sensitive = under or (key if is_sensitive_name(key) else None)
+            if sensitive is None and beside is not None and key not in _NAMING_FIELDS:
+                sensitive = beside
             _walk(item, here, sensitive, problems, depth + 1)
     elif isinstance(value, list | tuple):
+        named: str | None = None
         for index, item in enumerate(value):
-            _walk(item, f"{path}[{index}]", under, problems, depth + 1)
+            _walk(item, f"{path}[{index}]", under or named, problems, depth + 1)
+            named = _name_before(value, index)
     elif isinstance(value, str):
         if under is not None and value:
+            register_candidate(value, "a kwargs value under a password-like name")
             kind = "a ${VAR} template" if is_template(value) else "a literal credential"
             problems.append(
                 f"{where} holds {kind} (text under the password-like name {_key_shown(under)!r})"
             )
         elif credential_shape(value):
             problems.append(f"{where} holds {credential_shape(value)}")
+            register_candidate(value, "a credential-shaped kwargs value")
     elif not (value is None or isinstance(value, bool | int | float)):
         problems.append(f"{where}: a {type(value).__name__} is not a JSON value")
+
+
+def _is_name_item(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and bool(_NAME_ITEM.fullmatch(normalize(value)))
+        and is_sensitive_name(value)
+    )
+
+
+def _name_beside(mapping: Mapping[Any, Any]) -> str | None:
+    """The password-like name a mapping's naming field gives its other fields, or None."""
+    for key in _NAMING_FIELDS & {k for k in mapping if isinstance(k, str)}:
+        if _is_name_item(mapping[key]):
+            return str(mapping[key])
+    return None
+
+
+def _name_before(items: list[Any] | tuple[Any, ...], index: int) -> str | None:
+    """The password-like name item `index` gives item `index + 1`: a `--flag`, or the first
+    item of a pair."""
+    item = items[index]
+    if not _is_name_item(item):
+        return None
+    if str(item).startswith("-") or (len(items) == 2 and index == 0):
+        return str(item)
+    return None
+
+
+def _register_texts(value: Any) -> None:
+    """Register every text (mapping keys too) below a password-like name."""
+    if isinstance(value, str):
+        register_candidate(value, "a kwargs value under a password-like name")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _register_texts(key)
+            _register_texts(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _register_texts(item)

@@ -16,17 +16,23 @@ Invariants:
 - A Harbor validation error is reported by field location and message only (pydantic's own text
   repeats the input values), and raised outside the `except` block.
 - Optional limits (agent/verifier timeouts, max_iterations) are applied only when set.
+- Before anything else, the credentials `base_url` carries and the engine key (the value of
+  `engine_api_key_var` in this worker's environment) are registered in the process-wide mask set
+  (`mizzen_rollout.masking`), so no output of this process shows them; one that cannot be
+  (shorter than `masking.MIN_SECRET_LENGTH`) is a ProviderCredentialError.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from mizzen_rollout.harbor.addresses import check_address
-from mizzen_rollout.harbor.errors import HarborConfigError
+from mizzen_rollout.harbor.errors import HarborConfigError, ProviderCredentialError
 from mizzen_rollout.harbor.harnesses import AgentSetup, agent_setup, merge_agent_kwargs
 from mizzen_rollout.harbor.settings import ENV_VARS, HarborSettings, refuse_kwargs_credentials
 from mizzen_rollout.harbor.task_ids import resolve_task_dir
+from mizzen_rollout.masking import SecretError, register_secret, register_url
 
 if TYPE_CHECKING:
     from harbor.models.trial.config import TrialConfig
@@ -52,6 +58,21 @@ def check_base_url(base_url: object) -> str:
     )
 
 
+def register_engine_secrets(settings: HarborSettings, base_url: object) -> None:
+    """Register the credentials of `base_url` and the engine key (see the module docstring)."""
+    problem = ""
+    try:
+        if base_url is not None:
+            register_url(str(base_url), source="base_url")
+        key_var = settings.engine_api_key_var
+        if key_var and os.environ.get(key_var, "").strip():
+            register_secret(os.environ[key_var].strip(), source=f"the engine key ({key_var})")
+    except SecretError as exc:
+        problem = str(exc)
+    if problem:  # raised outside the except: nothing chained
+        raise ProviderCredentialError(problem)
+
+
 def build_trial_config(
     settings: HarborSettings,
     *,
@@ -69,6 +90,7 @@ def build_trial_config(
     )
     from pydantic import ValidationError
 
+    register_engine_secrets(settings, base_url)
     task_dir = resolve_task_dir(settings.tasks_dir, instance_id)
     setup = agent_setup(
         settings.agent,
