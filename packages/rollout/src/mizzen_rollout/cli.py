@@ -18,6 +18,16 @@ Invariants:
 - Progress goes to stderr, the final summary to stdout; the samples file is written atomically.
 - Exit codes: 0 success; 1 when every sample failed (the summary says why); 2 for bad arguments,
   data or reward specs (the message names the problem and the fix).
+- One error boundary (``main``): every expected failure — bad arguments (non-finite numbers,
+  out-of-range sizes, an engine URL that is not ``http(s)://host[:port]``), bad data (not UTF-8,
+  not JSON, nested too deep, a number too long), an output path that is a directory or cannot be
+  written, a missing optional dependency, a secret that cannot be masked — is one line naming the
+  problem and the fix, exit 2, no traceback; checked before any engine starts.  Anything else is
+  one ``internal error`` line, exit 1 (``MIZZEN_ROLLOUT_TRACEBACK=1`` prints the traceback).
+- Secrets are masked at the output boundary (:mod:`.masking`): ``main`` wraps stdout/stderr and
+  logging first, registers the password-like environment and the credentials of every
+  ``--engine-url`` (its userinfo password, key-like query items) before anything is printed or
+  written; the samples and metrics files are written through the mask too.
 - No heavy import at module scope: the engine backends import torch/transformers, the manager
   imports ray, each only when used.
 """
@@ -26,7 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +46,15 @@ from pathlib import Path
 
 from . import __version__
 from .data import DataCursor, DataError, DatasetKeys, PromptDataset, example_datasets
-from .engines.base import SamplingParams
+from .engines.base import ENGINE_MAX_BATCH, SamplingParams
+from .masking import (
+    SecretError,
+    install_output_masks,
+    mask_json,
+    register_environment,
+    register_url,
+    shown_line,
+)
 from .progress import ProgressBar
 from .prompts import render_prompt
 from .rewards import RewardSpecError, load_reward
@@ -58,6 +77,37 @@ class RunError(Exception):
     """The run could not proceed (e.g. the embedded engine did not start; exit code 1)."""
 
 
+#: the most samples one prompt may ask for (``--n``), and the largest integer argument
+MAX_SAMPLES_PER_PROMPT = 65_536
+MAX_INT_ARGUMENT = 2**63 - 1
+
+
+def _number(text: str, *, kind: type, low: float, high: float, what: str) -> int | float:
+    try:
+        value = kind(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number; {what}")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; {what}")
+    return value
+
+
+def _ranged(kind: type, low: float, high: float, what: str):
+    """An argparse type: a `kind` in [low, high], else a usage error naming the rule."""
+
+    def parse(text: str) -> int | float:
+        return _number(text, kind=kind, low=low, high=high, what=what)
+
+    parse.__name__ = what
+    return parse
+
+
+_POSITIVE_INT = _ranged(int, 1, MAX_INT_ARGUMENT, "use an integer >= 1")
+_SEED = _ranged(int, 0, MAX_INT_ARGUMENT, "use an integer in [0, 2**63)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mizzen-rollout",
@@ -78,10 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"({', '.join(sorted(example_datasets()))})",
     )
     gen.add_argument("--out", required=True, help="where to write the samples (JSON lines)")
-    gen.add_argument("--n", type=int, default=4, help="samples per prompt")
-    gen.add_argument("--limit", type=int, default=None, help="use only this many prompts")
+    gen.add_argument(
+        "--n",
+        type=_ranged(int, 1, MAX_SAMPLES_PER_PROMPT, f"use 1..{MAX_SAMPLES_PER_PROMPT}"),
+        default=4,
+        help="samples per prompt",
+    )
+    gen.add_argument("--limit", type=_POSITIVE_INT, default=None, help="use only this many prompts")
     gen.add_argument("--shuffle", action="store_true", help="take prompts in seeded random order")
-    gen.add_argument("--data-seed", type=int, default=0, help="seed of the prompt shuffle")
+    gen.add_argument("--data-seed", type=_SEED, default=0, help="seed of the prompt shuffle")
     gen.add_argument("--input-key", default="prompt", help="JSON key of the prompt")
     gen.add_argument("--label-key", default="label", help="JSON key of the reference answer")
     gen.add_argument(
@@ -106,17 +161,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("transformers", "echo"),
         help="embedded engine backend",
     )
-    engine.add_argument("--engine-seed", type=int, default=0, help="embedded engine weight seed")
+    engine.add_argument("--engine-seed", type=_SEED, default=0, help="embedded engine weight seed")
     engine.add_argument(
         "--timeout",
-        type=float,
+        type=_ranged(float, 1e-3, 7 * 24 * 3600, "use seconds in [0.001, 604800]"),
         default=600.0,
         help="timeout of one engine call (s; a batch is one call)",
     )
-    engine.add_argument("--concurrency", type=int, default=64, help="max engine calls in flight")
+    engine.add_argument(
+        "--concurrency", type=_POSITIVE_INT, default=64, help="max engine calls in flight"
+    )
     engine.add_argument(
         "--batch-size",
-        type=int,
+        type=_ranged(int, 1, ENGINE_MAX_BATCH, f"use 1..{ENGINE_MAX_BATCH} (the engine limit)"),
         default=1,
         help="samples per engine call (one batched /generate, text prompts only: see "
         "--no-chat-template; default 1: a request per sample)",
@@ -135,15 +192,33 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--ray", action="store_true", help="route through the Ray manager")
     engine.add_argument("--ray-address", default=None, help="existing Ray cluster address")
     engine.add_argument(
-        "--num-engines", type=int, default=1, help="with --ray and no URL: embedded engines"
+        "--num-engines",
+        type=_ranged(int, 1, 1024, "use 1..1024"),
+        default=1,
+        help="with --ray and no URL: embedded engines",
     )
     sampling = gen.add_argument_group("sampling")
-    sampling.add_argument("--max-new-tokens", type=int, default=64)
-    sampling.add_argument("--temperature", type=float, default=1.0)
-    sampling.add_argument("--top-p", type=float, default=1.0)
-    sampling.add_argument("--top-k", type=int, default=-1)
+    sampling.add_argument(
+        "--max-new-tokens", type=_ranged(int, 0, 2**31 - 1, "use 0..2147483647"), default=64
+    )
+    sampling.add_argument(
+        "--temperature",
+        type=_ranged(float, 0.0, 1e6, "use a finite number >= 0 (0 is greedy), e.g. 1.0"),
+        default=1.0,
+    )
+    sampling.add_argument(
+        "--top-p", type=_ranged(float, 1e-9, 1.0, "use a number in (0, 1]"), default=1.0
+    )
+    sampling.add_argument(
+        "--top-k", type=_ranged(int, -1, 2**31 - 1, "use -1 (off) or k >= 1"), default=-1
+    )
     sampling.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    sampling.add_argument("--seed", type=int, default=0, help="sampling seed (per-sample derived)")
+    sampling.add_argument(
+        "--seed",
+        type=_SEED,
+        default=0,
+        help="sampling seed (per-sample derived)",
+    )
     sampling.add_argument("--no-logprobs", action="store_true", help="do not request log-probs")
     scoring = gen.add_argument_group("scoring and filters")
     scoring.add_argument(
@@ -343,7 +418,54 @@ def _generate_ray(args, prompts, config, reward, progress) -> tuple[RolloutBatch
     return batch, where
 
 
+def _check_engine_url(url: str) -> None:
+    """Register the credentials `url` carries, then require ``http(s)://host[:port][/path]``."""
+    from urllib.parse import urlsplit
+
+    register_url(url, source="--engine-url")
+    problem = ""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        problem, port = str(exc), None
+    if not problem and parts.scheme not in ("http", "https"):
+        problem = "the scheme is not http or https"
+    elif not problem and not parts.hostname:
+        problem = "it has no host"
+    elif not problem and port == 0:
+        problem = "port 0 is not a server's port"
+    if problem:
+        raise UsageError(
+            f"--engine-url {url}: {problem}; fix: give a server URL such as http://127.0.0.1:30000"
+        )
+
+
+def _check_output_path(path: str, flag: str) -> None:
+    """`path` can be written as a file: not a directory, its parent a writable directory (or
+    creatable under one)."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; fix: give a file path in it, e.g. "
+                         f"{target / ('metrics.json' if 'metrics' in flag else 'samples.jsonl')}")  # fmt: skip
+    if target.exists() and not target.is_file():
+        raise UsageError(f"{flag} {path} exists and is not a regular file; fix: give a file path")
+    probe = target.absolute().parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {path}: {probe} is not a directory; fix: give a file path "
+                         "under a directory")  # fmt: skip
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is not writable; fix: choose a writable place")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    for url in args.engine_url:
+        _check_engine_url(url)
+    _check_output_path(args.out, "--out")
+    if args.metrics_out:
+        _check_output_path(args.metrics_out, "--metrics-out")
     metadata_keys = (
         tuple(k.strip() for k in args.metadata_keys.split(",") if k.strip())
         if args.metadata_keys is not None
@@ -388,7 +510,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if failed:
         print(f"  first error: {failed[0].request_id}: {failed[0].error}")
     if args.metrics_out:
-        Path(args.metrics_out).write_text(json.dumps(metrics.to_dict(), indent=2) + "\n")
+        Path(args.metrics_out).write_text(mask_json(metrics.to_dict(), indent=2) + "\n")
     return (
         1
         if metrics.num_samples and metrics.status_counts.get("failed") == metrics.num_samples
@@ -397,17 +519,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """The entry point: output masks first, then the one error boundary (module docstring)."""
+    restore = install_output_masks()
     try:
-        if args.command == "serve":
+        register_environment()
+        return _run(build_parser(), argv)
+    finally:
+        restore()
+
+
+def _fail(command: str, problem: object, code: int) -> int:
+    print(f"mizzen-rollout {command}: error: {shown_line(problem)}", file=sys.stderr)
+    return code
+
+
+def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    args = parser.parse_args(argv)
+    command = args.command
+    try:
+        if command == "serve":
             return cmd_serve(args)
         return cmd_generate(args)
-    except UsageError as exc:
-        print(f"mizzen-rollout {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except (UsageError, SecretError) as exc:
+        return _fail(command, exc, 2)
     except RunError as exc:
-        print(f"mizzen-rollout {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(command, exc, 1)
     except KeyboardInterrupt:
         return 130
+    except ImportError as exc:
+        return _fail(command, f"{exc}; fix: install the extra that provides "
+                     f"{exc.name or 'it'} (e.g. pip install 'mizzen-rollout[ray]')", 2)  # fmt: skip
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        return _fail(command, f"cannot use{where}: {exc.strerror or exc}; fix: check the path "
+                     "and its permissions", 2)  # fmt: skip
+    except Exception as exc:  # a bug: one line (masked); the traceback on request
+        if os.environ.get("MIZZEN_ROLLOUT_TRACEBACK") == "1":
+            import traceback
+
+            print(traceback.format_exc(), file=sys.stderr)
+        return _fail(command, f"internal error: {type(exc).__name__}: {exc} (a bug: report it "
+                     "with the command; MIZZEN_ROLLOUT_TRACEBACK=1 shows where)", 1)  # fmt: skip

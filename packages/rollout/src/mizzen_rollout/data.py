@@ -8,12 +8,18 @@ Invariants:
 - ``DataCursor.state_dict()`` is plain JSON; ``load_state_dict`` refuses a state taken on a
   different dataset (size or content fingerprint), naming what differs.
 - Batches cross epoch boundaries seamlessly; every record appears exactly once per epoch.
+- Loading is total: every line is a UTF-8 JSON object of at most ``MAX_JSON_DEPTH`` levels,
+  whose numbers are finite and at most ``MAX_NUMBER_DIGITS`` digits long and whose strings are
+  valid Unicode (no lone surrogates), or a DataError naming ``file:line`` — never a decode,
+  recursion or conversion error; lines end at ``\n`` only (U+2028 and friends inside a JSON
+  string are text).  What is loaded can therefore be sent to an engine and written back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from collections.abc import Sequence
@@ -21,6 +27,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from .masking import mask
 
 __all__ = [
     "DataCursor",
@@ -33,6 +41,9 @@ __all__ = [
 ]
 
 EXAMPLE_PREFIX = "example:"
+#: the deepest nesting of a dataset record, and the longest number in one
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_DIGITS = 100
 
 
 class DataError(ValueError):
@@ -119,6 +130,27 @@ class PromptDataset:
     def __getitem__(self, index: int) -> PromptRecord:
         return self.records[index]
 
+    @staticmethod
+    def _parse_line(data: bytes, where: str) -> Any:
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{where}: not UTF-8 (undecodable byte at column {exc.start + 1}); fix: save the "
+                "dataset as UTF-8"
+            ) from None
+        problem = fix = ""
+        try:
+            return json.loads(line, parse_int=_bounded_int, parse_constant=_no_constant)
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
+            fix = "write one JSON object per line"
+        except RecursionError:
+            problem, fix = f"nested deeper than {MAX_JSON_DEPTH} levels", "flatten the record"
+        except ValueError as exc:
+            problem, fix = str(exc), "write such a number as a string"
+        raise DataError(f"{where}: {problem}; fix: {fix}")
+
     @classmethod
     def from_jsonl(
         cls, path: str | os.PathLike[str], keys: DatasetKeys | None = None
@@ -127,14 +159,12 @@ class PromptDataset:
         file = resolve_data_path(path)
         raw = file.read_bytes()
         records: list[PromptRecord] = []
-        for lineno, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-            if not line.strip():
+        for lineno, data in enumerate(raw.removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):
+            if not data.strip():
                 continue
             where = f"{file}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+            obj = cls._parse_line(data, where)
+            _check_json(obj, where)
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: a record is a JSON object, got {type(obj).__name__}")
             if keys.input_key not in obj:
@@ -171,6 +201,38 @@ class PromptDataset:
             )
         fingerprint = hashlib.sha256(raw).hexdigest()[:16]
         return cls(records, source=str(file), fingerprint=fingerprint)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number of {len(text)} digits (at most {MAX_NUMBER_DIGITS})")
+    return int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (records hold finite numbers)")
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Depth, finite numbers and valid strings (see the module docstring), iteratively."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise DataError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels; fix: flatten "
+                            "the record")  # fmt: skip
+        if isinstance(item, dict):
+            todo += [(k, depth + 1) for k in item] + [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            todo += [(v, depth + 1) for v in item]
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise DataError(f"{where}: a number too large to be finite; fix: write a finite one")
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise DataError(f"{where}: a string holds a lone surrogate (\\ud800-\\udfff); "
+                                "fix: write valid Unicode text") from None  # fmt: skip
 
 
 class DataCursor:
@@ -250,7 +312,7 @@ class DataCursor:
     def save(self, path: str | os.PathLike[str]) -> None:
         target = Path(path)
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(self.state_dict()), encoding="utf-8")
+        tmp.write_text(mask(json.dumps(self.state_dict())), encoding="utf-8")
         os.replace(tmp, target)
 
     def restore(self, path: str | os.PathLike[str]) -> None:
