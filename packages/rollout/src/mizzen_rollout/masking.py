@@ -222,6 +222,8 @@ def register_secret(value: str, *, source: str, basic_user: str | None = None) -
         raise SecretError(
             f"{source}: the secret holds a line break (not shown); fix: a key is one line"
         )
+    if not value.strip("*"):
+        return  # already masked (a configuration written through the mask, read back)
     if len(value) < MIN_SECRET_LENGTH:
         raise SecretTooShortError(
             f"{source}: the secret is {len(value)} characters long, too short to be masked "

@@ -224,6 +224,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Output masks first (rollout's mask set: stdout/stderr and logging; the password-like
+    environment and every engine URL's credentials are registered), then the command."""
+    from mizzen_rollout.api import install_output_masks, register_environment
+
+    restore = install_output_masks()
+    try:
+        register_environment()
+        return _main(argv)
+    finally:
+        restore()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -44,6 +44,7 @@ from mizzen_train.run.sections import (
     check_eval,
     check_model,
     check_run_and_tenants,
+    register_engine_url,
     run_sections,
 )
 
@@ -223,6 +224,7 @@ def _check(config: RlConfig) -> None:
             f'applies to engines = "urls", not {rollout.engines!r}', "remove it, or use urls",
         )  # fmt: skip
     for url in rollout.engine_urls:
+        register_engine_url(url, "rollout.engine_urls", fail)
         if not url.startswith(("http://", "https://")):
             raise fail("rollout.engine_urls", url, "is not an http(s) URL", "fix it")
     from mizzen_train.rl.advantages import load_estimator

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from mizzen_rollout.api import ENGINE_MAX_BATCH
+from mizzen_rollout.api import ENGINE_MAX_BATCH, MIN_SECRET_LENGTH, SecretError, register_url
 from mizzen_train.run.config import (
     ConfigError,
     Presence,
@@ -388,9 +388,26 @@ def check_eval(
             raise fail(f"{where}.factory", ev.factory, f"applies to kind = 'python', not {ev.kind!r}",
                        "remove factory/options")  # fmt: skip
         for url in ev.engine_urls:
+            register_engine_url(url, f"{where}.engine_urls", fail)
             if not url.startswith(("http://", "https://")):
                 raise fail(f"{where}.engine_urls", url, "is not an http(s) URL",
                            'write e.g. "http://127.0.0.1:30000"')  # fmt: skip
+
+
+def register_engine_url(url: str, field: str, fail: Any) -> None:
+    """Register the credentials an engine URL carries in rollout's process-wide mask set (no
+    output shows them); a password too short to mask is a ConfigError (its value not shown)."""
+    try:
+        register_url(url, source=field)
+    except SecretError:
+        refused = True
+    else:
+        refused = False
+    if refused:  # raised outside the except: nothing chained
+        raise fail(
+            field, "***", f"carries a credential shorter than {MIN_SECRET_LENGTH} characters, "
+            "too short to be masked in output", f"use one of {MIN_SECRET_LENGTH} or more",
+        )  # fmt: skip
 
 
 def _tiny_fields() -> set[str]:

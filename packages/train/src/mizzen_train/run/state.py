@@ -64,8 +64,10 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
+    from mizzen_rollout.api import mask_value
+
+    with open(tmp, "w", encoding="utf-8") as handle:  # no registered secret (an engine password)
+        json.dump(mask_value(value), handle, indent=1, sort_keys=True)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
