@@ -123,6 +123,8 @@ CASES = {
     "--engine-url port 99999": (None, ["--engine-url", "http://127.0.0.1:99999"], "--engine-url"),
     "--engine-url not a URL": (None, ["--engine-url", "gpu-host:30000"], "--engine-url"),
     "--engine-url no host": (None, ["--engine-url", "http://:30000"], "--engine-url"),
+    "--stop not UTF-8": (None, ["--stop", "\udcff"], "--stop"),  # the byte 0xff from a shell
+    "--engine-url not UTF-8": (None, ["--engine-url", "http://127.0.0.1:1/\udcff"], "UTF-8"),
 }
 
 

@@ -533,10 +533,31 @@ def _fail(command: str, problem: object, code: int) -> int:
     return code
 
 
+#: arguments that are file system paths (any bytes the OS allows); every other text is UTF-8
+_PATH_ARGUMENTS = frozenset({"data", "out", "metrics_out", "model", "port_file", "load_dir"})
+
+
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Every text argument but a path is valid UTF-8 (the shell may pass any bytes; they would
+    fail every request or the first write later)."""
+    for name, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        for text in values:
+            if name in _PATH_ARGUMENTS or not isinstance(text, str):
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                flag = "--" + name.replace("_", "-")
+                raise UsageError(f"{flag} holds bytes that are not UTF-8 text; fix: pass it as "
+                                 "UTF-8 (check the shell's locale or quoting)") from None  # fmt: skip
+
+
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     command = args.command
     try:
+        _check_text_arguments(args)
         if command == "serve":
             return cmd_serve(args)
         return cmd_generate(args)
