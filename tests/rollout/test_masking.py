@@ -330,3 +330,14 @@ def test_describe_env_names_variables_only() -> None:
     with pytest.raises(SecretError, match=r"\['B'\]") as e:
         check_worker_env({"B": f"x{SECRET}x", "A": "x"}, where="launcher")
     assert SECRET not in str(e.value)
+
+
+def test_an_engine_spec_never_shows_a_registered_url_secret():
+    from mizzen_rollout.api import EngineSpec
+    from mizzen_rollout.masking import register_url
+
+    url = "http://trainer:Eng1neSecret@127.0.0.1:30000"
+    with isolated_masks():
+        register_url(url, source="--engine-url")
+        shown = repr(EngineSpec(kind="url", url=url))
+        assert "Eng1neSecret" not in shown and "http://trainer:***@127.0.0.1:30000" in shown

@@ -44,6 +44,7 @@ from .engines.base import (
     GenerateRequest,
     GenerateResult,
 )
+from .masking import masked_repr
 from .rewards import RewardFn
 from .rollout import RolloutBatch, RolloutConfig, run_rollout
 from .router import LeastOutstandingRouter, NoEngineAvailableError
@@ -52,6 +53,7 @@ from .samples import Sample
 __all__ = ["EngineEvent", "EngineSpec", "EngineWorker", "RolloutManager"]
 
 
+@masked_repr  # its url and model path may hold credentials registered with the mask set
 @dataclass(frozen=True)
 class EngineSpec:
     """How an engine worker gets its engine.
