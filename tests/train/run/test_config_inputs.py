@@ -310,3 +310,26 @@ def test_a_bad_config_is_refused_before_torch_loads(tmp_path):
     )
     assert done.stdout.strip() == "2 []", (done.stdout, done.stderr[-2000:])
     assert "typo" in done.stderr and "Fix:" in done.stderr, done.stderr
+
+
+def test_an_engine_url_credential_reaches_no_output(tmp_path, capsys):
+    """The password of an evaluator's engine URL is masked in the CLI's error and in run.json."""
+    from mizzen_rollout.masking import isolated_masks
+    from mizzen_train.run.state import open_run
+    from mizzen_train.sft.config import SftConfig
+
+    secret = "Secr3tPass99"
+    toml = SFT_TOML.format(run_dir=tmp_path / "run", snapshot_dir="snapshots").replace(
+        'kind = "loss"', 'kind = "generate"\nreward = "f1"\nengine_urls = ["URL"]'
+    )
+    with isolated_masks():
+        bad = tmp_path / "bad.toml"
+        bad.write_text(toml.replace("URL", f"ftp://trainer:{secret}@127.0.0.1:1"))
+        code, err = _cli(capsys, "sft", "--config", str(bad))
+        assert code == 2 and "is not an http(s) URL" in err and secret not in err, err
+        good = tmp_path / "good.toml"
+        good.write_text(toml.replace("URL", f"http://trainer:{secret}@127.0.0.1:1"))
+        config = SftConfig.load(good)
+        open_run(config.run_dir, config.to_dict(), resume=False)
+        stored = (config.run_dir / "run.json").read_text()
+        assert secret not in stored and "trainer:***@127.0.0.1" in stored, stored
