@@ -196,7 +196,7 @@ def imports_of_tree(
     line = dynamic.line if dynamic is not None else 0
     if dynamic is None:
         return tuple(out), bound, line, (), ""
-    loaders = loaders_of_tree(tree)
+    loaders = loaders_of_tree(tree, parse_facts)
     seen = set(out)
     out += [imp for imp in dict.fromkeys(loaders.imports) if imp not in seen]
     if loaders.dynamic and (not line or loaders.dynamic < line):

@@ -1,7 +1,7 @@
 """Code a file loads without an import statement: programs it runs, ``sys.path`` edits and
 entry-point groups it loads, read from its syntax tree (nothing is run).
 
-``loaders_of_tree(tree) -> Loaders``, searched only in a source that spells one of
+``loaders_of_tree(tree, parse_code) -> Loaders``, searched only in a source that spells one of
 :data:`LOADER_SPELLINGS` (a source that spells none loads nothing this way).
 
 - **Programs run** by ``subprocess.run/Popen/call/check_call/check_output/getoutput/
@@ -58,7 +58,9 @@ import os.path
 import posixpath
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 # A source that spells none of these has no loader this module reads.
 LOADER_SPELLINGS = (
@@ -593,9 +595,10 @@ def _is_python(item: tuple) -> bool:
 class _Commands:
     """Classifies the commands of one file into records (see the module docstring)."""
 
-    def __init__(self, ev: _Eval, out: Loaders):
+    def __init__(self, ev: _Eval, out: Loaders, parse_code: Callable[[bytes], Any]):
         self.ev = ev
         self.out = out
+        self.parse_code = parse_code
 
     def run(self, seq: list[tuple], line: int, strict: bool, depth: int = 0) -> None:
         """Record what the command ``seq`` runs; ``strict``: it is run here (a runner's
@@ -692,9 +695,7 @@ class _Commands:
             if strict:
                 self.out.fail(line, "runs `python -c` code nested too deep")
             return
-        from .facts import parse_facts  # (a cycle at import time otherwise)
-
-        facts = parse_facts(text.encode("utf-8", "surrogatepass"))
+        facts = self.parse_code(text.encode("utf-8", "surrogatepass"))
         if facts.error is not None:
             if strict and text != code[1]:
                 self.out.fail(line, "runs `python -c` code the planner cannot resolve")
@@ -791,19 +792,21 @@ class _Aliases:
         return None
 
 
-def loaders_of_tree(tree: ast.Module) -> Loaders:
-    """What ``tree`` loads without an import statement (see the module docstring)."""
+def loaders_of_tree(tree: ast.Module, parse_code: Callable[[bytes], Any]) -> Loaders:
+    """What ``tree`` loads without an import statement (see the module docstring);
+    ``parse_code`` reads the facts of ``python -c`` code (the caller's file-facts reader, so that
+    this module does not import it back)."""
     out = Loaders()
     try:
-        _walk(tree, out)
+        _walk(tree, out, parse_code)
     except RecursionError:
         out.fail(1, "is nested too deep for the planner to read")
     return out
 
 
-def _walk(tree: ast.Module, out: Loaders) -> None:
+def _walk(tree: ast.Module, out: Loaders, parse_code: Callable[[bytes], Any]) -> None:
     ev = _Eval(tree)
-    commands = _Commands(ev, out)
+    commands = _Commands(ev, out, parse_code)
     runners = _Aliases(tree, _RUNNERS)
     eps = _Aliases(tree, _ENTRY_POINT_MODULES)
     sys_alias = _Aliases(tree, {"sys": {"path": "path"}, "site": {"addsitedir": "add"}})
