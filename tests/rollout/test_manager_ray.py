@@ -35,9 +35,16 @@ def _gone(pid: int, timeout_s: float) -> bool:
 
 
 @pytest.fixture(scope="module")
-def manager():
+def adapter_root(tmp_path_factory):
+    """The one directory the module's engines may load adapters from (their --load-dir)."""
+    return tmp_path_factory.mktemp("adapters")
+
+
+@pytest.fixture(scope="module")
+def manager(adapter_root):
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    specs = [EngineSpec(num_cpus=0.5), EngineSpec(num_cpus=0.5)]
+    spec = EngineSpec(num_cpus=0.5, load_dirs=(str(adapter_root),))
+    specs = [spec, spec]
     with RolloutManager(specs, num_cpus=2) as m:
         yield m
 
@@ -150,7 +157,7 @@ def _tiny_peft_adapter(target):
     return str(target)
 
 
-def test_replacement_engine_loads_every_adapter_before_it_serves(manager, tmp_path):
+def test_replacement_engine_loads_every_adapter_before_it_serves(manager, adapter_root):
     """Adapters loaded through the manager reach every engine; an engine killed mid-batch is
     replaced by one that loads them -- including one loaded while it was starting -- before it
     rejoins routing, so no request routed to an adapter fails."""
@@ -161,8 +168,8 @@ def test_replacement_engine_loads_every_adapter_before_it_serves(manager, tmp_pa
     from mizzen_rollout.rollout import run_rollout
 
     manager.wait_for_restarts(timeout_s=240)
-    first = AdapterRef("t", 1, _tiny_peft_adapter(tmp_path / "v1"))
-    second = AdapterRef("t", 2, _tiny_peft_adapter(tmp_path / "v2"))
+    first = AdapterRef("t", 1, _tiny_peft_adapter(adapter_root / "v1"))
+    second = AdapterRef("t", 2, _tiny_peft_adapter(adapter_root / "v2"))
     prompts = [PromptRecord(i, f"adapter prompt {i}") for i in range(4)]
     config = RolloutConfig(
         n_samples=2, sampling=SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1)
