@@ -158,12 +158,16 @@ def _planned_job_args(session: nox.Session) -> list[str]:
         values[flag] = args[at + 1]
         del args[at : at + 2]
     try:
-        job = Plan.load(values["--plan"]).job(values["--job"])
+        plan = Plan.load(values["--plan"])
+        job = plan.job(values["--job"])
     except PlanError as e:
         session.error(str(e))
     if job.lane != CPU_LANE:
         session.error(f"job {job.id} is for {job.lane}; run it with `nox -s {job.lane}`")
-    return job.files + args
+    # files the plan runs as the base declares them: the head's disabled= does not stop them
+    overridden = {o.file for o in plan.overrides if o.arch in (None, CPU_LANE)}
+    as_planned = [a for f in job.files if f in overridden for a in ("--mizzen-as-planned", f)]
+    return job.files + as_planned + args
 
 
 @nox.session

@@ -88,3 +88,17 @@ def test_plugin_is_inert_outside_a_mizzen_checkout(pytester: pytest.Pytester):
     pytester.makepyfile(test_plain="def test_x():\n    pass\n")
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
+
+
+def test_a_file_the_plan_runs_as_the_base_declares_it_runs_though_disabled(repo: pytest.Pytester):
+    """The base decides what must run (issue 31): a head that adds ``disabled=`` to a test the
+    base runs for this change does not stop it: the lane runs the plan's overrides."""
+    (repo.path / "tests" / "test_disabled.py").write_text(
+        HEAD + "register_cpu_ci(est_time=1, disabled='the head says so')\n"
+        "def test_d():\n    assert False, 'the head broke it'\n"
+    )
+    skipped = repo.runpytest("-rs", "tests/test_disabled.py")
+    skipped.assert_outcomes(skipped=1)
+    ran = repo.runpytest("tests/test_disabled.py", "--mizzen-as-planned", "tests/test_disabled.py")
+    ran.assert_outcomes(failed=1)
+    ran.stdout.fnmatch_lines(["*the head broke it*"])

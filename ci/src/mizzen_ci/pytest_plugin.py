@@ -82,6 +82,9 @@ class LaneState:
     violations: dict[str, list[Violation]]
     excludes: tuple[str, ...]
     explicit: set[str] = field(default_factory=set)
+    #: Files the plan runs as the base declares them (its ``overrides``): a ``disabled=`` the
+    #: head added does not stop them (``--mizzen-as-planned``).
+    as_planned: set[str] = field(default_factory=set)
     capability_input: str | None = None  # "9.0" or "10.0,10.3"; None: probe the visible GPUs
     cuda_init_reported: bool = False
 
@@ -116,6 +119,14 @@ def pytest_addoption(parser) -> None:
         "--mizzen-lane",
         default=None,
         help=f"lane to collect for: cpu or a GPU generation (default: ${LANE_ENV} or cpu)",
+    )
+    group.addoption(
+        "--mizzen-as-planned",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a test file the plan runs as the base revision declares it (the plan's overrides): "
+        "it runs even where the head's registration disables it",
     )
     group.addoption(
         "--mizzen-compute-capability",
@@ -158,6 +169,7 @@ def pytest_configure(config) -> None:
         rel = state.rel(path)
         if rel and path.is_file():
             state.explicit.add(rel)
+    state.as_planned = set(config.getoption("--mizzen-as-planned") or ())
     config.stash[_state_key()] = state
     config.pluginmanager.register(_truth_rules_class()(state), "mizzen-truth-rules")
 
@@ -266,7 +278,7 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
             node.mizzen_message = _lane_mismatch(state, rel, reg)
             return node
         return None
-    if not reg.enabled:
+    if not reg.enabled and rel not in state.as_planned:
         node = disabled_file.from_parent(parent, path=module_path)
         node.mizzen_reason = reg.disabled
         return node

@@ -459,3 +459,36 @@ def test_progress_redraws_one_status_line_on_a_terminal_and_prints_plain_lines_i
     progress.event("[1/3] PASS tests/gpu/test_b.py")
     progress.close()
     assert ci.getvalue() == "[1/3] PASS tests/gpu/test_b.py\n"
+
+
+def test_a_planned_file_the_base_runs_runs_though_the_head_disabled_it(tmp_path, make_repo, lane):
+    """The base decides what must run (issue 31): the plan's overrides run on the GPU lane even
+    where the head's registration says ``disabled=``; without the override it stays disabled."""
+    from mizzen_ci.plan.model import Override
+
+    root = make_repo(tmp_path, {"tests/gpu/test_disabled.py": FILES["tests/gpu/test_disabled.py"]})
+    test = PlannedTest("tests/gpu/test_disabled.py", 1, 4.0, "est_time", 0.0, "the base runs it")
+    job = Job(
+        id="gpu-hopper-h200-2gpu-1", lane="gpu-hopper", arch="hopper", pool="h200-2gpu",
+        runs_on=("self-hosted", "h200", "gpu-2"), runner_group="h200", gpus=2,
+        timeout_minutes=30, over_budget=False, est_seconds=4.0, tests=(test,),
+    )  # fmt: skip
+    record = Plan(event="pull_request", cadence=None, base=None, head=None, worktree=False,
+                  trusted=True, approval=None, fleet="ci/fleet.toml", budget_seconds=3600.0,
+                  selection=SelectionSummary(True, ("asked for",), 0))  # fmt: skip
+    record.jobs = [job]
+    plain, overridden = tmp_path / "plain.json", tmp_path / "overridden.json"
+    plain.write_text(record.dumps())
+    record.overrides = [
+        Override("tests/gpu/test_disabled.py", "hopper", "tests/gpu/test_disabled.py",
+                 "runs as the base declares it: the head set disabled='driver bug 7'")
+    ]  # fmt: skip
+    overridden.write_text(record.dumps())
+
+    out = lane(root, "--job", job.id, "--plan", str(plain))
+    assert "1 file(s) to run" not in out.stdout and "disabled: driver bug 7" in out.stdout, (
+        out.stdout
+    )
+    out = lane(root, "--job", job.id, "--plan", str(overridden))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 file(s) to run" in out.stdout and "PASS tests/gpu/test_disabled.py" in out.stdout

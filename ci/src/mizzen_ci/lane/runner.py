@@ -76,6 +76,8 @@ class LaneFile:
     num_gpus: int
     est_seconds: float
     shares_gpu: bool = False
+    #: the plan runs it as the base declares it (its overrides): a head's disabled= does not stop it
+    as_planned: bool = False
 
     @property
     def pack_item(self) -> PackItem:
@@ -265,6 +267,7 @@ class GpuLaneRunner:
             sys.executable, "-m", "pytest", lane_file.target,
             "--mizzen-lane", self.config.arch, f"--junitxml={junit}",
             "-p", "no:cacheprovider", "-rfEs", *self._plugin_args, *self.config.pytest_args,
+            *(["--mizzen-as-planned", lane_file.file] if lane_file.as_planned else []),
         ]  # fmt: skip
         with log.open("w") as out:
             pin = self.config.vendor.visible_devices

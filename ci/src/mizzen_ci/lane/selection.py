@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ class Selection:
     not_runnable: list[tuple[LaneFile, str]] = field(default_factory=list)
     disabled: list[Registration] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  # registry errors that fail the lane
+    #: files the plan runs as the base declares them (run even where the head disabled them)
+    as_planned: set[str] = field(default_factory=set)
 
 
 def _why_not_in_lane(
@@ -99,6 +102,7 @@ def select(
     sel = Selection()
     if plan is not None:
         chosen = _planned(registry, arch, plan, job)
+        sel.as_planned = _as_planned(plan, arch)
     elif paths:
         chosen = _given(registry, arch, root, paths, sel)
     else:
@@ -114,6 +118,7 @@ def _planned(registry: Registry, arch: str, plan: Path, job: str) -> list[Chosen
     """The files of a planned job, each checked against its registration."""
     by_path, violations = registry.by_path(), registry.violations_by_path()
     tests = _plan_tests(plan, job, arch)
+    as_planned = _as_planned(plan, arch)
     chosen: list[Chosen] = []
     problems = []
     for t in tests:
@@ -127,13 +132,20 @@ def _planned(registry: Registry, arch: str, plan: Path, job: str) -> list[Chosen
             )
         if why:
             problems.append(why)
-        else:
-            chosen.append((reg, rel, t.est_seconds if t.est_seconds > 0 else reg.est_time))
+            continue
+        if rel in as_planned:  # the base runs it for this change, whatever the head disabled
+            reg = dataclasses.replace(reg, disabled=None)
+        chosen.append((reg, rel, t.est_seconds if t.est_seconds > 0 else reg.est_time))
     if problems:
         raise LaneRefusal("the plan does not match the registry:\n  " + "\n  ".join(problems))
     if not tests:
         raise LaneRefusal(f"{plan}: job {job} has no tests")
     return chosen
+
+
+def _as_planned(plan: Path, arch: str) -> set[str]:
+    """The files the plan runs on ``arch`` as the base declares them (its overrides)."""
+    return {o.file for o in Plan.load(plan).overrides if o.arch in (None, arch)}
 
 
 def _given(
@@ -190,7 +202,9 @@ def _sort_into(sel: Selection, chosen: list[Chosen], arch: str, host_gpus: int) 
         if not reg.enabled:
             sel.disabled.append(reg)
             continue
-        lf = LaneFile(reg.path, target, reg.num_gpus, est, reg.shares_gpu)
+        lf = LaneFile(
+            reg.path, target, reg.num_gpus, est, reg.shares_gpu, reg.path in sel.as_planned
+        )
         if reg.num_gpus > host_gpus:
             sel.not_runnable.append(
                 (lf, f"needs {reg.num_gpus} GPUs, this host has {host_gpus} {arch} GPU(s)")
