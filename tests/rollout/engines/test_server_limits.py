@@ -102,7 +102,11 @@ def _send_big(url: str, first: bytes, chunk: bytes, times: int) -> tuple[bytes, 
 def test_a_64_mib_body_is_refused_fast(limited_server):
     size = 64 * 2**20
     answer, elapsed = _send_big(limited_server.url, head(str(size)), b"x" * 2**20, 64)
-    assert status_of(answer) == 413 and b"byte limit" in answer and elapsed < 10
+    assert status_of(answer) == 413 and elapsed < 10
+    # the server closes with the client's bytes unread, so the kernel may reset the connection
+    # before the client reads the body (a race in TCP, not the server): judge a body that came
+    body = answer.partition(b"\r\n\r\n")[2]
+    assert not body or b"byte limit" in body, answer
     chunk = b"x" * 2**20
     framed = b"%x\r\n%s\r\n" % (len(chunk), chunk)
     answer, elapsed = _send_big(
