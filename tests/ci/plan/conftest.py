@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mizzen_ci.fleet import load_fleet, parse_fleet
-from mizzen_ci.plan.change import file_at, git_change
+from mizzen_ci.plan.change import Change, Entry, file_at, git_change
 from mizzen_ci.plan.pipeline import PlanOptions, build_plan
 from mizzen_ci.plan.request import Inputs
 
@@ -81,3 +81,19 @@ def module_workspace(tmp_path_factory):
     """``module_workspace(files)``: like ``workspace``, one per call, for a whole module (a
     property test resets its branch ``change`` for each example)."""
     return lambda files: _make_workspace(tmp_path_factory.mktemp("ws") / "repo", files)
+
+
+def _planned_cpu_tests(root: Path, *paths: str) -> dict[str, str]:
+    """``{test file: why}`` of the CPU jobs planned, without git, for a pull request changing
+    ``paths`` of the workspace ``root`` (its own ``ci/fleet.toml``); never "everything"."""
+    change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", p) for p in paths])
+    plan = build_plan(root, load_fleet(root / "ci" / "fleet.toml"), change, Inputs(), PlanOptions())
+    data = plan.to_json()
+    assert not data["selection"]["everything"], data["selection"]
+    return {t["file"]: t["why"] for j in data["jobs"] for t in j["tests"]}
+
+
+@pytest.fixture(scope="session")
+def selected():
+    """:func:`_planned_cpu_tests`: ``selected(root, *changed_paths) -> {test file: why}``."""
+    return _planned_cpu_tests

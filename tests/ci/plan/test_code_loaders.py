@@ -224,15 +224,6 @@ def ws(tmp_path_factory) -> Path:
     return root
 
 
-def selected(root: Path, *paths: str) -> dict[str, str]:
-    """``{test file: why}`` of the CPU jobs planned for a pull request changing ``paths``."""
-    change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", p) for p in paths])
-    plan = build_plan(root, load_fleet(root / "ci" / "fleet.toml"), change, Inputs(), PlanOptions())
-    data = plan.to_json()
-    assert not data["selection"]["everything"], data["selection"]
-    return {t["file"]: t["why"] for j in data["jobs"] for t in j["tests"]}
-
-
 def all_tests(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")}
 
@@ -240,7 +231,7 @@ def all_tests(root: Path) -> set[str]:
 # ---- 1. entry points
 
 
-def test_a_module_a_pytest11_target_reaches_plans_every_test(ws):
+def test_a_module_a_pytest11_target_reaches_plans_every_test(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/fixtures_impl.py")
     assert set(got) == all_tests(ws)
     why = got["tests/beta/test_plain.py"]
@@ -248,7 +239,7 @@ def test_a_module_a_pytest11_target_reaches_plans_every_test(ws):
     assert "entry point alpha of [project.entry-points.pytest11]" in why
 
 
-def test_a_plugin_of_pytest_addopts_plans_every_test(ws):
+def test_a_plugin_of_pytest_addopts_plans_every_test(ws, selected):
     got = selected(ws, "packages/beta/src/beta/session_impl.py")
     assert set(got) == all_tests(ws)
     assert (
@@ -257,7 +248,7 @@ def test_a_plugin_of_pytest_addopts_plans_every_test(ws):
     )
 
 
-def test_a_plugin_groups_targets_are_dependencies_of_its_loader(ws):
+def test_a_plugin_groups_targets_are_dependencies_of_its_loader(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/models/layers.py")
     assert got["tests/hub/test_discovery.py"] == (
         "reaches alpha.models.layers (packages/alpha/src/alpha/models/layers.py changed)"
@@ -274,31 +265,31 @@ def test_a_change_to_an_entry_point_table_plans_everything(ws):
 # ---- 2. subprocesses
 
 
-def test_python_c_code_is_an_import_of_its_runner(ws):
+def test_python_c_code_is_an_import_of_its_runner(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/by_c.py")
     assert got["tests/runs/test_python_c.py"] == (
         "reaches alpha.by_c (packages/alpha/src/alpha/by_c.py changed)"
     )
 
 
-def test_python_m_in_a_shell_string(ws):
+def test_python_m_in_a_shell_string(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/by_shell.py")
     assert "tests/runs/test_shell_m.py" in got
 
 
-def test_a_console_script_runs_its_module_and_what_it_imports(ws):
+def test_a_console_script_runs_its_module_and_what_it_imports(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/engine.py")
     assert got["tests/runs/test_console_script.py"] == (
         "reaches alpha.engine (packages/alpha/src/alpha/engine.py changed)"
     )
 
 
-def test_a_command_built_by_a_helper_of_the_same_file(ws):
+def test_a_command_built_by_a_helper_of_the_same_file(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/deep.py")
     assert "tests/runs/test_built_command.py" in got
 
 
-def test_a_command_the_planner_cannot_evaluate_fails_open_for_its_file(ws):
+def test_a_command_the_planner_cannot_evaluate_fails_open_for_its_file(ws, selected):
     got = selected(ws, "packages/beta/src/beta/other.py")
     assert got["tests/runs/test_opaque_command.py"] == (
         "runs code the planner cannot resolve: tests/runs/test_opaque_command.py:5 "
@@ -312,7 +303,7 @@ def test_a_command_the_planner_cannot_evaluate_fails_open_for_its_file(ws):
 # ---- 3. sys.path
 
 
-def test_an_import_through_a_sys_path_folder(ws):
+def test_an_import_through_a_sys_path_folder(ws, selected):
     got = selected(ws, "tests/shared_helpers/helper_mod.py")
     assert got["tests/paths/test_sys_path.py"] == (
         "reaches tests/shared_helpers/helper_mod.py (tests/shared_helpers/helper_mod.py changed)"
@@ -320,12 +311,12 @@ def test_an_import_through_a_sys_path_folder(ws):
     assert "tests/paths/test_sys_path.py" in selected(ws, "packages/alpha/src/alpha/deep.py")
 
 
-def test_a_conftests_sys_path_folder_holds_for_the_whole_session(ws):
+def test_a_conftests_sys_path_folder_holds_for_the_whole_session(ws, selected):
     got = selected(ws, "tests/vendored/vendored_mod.py")
     assert "tests/late/test_uses_session_path.py" in got
 
 
-def test_a_sys_path_edit_the_planner_cannot_evaluate_fails_open(ws):
+def test_a_sys_path_edit_the_planner_cannot_evaluate_fails_open(ws, selected):
     got = selected(ws, "packages/beta/src/beta/other.py")
     assert got["tests/paths/test_opaque_sys_path.py"] == (
         "runs code the planner cannot resolve: tests/paths/test_opaque_sys_path.py:4 "
@@ -333,14 +324,14 @@ def test_a_sys_path_edit_the_planner_cannot_evaluate_fails_open(ws):
     )
 
 
-def test_pytests_temporary_folder_on_sys_path_is_no_dependency(ws):
+def test_pytests_temporary_folder_on_sys_path_is_no_dependency(ws, selected):
     assert "tests/paths/test_tmp_sys_path.py" not in selected(ws, "packages/beta/src/beta/other.py")
 
 
 # ---- 4. size caps, pytest_plugins, alias chains
 
 
-def test_a_module_over_the_size_cap_makes_its_dependents_fail_open(ws):
+def test_a_module_over_the_size_cap_makes_its_dependents_fail_open(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/behind_big.py")
     why = got["tests/big/test_big.py"]
     assert why.startswith(
@@ -349,14 +340,14 @@ def test_a_module_over_the_size_cap_makes_its_dependents_fail_open(ws):
     assert "over the 8.0 MiB" in why
 
 
-def test_pytest_plugins_of_a_conftest_are_imports(ws):
+def test_pytest_plugins_of_a_conftest_are_imports(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/fixtures.py")
     assert got["tests/fixt/test_uses_fixture.py"] == (
         "tests/fixt/conftest.py reaches alpha.fixtures (packages/alpha/src/alpha/fixtures.py changed)"
     )
 
 
-def test_a_dynamic_import_through_an_alias_chain_of_any_length(ws):
+def test_a_dynamic_import_through_an_alias_chain_of_any_length(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/aliased.py")
     assert "tests/dyn/test_alias_chain.py" in got
 
@@ -364,7 +355,7 @@ def test_a_dynamic_import_through_an_alias_chain_of_any_length(ws):
 # ---- precision: the new edges stay exact where they can
 
 
-def test_a_plain_module_selects_only_its_own_importers_and_the_fail_open_files(ws):
+def test_a_plain_module_selects_only_its_own_importers_and_the_fail_open_files(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/by_c.py")
     assert set(got) == {
         "tests/runs/test_python_c.py",

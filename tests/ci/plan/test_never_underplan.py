@@ -238,15 +238,6 @@ def ws(tmp_path_factory) -> Path:
     return root
 
 
-def selected(root: Path, *paths: str) -> dict[str, str]:
-    """``{test file: why}`` of the CPU jobs planned for a pull request changing ``paths``."""
-    change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", p) for p in paths])
-    plan = build_plan(root, load_fleet(root / "ci" / "fleet.toml"), change, Inputs(), PlanOptions())
-    data = plan.to_json()
-    assert not data["selection"]["everything"]
-    return {t["file"]: t["why"] for j in data["jobs"] for t in j["tests"]}
-
-
 def test_the_workspace_registers_without_errors(ws):
     change = Change.from_entries("a" * 40, "b" * 40, [Entry("M", "docs/guide.md")])
     plan = build_plan(ws, load_fleet(ws / "ci" / "fleet.toml"), change, Inputs(), PlanOptions())
@@ -256,7 +247,7 @@ def test_the_workspace_registers_without_errors(ws):
 # ---- 1. a non-Python file under tests/, and a file named by a path literal
 
 
-def test_a_markdown_file_under_tests_is_test_data_not_documentation(ws):
+def test_a_markdown_file_under_tests_is_test_data_not_documentation(ws, selected):
     got = selected(ws, "tests/harbor/tasks/greet/instruction.md")
     # the folder rule: the tests of the task's folder and of the folders above it
     assert got["tests/harbor/test_trials.py"] == "tests/harbor/tasks/greet/instruction.md changed"
@@ -265,20 +256,20 @@ def test_a_markdown_file_under_tests_is_test_data_not_documentation(ws):
     assert why == "names tests/harbor/tasks/greet/instruction.md, which changed"
 
 
-def test_documentation_still_selects_nothing_unless_a_test_reads_it(ws):
+def test_documentation_still_selects_nothing_unless_a_test_reads_it(ws, selected):
     assert selected(ws, "docs/guide.md") == {}
     # (found on the way) a README a test reads by path
     assert set(selected(ws, "README.md")) == {"tests/docs/test_readme.py"}
 
 
-def test_a_package_module_naming_another_packages_data_file(ws):
+def test_a_package_module_naming_another_packages_data_file(ws, selected):
     got = selected(ws, "packages/beta/src/beta/data/schema.json")
     # alpha.reader names beta's schema: its tests see the change (beta's own tests do anyway)
     assert "tests/alpha/test_reader.py" in got
     assert "tests/alpha/test_core.py" not in got  # alpha.core names nothing
 
 
-def test_files_are_named_by_a_path_or_a_name_and_conventional_ones_only_beside(ws):
+def test_files_are_named_by_a_path_or_a_name_and_conventional_ones_only_beside(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/core.py")
     assert got["tests/tools/test_names_a_module_file.py"] == (
         "names packages/alpha/src/alpha/core.py, which changed"
@@ -296,7 +287,7 @@ def test_files_are_named_by_a_path_or_a_name_and_conventional_ones_only_beside(w
 # ---- 2. __main__ and entry points
 
 
-def test_a_packages_main_selects_the_packages_tests(ws):
+def test_a_packages_main_selects_the_packages_tests(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/__main__.py")
     for test in ("tests/alpha/test_core.py", "tests/alpha/test_reader.py"):
         assert "`python -m alpha` runs it" in got[test], got[test]
@@ -316,14 +307,14 @@ def test_a_packages_main_selects_the_packages_tests(ws):
         ),
     ],
 )
-def test_an_entry_point_module_selects_the_packages_tests(ws, path, entry):
+def test_an_entry_point_module_selects_the_packages_tests(ws, path, entry, selected):
     got = selected(ws, path)
     why = got["tests/alpha/test_core.py"]
     assert entry in why and "packages/alpha/pyproject.toml" in why, why
     assert {"tests/alpha/test_reader.py", "tests/alpha/test_cli_run.py"} <= set(got)
 
 
-def test_a_plain_module_of_the_package_does_not_select_all_of_it(ws):
+def test_a_plain_module_of_the_package_does_not_select_all_of_it(ws, selected):
     assert set(selected(ws, "packages/alpha/src/alpha/reader.py")) == {
         "tests/alpha/test_reader.py",
         "tests/policy/test_every_module.py",  # it watches every module
@@ -334,7 +325,7 @@ def test_a_plain_module_of_the_package_does_not_select_all_of_it(ws):
 # ---- 3. watches: what only the test can declare
 
 
-def test_a_watched_glob_selects_the_policy_test_for_any_module_change(ws):
+def test_a_watched_glob_selects_the_policy_test_for_any_module_change(ws, selected):
     for path in ("packages/beta/src/beta/heavy.py", "packages/alpha/src/alpha/core.py"):
         got = selected(ws, path)
         assert got["tests/policy/test_every_module.py"] == (
@@ -355,12 +346,12 @@ def test_a_watched_glob_selects_the_policy_test_for_any_module_change(ws):
         "tests/dyn/test_relative_package.py",  # import_module(".other", "beta")
     ],
 )
-def test_literal_dynamic_imports_are_imports(ws, test):
+def test_literal_dynamic_imports_are_imports(ws, test, selected):
     got = selected(ws, "packages/beta/src/beta/other.py")
     assert got[test] == "reaches beta.other (packages/beta/src/beta/other.py changed)"
 
 
-def test_a_computed_import_fails_open_over_the_packages_it_names(ws):
+def test_a_computed_import_fails_open_over_the_packages_it_names(ws, selected):
     got = selected(ws, "packages/beta/src/beta/heavy.py")
     assert "tests/dyn/test_computed.py" in got  # it imports beta.{n}: any module of beta
     assert "tests/dyn/test_computed_unnamed.py" in got  # it names no package: any of them
@@ -370,7 +361,7 @@ def test_a_computed_import_fails_open_over_the_packages_it_names(ws):
     assert "tests/dyn/test_computed.py" not in got  # it names beta only
 
 
-def test_a_module_with_a_computed_import_is_impacted_by_its_whole_package(ws):
+def test_a_module_with_a_computed_import_is_impacted_by_its_whole_package(ws, selected):
     got = selected(ws, "packages/beta/src/beta/other.py")
     assert got["tests/dyn/test_plugins.py"] == (
         "reaches beta.other (packages/beta/src/beta/other.py changed)"
@@ -380,7 +371,7 @@ def test_a_module_with_a_computed_import_is_impacted_by_its_whole_package(ws):
 # ---- 5. helpers shared by path and by sys.path
 
 
-def test_a_helper_loaded_by_path_from_another_folder(ws):
+def test_a_helper_loaded_by_path_from_another_folder(ws, selected):
     got = selected(ws, "tests/shared/fake_engine.py")
     assert got["tests/harbor/test_trials.py"] == (
         "tests/harbor/conftest.py names tests/shared/fake_engine.py, which changed"
@@ -390,7 +381,7 @@ def test_a_helper_loaded_by_path_from_another_folder(ws):
     assert "tests/harbor/test_trials.py" in got
 
 
-def test_a_worker_script_importing_its_sibling(ws):
+def test_a_worker_script_importing_its_sibling(ws, selected):
     got = selected(ws, "tests/multi/workers/kit.py")
     # kit <- worker.py (`import kit`, its own directory) <- test_launch (runs the worker by path)
     assert (
@@ -400,7 +391,7 @@ def test_a_worker_script_importing_its_sibling(ws):
     assert "tests/e2e/test_launch.py" in selected(ws, "packages/alpha/src/alpha/core.py")
 
 
-def test_a_test_file_imported_by_another_through_sys_path(ws):
+def test_a_test_file_imported_by_another_through_sys_path(ws, selected):
     got = selected(ws, "tests/pair/test_base.py")
     assert got["tests/pair/test_base.py"] == "tests/pair/test_base.py changed"
     assert got["tests/pair/test_uses_base.py"] == (
