@@ -33,9 +33,13 @@ def test_the_proposal_job_runs_on_main_after_the_history_with_the_least_token():
     assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
     assert job["cache-mode"] == "read"
     saved = next(s for s in history["steps"] if s.get("uses", "").startswith("actions/cache/save@"))
-    restored = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/cache/restore@"))
+    restored = next(
+        s for s in job["steps"] if s.get("uses", "").startswith("actions/cache/restore@")
+    )
     assert restored["with"]["path"] == saved["with"]["path"] == DEFAULT_INPUTS[0].as_posix()
-    assert restored["with"]["key"] == saved["with"]["key"] and restored["with"]["fail-on-cache-miss"]
+    assert (
+        restored["with"]["key"] == saved["with"]["key"] and restored["with"]["fail-on-cache-miss"]
+    )
 
 
 def test_gh_gets_the_body_the_proposal_wrote_on_one_branch():
