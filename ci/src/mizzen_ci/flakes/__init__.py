@@ -5,8 +5,9 @@ and the merge queue that the nightly job merges into the history cache) propose 
 Rooms: :mod:`.settings` (k, n, m from ``[tool.mizzen.flakes]`` of ``pyproject.toml``),
 :mod:`.quarantine` (``ci/flaky.toml``: its entries, its text, the base revision's copy),
 :mod:`.evidence` (the outcome series of each pair and what it shows), :mod:`.proposal` (the
-quarantine file change and the pull-request body), :mod:`.pytest_plugin` (what a lane does with a
-quarantined file) and :mod:`.cli` (``mizzen-ci flakes propose|show``).
+quarantine file change and the pull-request body), :mod:`.lane` (what a lane is told: the mode and
+its arch's quarantined files), :mod:`.pytest_plugin` (the CPU lane's pytest side of it; the GPU
+lane applies it in :mod:`mizzen_ci.lane.cli`) and :mod:`.cli` (``mizzen-ci flakes propose``).
 
 Invariants:
 - Stdlib only at import time (``python3 -S``), like every module of :mod:`mizzen_ci`.

@@ -28,9 +28,10 @@ import os
 from pathlib import Path
 
 from ..output import plain
+from ..sources import ConfigError
+from .lane import MODE_ENV, MODES, REV_ENV
 
-MODE_ENV, REV_ENV = "MIZZEN_FLAKY", "MIZZEN_FLAKY_REV"
-MODES = ("off", "skip", "record")
+__all__ = ["MODE_ENV", "REV_ENV"]
 
 
 def pytest_addoption(parser) -> None:
@@ -85,6 +86,8 @@ class _Quarantine:
             and not self.failed_other
         ):
             session.exitstatus = 0
+        elif self.mode == "skip" and exitstatus == 5 and self.deselected:
+            session.exitstatus = 0  # every collected test was a quarantined file's: none to run
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter
@@ -105,29 +108,18 @@ class _Quarantine:
 
 
 def pytest_configure(config) -> None:
-    mode = config.getoption("mizzen_flaky") or os.environ.get(MODE_ENV) or "off"
-    if mode == "off":
-        return
-    if mode not in MODES:
+    from .lane import lane_quarantine
+
+    try:
+        q = lane_quarantine(Path(config.rootpath), _lane_arch(config), mode=config.getoption("mizzen_flaky"),
+                            rev=config.getoption("mizzen_flaky_rev"))  # fmt: skip
+    except ConfigError as e:
         import pytest
 
-        raise pytest.UsageError(plain(f"${MODE_ENV}={mode!r:.40}: use one of {', '.join(MODES)}"))
-    from .quarantine import FLAKY_RELATIVE_PATH, read_revision, read_tree
-
-    root = Path(config.rootpath)
-    rev = config.getoption("mizzen_flaky_rev") or os.environ.get(REV_ENV)
-    if mode == "skip" and not rev and os.environ.get("GITHUB_ACTIONS") == "true":
-        entries, problems = (
-            [],
-            ["no base revision given ($MIZZEN_FLAKY_REV): a change's own list is never read in CI"],
-        )
-    else:
-        entries, problems = read_revision(root, rev) if rev else read_tree(root)
-    arch = _lane_arch(config)
-    listed = {e.file: e.reason for e in entries if e.arch == arch} if not problems else {}
-    where = f"{rev}:{FLAKY_RELATIVE_PATH.as_posix()}" if rev else FLAKY_RELATIVE_PATH.as_posix()
-    config.pluginmanager.register(_Quarantine(mode, arch, listed, [str(p) for p in problems], where),
-                                  "mizzen-flaky-quarantine")  # fmt: skip
+        raise pytest.UsageError(plain(str(e))) from None
+    if q.mode != "off":
+        config.pluginmanager.register(_Quarantine(q.mode, q.arch, q.listed, list(q.problems), q.where),
+                                      "mizzen-flaky-quarantine")  # fmt: skip
 
 
 def _lane_arch(config) -> str:
