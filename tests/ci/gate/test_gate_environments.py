@@ -131,3 +131,34 @@ def test_an_artefact_line_without_env_is_unknown_and_a_bad_env_is_refused(tmp_pa
     ):
         add(store, 0, 1.0, "torch=2.11; torch=2.12")
     assert checked(NEW) == NEW and describe_change(UNKNOWN, NEW) == f"unknown -> {NEW}"
+
+
+def test_the_probe_reads_the_driver_sku_and_lock_hash(tmp_path, monkeypatch):
+    """What `nvidia-smi --query-gpu=driver_version,name --format=csv,noheader` prints on the H200
+    machine (`580.82.07, NVIDIA H200`) becomes driver and gpu; the image is the lock's hash
+    unless the runner names its digest.  (A stand-in nvidia-smi: no GPU here.)"""
+    import hashlib
+    import os
+
+    from mizzen_ci.gate import environment
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '580.82.07, NVIDIA H200'\necho '580.82.07, NVIDIA H200'\n")
+    smi.chmod(0o755)
+    (tmp_path / "uv.lock").write_text("version = 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("MIZZEN_ENVIRONMENT", "MIZZEN_IMAGE_DIGEST"):
+        monkeypatch.delenv(name, raising=False)
+    environment._probe.cache_clear()
+    facts = environment.parse(environment.current(tmp_path))
+    lock = "lock:" + hashlib.sha256(b"version = 1\n").hexdigest()[:16]
+    assert (facts["driver"], facts["gpu"], facts["image"]) == ("580.82.07", "NVIDIA H200", lock)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU lane: no GPU, whatever is installed
+    monkeypatch.setenv("MIZZEN_IMAGE_DIGEST", "sha256:4f1c")
+    environment._probe.cache_clear()
+    facts = environment.parse(environment.current(tmp_path))
+    assert (facts["driver"], facts["gpu"], facts["image"]) == ("none", "none", "sha256:4f1c")
+    environment._probe.cache_clear()
