@@ -23,11 +23,20 @@ reason = "flipped 3 times in its last 5 trusted runs (k = 3)"
 """
 
 
+REGISTERED = (
+    'from mizzen_ci import register_cpu_ci\n\nregister_cpu_ci(est_time=1, labels=["ci"])\n\n'
+)
+
+
 @pytest.fixture
-def lane(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makefile(".toml", **{"ci/flaky": FLAKY_LIST})
-    pytester.makepyfile(**{"tests/test_flaky": "def test_it():\n    assert False, 'flaked'\n",
-                           "tests/test_fine": "def test_it():\n    pass\n"})  # fmt: skip
+def lane(pytester: pytest.Pytester, repo_root) -> pytest.Pytester:
+    """A mizzen checkout (its fleet table: both plugins are active) with a quarantined file."""
+    pytester.makefile(
+        ".toml",
+        **{"ci/flaky": FLAKY_LIST, "ci/fleet": (repo_root / "ci" / "fleet.toml").read_text()},
+    )
+    pytester.makepyfile(**{"tests/test_flaky": REGISTERED + "def test_it():\n    assert False, 'flaked'\n",
+                           "tests/test_fine": REGISTERED + "def test_it():\n    pass\n"})  # fmt: skip
     return pytester
 
 
@@ -40,7 +49,7 @@ def test_record_mode_runs_the_quarantined_file_records_its_failure_and_does_not_
         ["*failed, recorded, not gating (quarantined on cpu): tests/test_flaky.py*"]
     )
 
-    lane.makepyfile(**{"tests/test_fine": "def test_it():\n    assert False\n"})
+    lane.makepyfile(**{"tests/test_fine": REGISTERED + "def test_it():\n    assert False\n"})
     assert lane.runpytest("--mizzen-flaky=record", "tests").ret == 1  # not quarantined: gates
 
 
@@ -75,3 +84,9 @@ def test_a_broken_list_quarantines_nothing_and_says_so(lane):
     result.stdout.fnmatch_lines(
         ["*mizzen flaky: ci/flaky.toml:1: `file` 3 is not a test file path*(nothing quarantined)*"]
     )
+
+
+def test_outside_a_mizzen_checkout_the_plugin_reads_nothing(lane):
+    (lane.path / "ci" / "fleet.toml").unlink()  # another test's pytester tree, in a lane job
+    result = lane.runpytest("--mizzen-flaky=record", "tests")
+    assert result.ret == 1 and "mizzen flaky" not in result.stdout.str()

@@ -19,6 +19,8 @@ Invariants:
 - Only failures (``failed`` reports of setup, call or teardown) of quarantined files are
   forgiven; an error of any other file, an internal error, an interruption or a usage error keep
   their exit status.
+- Active only when pytest's rootdir holds ``ci/fleet.toml`` (a mizzen checkout), like the
+  registry plugin: a pytester tree of another test never reads the lane's list.
 - Stdlib only at module scope; pytest calls the hooks.
 """
 
@@ -108,7 +110,11 @@ class _Quarantine:
 
 
 def pytest_configure(config) -> None:
+    from ..fleet import FLEET_RELATIVE_PATH
     from .lane import lane_quarantine
+
+    if not (Path(config.rootpath) / FLEET_RELATIVE_PATH).is_file():
+        return  # not a mizzen checkout (a pytester tree of another test): like the registry plugin
 
     try:
         q = lane_quarantine(Path(config.rootpath), _lane_arch(config), mode=config.getoption("mizzen_flaky"),
