@@ -92,7 +92,8 @@ def body(p: Proposal, *, history_runs: int) -> str:
         f"## Flaky tests: {len(p.add)} to quarantine, {len(p.lift)} to re-enable",
         "",
         f"Proposed by `mizzen-ci flakes propose` from the trusted history ({history_runs} recorded "
-        f"runs of main, nightly and the merge queue). Rules: quarantine a (test, arch) that flips "
+        f"test-file runs in the history cache, which only the nightly job writes, from trusted runs). "
+        f"Rules: quarantine a (test, arch) that flips "
         f"**{s.flips}** times in its last **{s.window}** runs or passes only on retry; re-enable it "
         f"after **{s.clean}** consecutive clean runs (`[tool.mizzen.flakes]` in `pyproject.toml`). "
         f"A quarantined test keeps running in the nightly lanes, recorded and never gating; pull "
