@@ -92,6 +92,9 @@ STATUS_WRITERS = {("gpu.yml", "report")} | {
 # The one other write: the comment workflow's reply to an accepted command, posted by a job that
 # checks out and runs no code (it downloads the reply the parse job wrote and posts it).
 REPLY_WRITER = ("comment.yml", "reply")
+# And the nightly flaky-test proposal: it pushes one branch and opens or updates its pull request
+# (tests/ci/flakes/test_flakes_workflow.py checks the step's inputs).
+FLAKES_PR_WRITER = ("nightly.yml", "flakes")
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -107,6 +110,8 @@ def test_least_privilege_and_no_expression_inside_scripts(path):
         elif (path.name, job_id) == REPLY_WRITER:
             assert perms == {"pull-requests": "write"}  # nothing else, not even contents
             assert not any("actions/checkout@" in st.get("uses", "") for st in job["steps"])
+        elif (path.name, job_id) == FLAKES_PR_WRITER:
+            assert perms == {"contents": "write", "pull-requests": "write"}
         else:
             assert not writes, f"{path.name}: job {job_id} asks to write {sorted(writes)}"
         if "statuses" in writes and "steps" in job:

@@ -55,6 +55,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "history": ("mizzen_ci.history", "durations and flake records: record, merge, flakes"),
     "gate": ("mizzen_ci.gate.cli", "the metric gate: check, ingest, untrust, show"),
+    "flakes": ("mizzen_ci.flakes.cli", "the flaky-test loop: propose quarantines and re-enables"),
+    "report": ("mizzen_ci.report.cli", "the CI health page (static HTML) from the history store"),
 }
 
 

@@ -21,6 +21,11 @@ One flake record line is one retried attempt, keyed by (test file, arch)::
 
     {"file", "arch", "class", "evidence", "final", "when", "job"}
 
+Other concerns keep their own records in the history store as *kinded* lines: a JSON object with
+a string ``kind`` (the health page's ``pool``, ``queue`` and ``audit`` records,
+:mod:`mizzen_ci.report.records`).  The duration and flake readers leave them to their own
+readers (:func:`is_kinded_line`, :func:`read_kinded`): a kinded line is never a bad duration line.
+
 Command line (stdlib only, for workflow steps; ``PYTHONPATH=ci/src python3 -S -m mizzen_ci history``):
 
 - ``history record --junit FILE --lane cpu|gpu-ARCH [--arch ARCH] [--job ID] --out STORE``:
@@ -426,7 +431,7 @@ def read_stores(
         _record_from,
         HistoryError,
         missing_ok=missing_ok,
-        keep=lambda obj: not is_flake_line(obj),
+        keep=lambda obj: not is_flake_line(obj) and not is_kinded_line(obj),
     )
 
 
@@ -459,6 +464,30 @@ def is_flake_line(obj: object) -> bool:
     """Whether a parsed line has the shape of a flake record (``class`` and ``final``, no
     ``seconds``) rather than of a duration record."""
     return isinstance(obj, dict) and "class" in obj and "final" in obj and "seconds" not in obj
+
+
+def is_kinded_line(obj: object) -> bool:
+    """Whether a parsed line is a kinded record (an object with a string ``kind``), another
+    concern's record that the duration and flake readers leave alone."""
+    return isinstance(obj, dict) and isinstance(obj.get("kind"), str)
+
+
+def read_kinded(
+    paths: Iterable[Path | str] | Path | str,
+    kinds: dict[str, Callable[[object, str], object]],
+    refused: type[Exception],
+) -> tuple[dict[str, list], list[str]]:
+    """``({kind: [parse(line, where)…]}, problems)`` of the kinded lines of ``kinds`` in the
+    stores at ``paths`` (other kinds are left to their readers); a line a parser refuses with
+    ``refused`` is a problem naming ``path:line``."""
+    found: dict[str, list] = {kind: [] for kind in kinds}
+
+    def parse(obj: object, where: str):
+        found[obj["kind"]].append(kinds[obj["kind"]](obj, where))
+
+    _, problems = read_parsed(paths, parse, refused, missing_ok=True,
+                              keep=lambda obj: is_kinded_line(obj) and obj["kind"] in kinds)  # fmt: skip
+    return found, problems
 
 
 def _where_order(problem: str) -> tuple[str, int]:

@@ -71,6 +71,17 @@ def _current_test() -> str:
     return test
 
 
+def _environment(root: Path) -> str:
+    """The environment stamped on each value (:func:`mizzen_ci.gate.environment.current`); a bad
+    ``$MIZZEN_ENVIRONMENT`` is a :class:`MetricError` naming the rule."""
+    from .gate.environment import ENV_VARIABLE, EnvironmentLineError, current
+
+    try:
+        return current(Path(root))
+    except EnvironmentLineError as e:
+        raise MetricError(f"${ENV_VARIABLE}: {e}") from None
+
+
 def record(name: str, value: float, *, step: int, test: str | None = None) -> Path:
     """Record ``value`` of metric ``name`` at ``step`` for the running test file; returns the
     artefact file written (see the module docstring)."""
@@ -118,6 +129,7 @@ def record(name: str, value: float, *, step: int, test: str | None = None) -> Pa
         run=run,
         job=job,
         when=datetime.now(UTC).isoformat(timespec="microseconds"),
+        env=_environment(root),
     )
     from .history import append_jsonl
 

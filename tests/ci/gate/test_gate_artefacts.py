@@ -18,6 +18,7 @@ from mizzen_ci.metrics import MetricError, record
 register_cpu_ci(est_time=10, labels=["ci"])
 
 TEST = "tests/ci/gate/test_gate_artefacts.py"
+ENV = "python=3.12.3; torch=2.11.0+cu130; runtime=cuda-13.0; driver=580.82.07; gpu=NVIDIA H200; image=sha256:4f1c"
 
 
 @pytest.fixture
@@ -26,6 +27,7 @@ def metrics_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MIZZEN_RUN_KEY", "gh-123-1-cpu-1")
     monkeypatch.setenv("MIZZEN_JOB", "cpu-1")
     monkeypatch.setenv("MIZZEN_LANE", "cpu")
+    monkeypatch.setenv("MIZZEN_ENVIRONMENT", ENV)
     return tmp_path / "metrics"
 
 
@@ -37,11 +39,11 @@ def test_record_writes_a_line_for_the_running_test(metrics_dir):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0] | {"when": None} == {
         "v": 1, "test": TEST, "arch": "cpu", "metric": "eval/score", "step": 60, "value": 0.75,
-        "run": "gh-123-1-cpu-1", "job": "cpu-1", "when": None,
+        "run": "gh-123-1-cpu-1", "job": "cpu-1", "when": None, "env": ENV,
     }  # fmt: skip
     assert [line["value"] for line in lines[1:]] == ["nan", "-inf"]  # recorded as such
     points, problems = read_points(metrics_dir)
-    assert problems == [] and points[0].value == 0.75
+    assert problems == [] and points[0].value == 0.75 and points[0].env == ENV
     assert math.isnan(points[1].value) and points[2].value == -math.inf
 
 

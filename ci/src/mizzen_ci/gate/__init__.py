@@ -6,7 +6,8 @@ Rooms: :mod:`.vocabulary` (``ci/metrics.toml``, the metric names there are), :mo
 JSON lines :func:`mizzen_ci.metrics.record` writes and every reader of them), :mod:`.store` (the
 history store's interface and its schema; :mod:`.sql`, what both backends run; backends
 :mod:`.sqlite` and :mod:`.postgres`, chosen by URL in :func:`.backends.open_store`), :mod:`.redact` (the shown form of a store URL), :mod:`.judge`
-(the robust statistics and the verdicts), :mod:`.quarantine` (``ci/quarantine.toml``),
+(the robust statistics and the verdicts), :mod:`.environment` (the environment a value was
+produced in: torch, CUDA/ROCm, driver, GPU SKU, image or lock, Python), :mod:`.quarantine` (``ci/quarantine.toml``),
 :mod:`.check` (one gate run: targets, coordinates, verdict rows), :mod:`.report` (verdict tables
 with a sparkline of the history), :mod:`.validation` (what ``mizzen-ci validate`` checks) and
 :mod:`.cli` (``mizzen-ci

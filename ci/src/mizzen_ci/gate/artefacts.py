@@ -12,6 +12,8 @@ One line is one value of one metric at one step of one test file's run::
   is recorded as such: it fails its gate, it is never dropped).
 - ``run``: the identity of the run (``$MIZZEN_RUN_KEY``, which CI sets to the workflow run,
   attempt and job; else one random key per process); ``job``: ``$MIZZEN_JOB`` (the planned job).
+- ``env`` (optional): the environment that produced the value (:mod:`.environment`: torch,
+  CUDA/ROCm, driver, GPU SKU, image or lock hash, Python); a line without it is ``unknown``.
 - ``when``: ISO-8601 time of the recording with its offset (read back as UTC with microseconds,
   :func:`utc_iso`, so that comparing the text compares the times).
 
@@ -36,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from ..registry.rules import shown
+from .environment import UNKNOWN, EnvironmentLineError, checked
 from .vocabulary import valid_name
 
 FORMAT_VERSION = 1
@@ -70,9 +73,11 @@ class Point:
     run: str
     job: str | None
     when: str
+    env: str = UNKNOWN  # the environment that produced it (:mod:`.environment`)
 
     def to_json_object(self) -> dict:
         return {
+            **({"env": self.env} if self.env != UNKNOWN else {}),
             "v": FORMAT_VERSION,
             "test": self.test,
             "arch": self.arch,
@@ -186,7 +191,11 @@ def point_from(obj: object, where: str) -> Point:
     if job is not None and not valid_key(job):
         raise ArtefactError(f"{where}: `job` must be a job id or null, got {shown(job)}")
     when = need("when", valid_when, "an ISO-8601 time with its UTC offset, not in the future")
-    return Point(test, arch, metric, step, value, run, job, utc_iso(when))
+    try:  # a line recorded before environments were has none: "unknown" (see .environment)
+        env = checked(obj.get("env", UNKNOWN))
+    except EnvironmentLineError as e:
+        raise ArtefactError(f"{where}: `env`: {e}") from None
+    return Point(test, arch, metric, step, value, run, job, utc_iso(when), env)
 
 
 def read_points(paths: Iterable[Path | str] | Path | str) -> tuple[list[Point], list[str]]:

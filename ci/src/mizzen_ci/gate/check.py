@@ -15,17 +15,34 @@ Invariants:
   ``"all"``: every step the newest trusted run recorded.  A required step the run lacks, a
   missing metric, and a step recorded twice with different values fail (:mod:`.judge`).
 - No store: no history, every gate inactive, and the summary says why.
+- A value is judged against the trusted history of its own environment (:mod:`.environment`);
+  while that has fewer than ``min_history`` values, against the newest other environment's with
+  the band widened by :data:`~.judge.NEW_ENVIRONMENT_WIDEN`, the row saying so and the notes
+  saying "new environment: X -> Y" once per (test, arch); the trusted runs of the new
+  environment then build its own baseline.  A run whose values name several environments is
+  judged in the environment of its newest value, with a note.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .artefacts import CPU_ARCH, Point, encode_value
 from .declarations import Declarations, Gate
-from .judge import DEFAULT_K, DEFAULT_MIN_HISTORY, DEFAULT_WINDOW, Decision, decide, missing, settle
+from .environment import describe_change
+from .judge import (
+    DEFAULT_K,
+    DEFAULT_MIN_HISTORY,
+    DEFAULT_WINDOW,
+    NEW_ENVIRONMENT_WIDEN,
+    Decision,
+    decide,
+    missing,
+    settle,
+)
 from .quarantine import Entry
 from .store import MetricStore
 
@@ -134,9 +151,15 @@ def _judge_run(declarations, test, arch, run, run_points, label, store, settings
     values: dict[tuple[str, int], list[float]] = {}
     for p in run_points:
         values.setdefault((p.metric, p.step), []).append(p.value)
+    envs = {p.env for p in run_points}
+    env = max(run_points, key=lambda p: p.when).env if run_points else None
+    if len(envs) > 1:
+        result.notes.append(
+            f"{test} on {arch}: {label}values of {len(envs)} environments; judged in the newest's ({env})"
+        )
     for gate in declarations.gates.get(test, []):
         for step, decision, value, history in _coordinates(
-            gate, arch, run, values, store, settings, result
+            gate, arch, run, values, store, settings, result, env
         ):
             settled = settle(
                 decision,
@@ -160,7 +183,38 @@ _REQUIRED_BECAUSE = {
 }
 
 
-def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, result: GateRun):
+def _reference(gate: Gate, arch: str, step: int, run, env: str | None, store, settings: Settings,
+               result: GateRun) -> tuple[tuple[float, ...], str | None]:  # fmt: skip
+    """``(history, previous environment)``: the trusted history of ``env``, or, while it is
+    shorter than ``min_history``, the newest other environment's (named) when that one is not."""
+
+    def values_of(environment):
+        stored, problems = store.history(gate.test, arch, gate.metric, step, limit=settings.window,
+                                         exclude_source=run, environment=environment)  # fmt: skip
+        result.problems.extend(problems)
+        return tuple(v.value for v in reversed(stored))
+
+    def enough(history) -> bool:
+        return sum(math.isfinite(x) for x in history) >= settings.min_history
+
+    own = values_of(env)
+    if env is None or enough(own):
+        return own, None
+    previous = next(
+        (e for e in store.environments(gate.test, arch, gate.metric, step) if e != env), None
+    )
+    if previous is not None:
+        theirs = values_of(previous)
+        if enough(theirs):
+            change = f"{gate.test} on {arch}: new environment: {describe_change(previous, env)}"
+            if change not in result.notes:
+                result.notes.append(change)
+            return theirs, previous
+    return own, None
+
+
+def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, result: GateRun,
+                 env: str | None = None):  # fmt: skip
     """``(step, decision, value, history)`` for each coordinate of ``gate``."""
     test, metric = gate.test, gate.metric
     recorded = sorted(s for (m, s) in values if m == metric)
@@ -188,12 +242,9 @@ def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, 
         return
     for step in steps:
         history: tuple[float, ...] = ()
+        previous = None
         if store is not None:
-            stored, problems = store.history(
-                test, arch, metric, step, limit=settings.window, exclude_source=run
-            )
-            result.problems.extend(problems)
-            history = tuple(v.value for v in reversed(stored))
+            history, previous = _reference(gate, arch, step, run, env, store, settings, result)
         if (metric, step) not in values:
             why = _REQUIRED_BECAUSE.get(gate.steps if isinstance(gate.steps, str) else "list")
             why = why or f"declared steps {gate.steps_text()}"
@@ -218,5 +269,12 @@ def _coordinates(gate: Gate, arch: str, run, values, store, settings: Settings, 
             floor=gate.floor,
             min_history=settings.min_history,
             k=settings.k,
+            widen=NEW_ENVIRONMENT_WIDEN if previous is not None else 1.0,
         )
+        if previous is not None:
+            decision = replace(
+                decision,
+                why=f"new environment (under {settings.min_history} trusted values of its own): "
+                f"against the previous environment's band × {NEW_ENVIRONMENT_WIDEN:g}: {decision.why}",
+            )
         yield step, decision, got[0], history

@@ -285,6 +285,7 @@ def _ingest(root: Path, args: argparse.Namespace) -> int:
                 test=test, arch=arch, pool=pool, commit=args.commit, pr=args.pr,
                 event=args.event, trusted=bool(args.trusted), attempt=args.attempt,
                 created=max(p.when for p in pts), source=key,
+                environment=max(pts, key=lambda p: p.when).env,  # the run's newest value's
             )  # fmt: skip
             if store.add_run(info, values):
                 stored += 1

@@ -14,6 +14,9 @@ Invariants:
   pass, and it never fails a job).
 - A missing metric or step, a value recorded twice with different values, and a non-finite value
   always *fail* (whatever the history); non-finite history values are shown, never used.
+- Environments: the history is that of the value's own environment; while it has fewer than
+  ``min_history`` values, the newest other environment's history with its band widened by
+  :data:`NEW_ENVIRONMENT_WIDEN` (:mod:`.check` chooses; this module only widens).
 - :func:`settle` applies what the declaration and the quarantine say: a failure of a gate with
   ``enforce=False`` or of a quarantined (file, arch) is a *warning* with its reason; only an
   enforced, unquarantined failure fails the job.
@@ -30,6 +33,11 @@ MAD_SCALE = 1.4826
 DEFAULT_K = 3.0
 DEFAULT_WINDOW = 20
 DEFAULT_MIN_HISTORY = 5
+# A value of a new environment (an image, torch, CUDA or driver bump) with fewer than
+# min_history trusted values of its own is judged against the previous environment's band times
+# this: a new kernel or library moves numerics by a little of the band, so an unchanged metric
+# passes across the bump, while a regression beyond twice the noise band still fails.
+NEW_ENVIRONMENT_WIDEN = 2.0
 
 PASS, IMPROVED, INACTIVE, FAIL = "pass", "improved", "inactive", "fail"
 
@@ -71,9 +79,11 @@ def decide(
     floor: float,
     min_history: int = DEFAULT_MIN_HISTORY,
     k: float = DEFAULT_K,
+    widen: float = 1.0,
 ) -> Decision:
     """The decision for ``value`` against ``history`` (oldest first; non-finite values are
-    ignored by the statistics)."""
+    ignored by the statistics), its band multiplied by ``widen`` (a new environment judged
+    against the previous one's history: :data:`NEW_ENVIRONMENT_WIDEN`)."""
     finite = [x for x in history if math.isfinite(x)]
     if not math.isfinite(value):
         return Decision(FAIL, f"the value is {value} (non-finite values always fail)")
@@ -86,6 +96,7 @@ def decide(
             + "; not judged",
         )
     reference, band, _ = robust_band(finite, tolerance, floor, k)
+    band *= widen
     delta = value - reference
     relative = f" ({delta / reference:+.1%})" if reference else ""
     shown = f"{_number(value)} vs {_number(reference)} ± {_number(band)}{relative}"

@@ -49,6 +49,8 @@ SCHEMA = (
     " kind TEXT NOT NULL CHECK (kind IN ('finite', 'nan', 'inf', '-inf')),"
     " PRIMARY KEY (run, metric, step))",
     "CREATE INDEX IF NOT EXISTS runs_recent_trusted ON runs (test, arch, created) WHERE trusted",
+    "CREATE TABLE IF NOT EXISTS run_environments ("
+    " run BIGINT PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE, environment TEXT NOT NULL)",
 )
 
 
@@ -123,6 +125,8 @@ _SCHEMA_NAMES = frozenset(
         "value",
         "kind",
         "key",
+        "run_environments",
+        "environment",
     ]
 )
 
@@ -205,6 +209,7 @@ class PostgresStore(SqlStore):
                 f"{self.shown}: no mizzen metric store here (tables mizzen_meta, runs and "
                 "metric_values missing); a writer (`mizzen-ci gate ingest`) creates them"
             )
+        self.has_environments = "run_environments" in tables  # a store written before: unknown
         self._require_schema()
 
     def _run(self, sql: str, params: tuple):

@@ -15,7 +15,10 @@ import contextlib
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping
 
+from .environment import UNKNOWN
+from .environment import checked as checked_environment
 from .store import (
+    MAX_ENVIRONMENTS,
     MAX_STEPS_READ,
     SCHEMA_VERSION,
     MetricStore,
@@ -38,6 +41,23 @@ HISTORY = (
     " AND r.source <> ?"
     " ORDER BY r.created DESC, r.id DESC LIMIT ?"
 )
+INSERT_ENVIRONMENT = "INSERT INTO run_environments (run, environment) VALUES (?, ?)"
+_SERIES_IN_ENVIRONMENTS = (
+    " FROM runs r JOIN metric_values v ON v.run = r.id"
+    " LEFT JOIN run_environments e ON e.run = r.id"
+    " WHERE r.trusted AND r.test = ? AND r.arch = ? AND v.metric = ? AND v.step = ?"
+)
+HISTORY_IN_ENVIRONMENT = (
+    "SELECT v.value, v.kind, r.created, r.commit_sha, r.source, r.id"
+    + _SERIES_IN_ENVIRONMENTS
+    + " AND r.source <> ? AND COALESCE(e.environment, 'unknown') = ?"
+    " ORDER BY r.created DESC, r.id DESC LIMIT ?"
+)
+ENVIRONMENTS_OF = (
+    "SELECT COALESCE(e.environment, 'unknown'), MAX(r.created)"
+    + _SERIES_IN_ENVIRONMENTS
+    + " GROUP BY COALESCE(e.environment, 'unknown') ORDER BY MAX(r.created) DESC LIMIT ?"
+)
 NEWEST_RUN_WITH = (
     "SELECT r.id FROM runs r WHERE r.trusted AND r.test = ? AND r.arch = ?"
     " AND EXISTS (SELECT 1 FROM metric_values v WHERE v.run = r.id AND v.metric = ?)"
@@ -54,6 +74,7 @@ class SqlStore(MetricStore):
     """:class:`MetricStore` in SQL; a backend implements the primitives below."""
 
     readonly: bool
+    has_environments: bool = True  # False: a store written before run_environments existed
 
     @abstractmethod
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]: ...
@@ -135,6 +156,8 @@ class SqlStore(MetricStore):
             if not rows:
                 return False  # already stored: the natural key exists (nothing written)
             run_id = rows[0][0]
+            if run.environment != UNKNOWN:
+                self._execute(INSERT_ENVIRONMENT, (run_id, run.environment))
             for (metric, step), value in sorted(values.items()):
                 kind = kind_of(value)
                 self._execute(
@@ -143,9 +166,29 @@ class SqlStore(MetricStore):
         return True
 
     def _history_rows(
-        self, series: tuple[str, str, str, int], limit: int, exclude_source: str
+        self,
+        series: tuple[str, str, str, int],
+        limit: int,
+        exclude_source: str,
+        environment: str | None = None,
     ) -> list[tuple]:
-        return self._query(HISTORY, (*series, exclude_source, limit))
+        if environment is None or (not self.has_environments and environment == UNKNOWN):
+            return self._query(HISTORY, (*series, exclude_source, limit))
+        if not self.has_environments:
+            return []  # every run of such a store is of the environment "unknown"
+        return self._query(HISTORY_IN_ENVIRONMENT, (*series, exclude_source, environment, limit))
+
+    def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
+        if not self.has_environments:
+            return [UNKNOWN]
+        rows = self._query(ENVIRONMENTS_OF, (test, arch, metric, step, MAX_ENVIRONMENTS))
+        out = []
+        for row in rows[:MAX_ENVIRONMENTS]:
+            try:
+                out.append(checked_environment(row[0]))
+            except ValueError:
+                continue  # a crafted store's row: never an environment to judge against
+        return out
 
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
         rows = self._query(NEWEST_RUN_WITH, (test, arch, metric))

@@ -45,6 +45,8 @@ SCHEMA = (
     " kind TEXT NOT NULL CHECK (kind IN ('finite', 'nan', 'inf', '-inf')),"
     " PRIMARY KEY (run, metric, step))",
     "CREATE INDEX IF NOT EXISTS runs_recent_trusted ON runs (test, arch, created) WHERE trusted",
+    "CREATE TABLE IF NOT EXISTS run_environments ("
+    " run INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE, environment TEXT NOT NULL)",
 )
 
 
@@ -109,7 +111,7 @@ class SqliteStore(SqlStore):
         kinds = dict(
             self._query(
                 "SELECT name, type FROM sqlite_master WHERE name IN "
-                "('mizzen_meta', 'runs', 'metric_values')"
+                "('mizzen_meta', 'runs', 'metric_values', 'run_environments')"
             )
         )
         if any(kinds.get(t) != "table" for t in ("mizzen_meta", "runs", "metric_values")):
@@ -117,6 +119,7 @@ class SqliteStore(SqlStore):
                 f"{self.shown}: not a mizzen metric store (tables mizzen_meta, runs and "
                 "metric_values missing or not tables); point --store at the store file"
             )
+        self.has_environments = kinds.get("run_environments") == "table"  # else: written before
         self._require_schema()
 
     def _run(self, sql: str, params: tuple):

@@ -7,7 +7,13 @@ Schema (the same tables in both; ``metric_values`` because ``values`` is an SQL 
         INDEX runs_recent_trusted (test, arch, created) WHERE trusted
     metric_values(run -> runs.id, metric, step, value, kind)
         PRIMARY KEY (run, metric, step)
+    run_environments(run -> runs.id PRIMARY KEY, environment)
     mizzen_meta(key, value)                           -- schema = SCHEMA_VERSION
+
+``run_environments`` holds the environment each run was produced in (:mod:`.environment`); a run
+stored before it existed has no row and is of the environment ``unknown``, and a store without
+the table (written by an older mizzen-ci, opened read-only) reads as all ``unknown``: the table
+is additive, the schema version unchanged, and an older mizzen-ci reads a newer store.
 
 "Recent trusted values of (test, arch, metric, step)" is one walk of ``runs_recent_trusted``
 newest first, probing ``metric_values``' primary key for (metric, step).  ``kind`` is ``finite``
@@ -43,12 +49,15 @@ from pathlib import Path
 
 from ..masking import mask, register_connection
 from .artefacts import MAX_ABS_VALUE, MAX_KEY_CHARS, NONFINITE, valid_test_path
+from .environment import UNKNOWN
+from .environment import checked as checked_environment
 
 SCHEMA_VERSION = "1"
 STORE_ENV = "MIZZEN_METRICS_STORE"
 DEFAULT_STORE = Path(".ci-artifacts") / "history" / "metrics.sqlite"
 MAX_WINDOW = 1000
 MAX_STEPS_READ = 10_000
+MAX_ENVIRONMENTS = 50
 EVENTS = ("push", "schedule", "workflow_dispatch", "pull_request", "merge_group", "local")
 TRUSTED_EVENTS = ("push", "schedule", "workflow_dispatch", "local")
 KINDS = ("finite", "nan", "inf", "-inf")
@@ -76,6 +85,7 @@ class RunInfo:
     attempt: int
     created: str  # ISO-8601 UTC
     source: str  # the run key of the artefact
+    environment: str = UNKNOWN  # :mod:`.environment`
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,10 @@ def check_run(run: RunInfo) -> None:
             problems.append(
                 f"{name} {str(value)[:80]!r} is not 1-{MAX_KEY_CHARS} printable characters"
             )
+    try:
+        checked_environment(run.environment)
+    except ValueError as e:
+        problems.append(str(e))
     if run.event not in EVENTS:
         problems.append(f"event {run.event[:40]!r} is not one of {', '.join(EVENTS)}")
     if run.trusted and run.event not in TRUSTED_EVENTS:
@@ -176,11 +190,15 @@ class MetricStore(ABC):
         *,
         limit: int,
         exclude_source: str | None = None,
+        environment: str | None = None,
     ) -> tuple[list[StoredValue], list[str]]:
         """The newest ``limit`` trusted values of the series, newest first, leaving out the run
-        ``exclude_source`` (the run being judged); and the problems of dropped rows."""
+        ``exclude_source`` (the run being judged), of ``environment`` only when it is given;
+        and the problems of dropped rows."""
         limit = max(1, min(int(limit), MAX_WINDOW))
-        rows = self._history_rows((test, arch, metric, step), limit, exclude_source or "")
+        rows = self._history_rows(
+            (test, arch, metric, step), limit, exclude_source or "", environment
+        )
         good, problems = [], []
         for row in rows[:limit]:
             try:
@@ -191,11 +209,20 @@ class MetricStore(ABC):
 
     @abstractmethod
     def _history_rows(
-        self, series: tuple[str, str, str, int], limit: int, exclude_source: str
+        self,
+        series: tuple[str, str, str, int],
+        limit: int,
+        exclude_source: str,
+        environment: str | None = None,
     ) -> list[tuple]:
         """The rows ``(value, kind, created, commit, source, run id)`` of :meth:`history`, as
         stored (:meth:`history` checks them): at most ``limit``, none of the run
-        ``exclude_source`` (``""``: none left out)."""
+        ``exclude_source`` (``""``: none left out), of ``environment`` when given."""
+
+    @abstractmethod
+    def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
+        """The environments of the series' trusted values, the one of the newest run first (at
+        most :data:`MAX_ENVIRONMENTS`); every one checked (a bad one is left out)."""
 
     @abstractmethod
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:

@@ -19,6 +19,9 @@ Invariants:
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
   :data:`mizzen_ci.packing.gpus.DEFAULT_GPU_SEATS`, at most :data:`mizzen_ci.packing.gpus.MAX_GPU_SEATS`) at once on one
   GPU; the others have theirs alone.
+- Files quarantined as flaky on ARCH (:mod:`mizzen_ci.flakes.lane`, ``$MIZZEN_FLAKY``): in
+  ``skip`` mode they are listed and not run; in ``record`` mode they run, their results are
+  recorded, and their failure does not fail the lane.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -32,6 +35,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ..flakes.lane import lane_quarantine
 from ..fleet import (
     FLEET_RELATIVE_PATH,
     add_root_and_fleet_arguments,
@@ -206,6 +210,13 @@ def _run(args: argparse.Namespace) -> int:
         )
     in_ci = os.environ.get("CI", "").lower() == "true"
     cache = compile_cache.configure(os.environ, [g.target for g in gpus])
+    flaky = lane_quarantine(root, arch)  # $MIZZEN_FLAKY: skip (PRs) or record (nightly)
+    skipped = [
+        (f, flaky.listed[f.file])
+        for f in sel.runnable
+        if flaky.mode == "skip" and f.file in flaky.listed
+    ]
+    sel.runnable = [f for f in sel.runnable if f.file not in {s.file for s, _ in skipped}]
 
     report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -226,6 +237,17 @@ def _run(args: argparse.Namespace) -> int:
     print(plain(f"mizzen {name}: {cache.describe()}"))
     for message in sel.broken:
         print(plain(f"REGISTRY ERROR {message}"), file=sys.stderr)
+    for problem in flaky.problems:
+        print(
+            plain(f"mizzen {name}: flaky list {flaky.where}: {problem} (nothing quarantined)"),
+            file=sys.stderr,
+        )
+    for f, why in skipped:
+        print(
+            plain(
+                f"mizzen {name}: not run, quarantined as flaky ({flaky.where}): {f.target}: {why}"
+            )
+        )
 
     config = RunnerConfig(
         root=root,
@@ -257,8 +279,9 @@ def _run(args: argparse.Namespace) -> int:
         progress.close()
 
     outcome = LaneOutcome(
-        arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci, cache
-    )
+        arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci, cache,
+        quarantined=flaky.listed if flaky.mode == "record" else {}, quarantine_skipped=skipped,
+    )  # fmt: skip
     history_path = None
     if not args.no_history:
         history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()

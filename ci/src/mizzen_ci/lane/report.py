@@ -29,8 +29,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import history, junit, masking
@@ -164,6 +164,10 @@ class LaneOutcome:
     broken: list[str]  # registry violations that fail the lane
     in_ci: bool
     compile_cache: CompileCache | None = None
+    #: the flaky quarantine (:mod:`mizzen_ci.flakes.lane`): files run in ``record`` mode whose
+    #: failure is recorded, never gating (file -> reason), and files not run in ``skip`` mode
+    quarantined: Mapping[str, str] = field(default_factory=dict)
+    quarantine_skipped: Sequence[tuple[LaneFile, str]] = ()
 
     @functools.cached_property
     def _split(self) -> tuple[dict[tuple[str, int], float], set[tuple[str, int]]]:
@@ -249,8 +253,8 @@ def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
                 f"{r.lane_file.num_gpus} ({','.join(str(g.index) for g in gpus) or '-'}"
                 + (", shared)" if outcome.held_together(r) else ")"),
                 r.final.seconds,
-                outcome_text(r),
-                r.passed,
+                outcome_text(r) + _quarantine_note(outcome, r),
+                r.passed or r.lane_file.file in outcome.quarantined,
                 gpu_seconds=outcome.gpu_seconds_of(r),
                 share=outcome.share(r),
                 compile_stats=r.final.compile_stats,
@@ -267,9 +271,21 @@ def summary_rows(outcome: LaneOutcome) -> list[SummaryRow]:
         rows.append(
             SummaryRow(reg.path, str(reg.num_gpus), None, f"disabled: {reg.disabled}", True)
         )
+    for lf, why in outcome.quarantine_skipped:
+        rows.append(
+            SummaryRow(
+                lf.target, str(lf.num_gpus), None, f"not run, quarantined as flaky: {why}", True
+            )
+        )
     for message in outcome.broken:
         rows.append(SummaryRow(message.split(":", 1)[0], "-", None, "registry error", False))
     return rows
+
+
+def _quarantine_note(outcome: LaneOutcome, r: FileResult) -> str:
+    if r.passed or r.lane_file.file not in outcome.quarantined:
+        return ""
+    return f" (quarantined as flaky: recorded, not gating; {outcome.quarantined[r.lane_file.file]})"
 
 
 def junit_reports(outcome: LaneOutcome) -> list[junit.FileReport]:
@@ -362,6 +378,7 @@ def verdict(outcome: LaneOutcome, rows: list[SummaryRow]) -> tuple[str, bool]:
     arch, results = outcome.arch, outcome.results
     failed = [r for r in rows if not r.ok]
     nothing = not results and not outcome.not_runnable and not outcome.disabled
+    nothing = nothing and not outcome.quarantine_skipped
     nothing = nothing and not outcome.broken
     if nothing:
         text = f"{nox_session_name(arch)}: nothing to run: no enabled test declares {arch}"

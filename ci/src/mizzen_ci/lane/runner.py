@@ -61,6 +61,7 @@ from .progress import Progress
 from .retry import Classification, classify
 
 PLUGIN_MODULE = "mizzen_ci.pytest_plugin"
+PLUGIN_MODULES = (PLUGIN_MODULE, "mizzen_ci.flakes.pytest_plugin")  # the flaky quarantine
 POLL_S = 0.05
 CLASSIFY_BYTES = 8 * 1024 * 1024  # of a failed file's log, read for the retry classifier
 MAX_FILE_TIMEOUT_S = MAX_JOB_TIMEOUT_MINUTES * 60.0  # the job running the lane ends by then
@@ -163,12 +164,12 @@ class _Running:
 
 
 def plugin_args() -> list[str]:
-    """``-p mizzen_ci.pytest_plugin`` unless pytest will load it from its entry point anyway."""
+    """``-p MODULE`` for each of mizzen's plugins (:data:`PLUGIN_MODULES`) that pytest will not
+    load from its entry point anyway (a GPU image runs the workspace from the path, uninstalled)."""
+    loaded = set()
     if not os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        for ep in importlib.metadata.entry_points(group="pytest11"):
-            if ep.value == PLUGIN_MODULE:
-                return []
-    return ["-p", PLUGIN_MODULE]
+        loaded = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+    return [arg for module in PLUGIN_MODULES if module not in loaded for arg in ("-p", module)]
 
 
 def slug(target: str) -> str:
