@@ -70,7 +70,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
 def lane_parser() -> argparse.ArgumentParser:
     """The options and paths of ``mizzen-ci gpu-lane ARCH ...``."""
-    parser = argparse.ArgumentParser(prog="mizzen-ci gpu-lane ARCH")
+    from mizzen_ci.cli import OneLineParser
+
+    parser = OneLineParser(prog="mizzen-ci gpu-lane ARCH")  # usage errors: one line
     add_root_and_fleet_arguments(parser)
     parser.add_argument(
         "paths", nargs="*", help="test files or directories to run (default: every ARCH test)"
