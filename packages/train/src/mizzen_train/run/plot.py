@@ -48,7 +48,7 @@ def _constant(by_tenant: dict[str, list[tuple[int, float]]]) -> float | None:
 
 
 def _span_steps(ax, x_range: tuple[int, int]) -> None:
-    """The x axis of an eval panel spans the run's training steps, with integer ticks."""
+    """A panel's x axis spans the run's training steps, with integer ticks."""
     from matplotlib.ticker import MaxNLocator
 
     low, high = x_range
@@ -62,18 +62,42 @@ class PlotError(ValueError):
 
 
 def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
+    """Draw the curves of ``metrics`` into the image ``output`` (atomically); returns its path."""
+    out = Path(output)
+    if out.is_dir():
+        raise PlotError(f"-o {out} is a directory; give an image path, e.g. {out / 'curves.png'}")
+    figure = curves_figure(metrics)
+    import matplotlib.pyplot as plt  # after curves_figure chose the Agg backend
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        plt.close(figure)
+        raise PlotError(f"-o {out}: cannot create its folder ({exc.strerror}); give a "
+                        "writable place") from None  # fmt: skip
+    tmp = out.with_name(f".{out.stem}.tmp-{uuid.uuid4().hex[:8]}{out.suffix or '.png'}")
+    try:
+        figure.savefig(tmp, dpi=110)
+        os.replace(tmp, out)
+    finally:
+        plt.close(figure)
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def curves_figure(metrics: str | os.PathLike):
+    """The matplotlib figure of a metrics file's curves (the module docstring's panels)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path, out = Path(metrics), Path(output)
+    path = Path(metrics)
     if path.is_dir():
         raise PlotError(f"{path} is a directory; give the metrics.jsonl in it")
     if not path.is_file():
         raise PlotError(f"{path}: no such file; give the metrics.jsonl of a run")
-    if out.is_dir():
-        raise PlotError(f"-o {out} is a directory; give an image path, e.g. {out / 'curves.png'}")
     records, _ = read_metrics(path)
     train: dict[str, list[tuple[int, float]]] = defaultdict(list)
     extra: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -113,12 +137,14 @@ def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
         points.sort()
         ax.plot([s for s, _ in points], [v for _, v in points], label=tenant, linewidth=1.2)
     ax.set(title="training loss", xlabel="step", ylabel="loss")
+    _span_steps(ax, x_range)
     ax.legend(fontsize="small")
     for ax, name in zip(flat[1:], extra_panels, strict=False):
         for tenant, points in sorted(extra[name].items()):
             points.sort()
             ax.plot([s for s, _ in points], [v for _, v in points], label=tenant, linewidth=1.2)
         ax.set(title=TRAIN_PANELS[name], xlabel="step", ylabel=name)
+        _span_steps(ax, x_range)
         ax.legend(fontsize="small")
     order = sorted(evals.items(), key=lambda item: (_PRIORITY.get(item[0][1], 9), item[0]))
     offset = 1 + len(extra_panels)
@@ -139,18 +165,4 @@ def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
         constant = ", ".join(f"{name} = {value:.4g}" for name, value in sorted(left_out.items()))
         figure.text(0.01, 0.005, f"constant, not drawn: {constant}", fontsize="small")
     figure.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        plt.close(figure)
-        raise PlotError(f"-o {out}: cannot create its folder ({exc.strerror}); give a "
-                        "writable place") from None  # fmt: skip
-    tmp = out.with_name(f".{out.stem}.tmp-{uuid.uuid4().hex[:8]}{out.suffix or '.png'}")
-    try:
-        figure.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
-    finally:
-        plt.close(figure)
-        if tmp.exists():
-            tmp.unlink()
-    return out
+    return figure
