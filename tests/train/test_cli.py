@@ -147,3 +147,17 @@ def test_every_option_has_help_and_shows_its_default_once() -> None:
 def test_version_is_the_installed_distributions(tmp_path: Path) -> None:
     out = _cli("--version", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == f"mizzen-train {version('mizzen-train')}"
+
+
+def test_the_fix_a_missing_field_suggests_is_one_set_accepts(inputs: Path) -> None:
+    """A tenant without ``data``: the error's ``--set`` is in the form ``--set`` reads (it said
+    ``--set tenants[0].data=...``, which ``--set`` refuses), and that override completes it."""
+    from mizzen_train.sft.config import SftConfig
+
+    config = inputs / "no_data_field.toml"
+    config.write_text("\n".join(line for line in (inputs / "good.toml").read_text().splitlines()
+                                if not line.startswith("data = ")))  # fmt: skip
+    out = _cli("sft", "--config", config.name, cwd=inputs)
+    assert out.returncode == 2 and "or with --set tenants.0.data=..." in out.stderr, out.stderr
+    loaded = SftConfig.load(str(config), ['tenants.0.data="example:colours_train"'])
+    assert loaded.tenants[0].data == "example:colours_train"
