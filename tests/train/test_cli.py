@@ -110,8 +110,9 @@ def test_a_bad_input_is_one_line_with_the_fix(inputs: Path, argv: list[str], nee
 
 def test_a_run_shows_one_summary_line_for_third_party_warnings(inputs: Path) -> None:
     """SFT, 2 steps of the tiny model: the run's own lines and one summary line, nothing else
-    (before: megatron's and torch's warnings, a progress bar -- about 20 lines)."""
-    out = _cli("sft", "--config", "good.toml", cwd=inputs)
+    (before: megatron's and torch's warnings, a progress bar -- about 20 lines).  The run also
+    logs to TensorBoard ([run] loggers), which adds no line either."""
+    out = _cli("sft", "--config", "good.toml", "--set", 'run.loggers=["tensorboard"]', cwd=inputs)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stderr.splitlines()
     own = [line for line in lines if line.startswith("[mizzen-train sft] ")]
@@ -121,6 +122,7 @@ def test_a_run_shows_one_summary_line_for_third_party_warnings(inputs: Path) -> 
     assert sorted(own + summary) == sorted(lines), [x for x in lines if x not in own + summary]
     for noise in ("Warning", "No CUDA runtime", "DEPRECATED", "Writing model shards"):
         assert noise not in out.stderr, noise
+    assert list((inputs / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def _options(parser: argparse.ArgumentParser):

@@ -30,9 +30,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from mizzen_train.run.loggers import MetricSink
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -95,10 +98,12 @@ def settled_eval_keys(records: Iterable[Mapping[str, Any]]) -> set[tuple[int, st
 
 
 class MetricsLog:
-    """Append-only JSON lines, thread-safe."""
+    """Append-only JSON lines, thread-safe; each record also goes to the optional ``sinks``
+    (:mod:`mizzen_train.run.loggers`: TensorBoard, W&B), in order, under the same lock."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
+        self.sinks = tuple(sinks)
         self._lock = threading.Lock()
         self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
 
@@ -108,6 +113,8 @@ class MetricsLog:
         with self._lock:
             self._handle.write(line)
             self._handle.flush()
+            for sink in self.sinks:
+                sink.record(record)
         return record
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -116,6 +123,8 @@ class MetricsLog:
     def close(self) -> None:
         with self._lock:
             self._handle.close()
+            for sink in self.sinks:
+                sink.close()
 
 
 def format_duration(seconds: float) -> str:
