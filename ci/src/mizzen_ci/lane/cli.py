@@ -146,6 +146,13 @@ def lane_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-history", action="store_true", help="do not record durations")
     parser.add_argument(
+        "--collect-only",
+        action="store_true",
+        help="a dry run: each file is collected (imported) in its own leased process, no test "
+        "body runs (with --fake-gpus: the lane's packing, leases and reports on a machine "
+        "without GPUs); implies --no-history",
+    )
+    parser.add_argument(
         "--flake-record",
         type=Path,
         help=f"flake record to append retries to (default: ROOT/{ARTIFACTS}/flakes.jsonl)",
@@ -244,6 +251,7 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args=tuple(args.pytest_arg),
         compile_cache=cache,
         gpu_seats=args.gpu_seats,
+        collect_only=args.collect_only,
     )
     progress = Progress(total=len(sel.runnable), gpus=len(gpus))
     runner = GpuLaneRunner(config, progress)
@@ -262,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
         arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci, cache
     )
     history_path = None
-    if not args.no_history:
+    if not (args.no_history or args.collect_only):  # a dry run times nothing real
         history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
     flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
     return write_reports(outcome, report_dir, flake_path, history_path)
