@@ -28,6 +28,8 @@ Invariants:
   logging first, registers the password-like environment and the credentials of every
   ``--engine-url`` (its userinfo password, key-like query items) before anything is printed or
   written; the samples and metrics files are written through the mask too.
+- Usage errors are one line with the fix; third-party warnings are counted in one summary line
+  unless ``--verbose`` (:mod:`.cli_surface`); ``--version`` reads the installed metadata.
 - No heavy import at module scope: the engine backends import torch/transformers, the manager
   imports ray, each only when used.
 """

@@ -16,6 +16,10 @@ Invariants:
 - Exit codes: 0 done; 2 a configuration, data or model-directory error (one message naming the
   field or file, the rule and the fix -- no traceback); 1 the run failed while training.
 - Importing this module imports nothing heavy; the trainer loads torch and megatron when it runs.
+- Output (:mod:`mizzen_rollout.cli_surface`): a usage error is one line with the fix; third-party
+  warnings are hidden before any heavy import and counted in one summary line, printed before
+  the last line (the resume command) and left out when the command ends on an error line;
+  ``--verbose`` shows them instead; ``--version`` is the installed distribution's.
 """
 
 from __future__ import annotations
