@@ -59,6 +59,17 @@ def test_third_party_warnings_and_logs_are_counted_in_one_line(capsys) -> None:
     ]
 
 
+def test_a_warning_is_counted_for_its_library_whatever_the_roots_order() -> None:
+    """A venv's site-packages lies inside its lib/python3.X (a root too): the library is named
+    from the deepest root (the summary said "site-packages 8" on some hash seeds)."""
+    from mizzen_rollout.cli_surface import library_of
+
+    purelib = str(SITE.parents[3])
+    roots = (str(Path(purelib).parent), "/nowhere", purelib)
+    assert library_of(str(SITE), roots) == library_of(str(SITE), roots[::-1]) == "megatron"
+    assert library_of("/elsewhere/x.py", roots) == "?"
+
+
 def test_verbose_hides_nothing_and_finishing_restores(capsys) -> None:
     before = warnings.showwarning
     quiet_third_party("prog", verbose=True)()

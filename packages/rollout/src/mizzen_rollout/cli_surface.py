@@ -93,8 +93,12 @@ def package_version(distribution: str) -> str:
 
 
 def _library_roots() -> tuple[str, ...]:
+    """Where installed libraries and the standard library live, the deepest first: a venv's
+    site-packages lies inside its lib/python3.X (its platstdlib), and the library a warning
+    comes from is the folder right below the deepest root that holds the file."""
     names = ("purelib", "platlib", "stdlib", "platstdlib")
-    return tuple({str(Path(p).resolve()) for n in names if (p := sysconfig.get_paths().get(n))})
+    found = {str(Path(p).resolve()) for n in names if (p := sysconfig.get_paths().get(n))}
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 def is_third_party_file(filename: str, roots: tuple[str, ...]) -> bool:
@@ -141,12 +145,15 @@ class _CountingHandler(logging.Handler):
             self.handleError(record)
 
 
-def _library_of(filename: str, roots: tuple[str, ...]) -> str:
+def library_of(filename: str, roots: tuple[str, ...]) -> str:
+    """The library ``filename`` belongs to: the folder (or module) right below the deepest of
+    ``roots`` that holds it, whatever their order ("?" when none does)."""
     path = str(Path(filename).resolve())
-    for root in roots:
-        if path.startswith(root + os.sep):
-            return Path(path[len(root) + 1 :]).parts[0].removesuffix(".py")
-    return "?"
+    holding = [root for root in roots if path.startswith(root + os.sep)]
+    if not holding:
+        return "?"
+    root = max(holding, key=len)
+    return Path(path[len(root) + 1 :]).parts[0].removesuffix(".py")
 
 
 def quiet_third_party(prog: str, *, verbose: bool) -> Callable[..., None]:
@@ -162,7 +169,7 @@ def quiet_third_party(prog: str, *, verbose: bool) -> Callable[..., None]:
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         if is_third_party_file(filename, roots):
-            hidden.add(_library_of(filename, roots))
+            hidden.add(library_of(filename, roots))
             return
         previous_show(message, category, filename, lineno, file, line)
 
