@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=10, labels=["ci"])
+register_cpu_ci(est_time=40, labels=["ci"])
 
 ROOT = Path(__file__).resolve().parents[2]
 
