@@ -219,12 +219,32 @@ def packages(session: nox.Session) -> None:
 # GPU lanes, generated: one session per generation of ci/fleet.toml (gpu-hopper, gpu-blackwell, …).
 # They run in the machine's own Python (the GPU image has torch and pytest but reaches no package
 # registry): nothing is installed, the workspace's src dirs go on PYTHONPATH.
+def _lane_python(posargs: list[str]) -> str:
+    """The interpreter of a GPU lane: this one (a GPU image's own Python), except for a pretend
+    lane (--fake-gpus) on a machine whose nox Python lacks pytest (a CPU machine where nox was
+    pip-installed into the system Python): the workspace's environment, `uv sync`'s .venv or
+    the one `nox -s cpu` made, which has the workspace's test dependencies."""
+    import importlib.util
+
+    fake = any(a == "--fake-gpus" or a.startswith("--fake-gpus=") for a in posargs)
+    if not fake or importlib.util.find_spec("pytest") is not None:
+        return sys.executable
+    for venv in (ROOT / ".venv", ROOT / ".nox" / "cpu"):
+        if (venv / "bin" / "python").is_file():
+            return str(venv / "bin" / "python")
+    raise SystemExit(
+        f"nox -s gpu-…: --fake-gpus runs test files, and {sys.executable} has no pytest; "
+        "fix: `uv sync --frozen --all-packages --all-extras` (the workspace's .venv), then run "
+        "the same command again"
+    )
+
+
 def _gpu_lane_session(arch: str) -> None:
     def gpu_lane(session: nox.Session) -> None:
         src = [str(d / "src") for d in _workspace_members().values()]
         outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         session.run(
-            sys.executable, "-m", "mizzen_ci", "gpu-lane", arch, *session.posargs,
+            _lane_python(session.posargs), "-m", "mizzen_ci", "gpu-lane", arch, *session.posargs,
             env={"PYTHONPATH": os.pathsep.join(dict.fromkeys([*src, *outer]))}, external=True,
         )  # fmt: skip
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=10, labels=["ci"])
+register_cpu_ci(est_time=40, labels=["ci"])
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,3 +66,33 @@ def _console_script_wheel(tmp_path: Path) -> Path:
         for name, text in {**files, "shimdemo-0.1.dist-info/RECORD": record}.items():
             wheel.writestr(name, text)
     return path
+
+
+def test_nox_installed_by_the_ci_set_up_runs_after_it(tmp_path):
+    """`.ci/setup` (the set-up part of `.ci/run`: Python 3.12, the shim, the README command's
+    `pip install uv nox`), then its temporary folder deleted as `.ci/run` deletes it: the `nox`
+    it installed still lists the sessions.  Installed into a user base of its own
+    (PYTHONUSERBASE, PIP_USER, reinstalling what the machine has), so the machine's own tools are
+    untouched.  This needs PyPI (uv and nox are downloaded, or taken from pip's cache): the
+    install line under test is the one that reaches the registry."""
+    import os
+
+    userbase, shim_dir = tmp_path / "userbase", tmp_path / "bin"
+    env = {**os.environ, "PYTHONUSERBASE": str(userbase), "PIP_USER": "1",
+           "PIP_IGNORE_INSTALLED": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_BREAK_SYSTEM_PACKAGES": "1"}  # fmt: skip
+    setup = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "setup"), str(shim_dir)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    python = Path(setup.stdout.strip())
+    nox = userbase / "bin" / "nox"
+    assert nox.read_text().splitlines()[0] == f"#!{python}"  # the real path, not the shim's
+    shutil.rmtree(shim_dir)  # what .ci/run's clean-up does
+    listed = subprocess.run(
+        [str(nox), "-l", "-f", str(ROOT / "noxfile.py")],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert "- plan" in listed.stdout or "* plan" in listed.stdout, listed.stdout

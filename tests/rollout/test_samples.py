@@ -148,3 +148,11 @@ def test_group_samples_orders_groups_and_members_and_rejects_duplicates():
     assert isinstance(groups[0], SampleGroup) and groups[0].rewards == [1.0, 1.0]
     with pytest.raises(SampleValidationError, match="duplicate"):
         group_samples([*samples, _sample(group_index=0, index_in_group=1)])
+
+
+def test_a_samples_file_is_readable_by_others(tmp_path):
+    """``mizzen-rollout generate --out`` writes through write_samples: 0644, not mkstemp's 0600
+    (samples hold no secret: every line passes through the mask set)."""
+    path = tmp_path / "samples.jsonl"
+    write_samples(path, [_sample()])
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -9,6 +9,10 @@ Invariants:
   not every command's imports); ``mizzen-ci --help`` lists every command from the table alone.
 - Exit codes: 0 success, 1 the check failed (the output says what), 2 bad usage or bad input
   (a malformed fleet table or ``pyproject.toml`` table: one escaped line naming the file).
+- A usage error argparse finds (an unknown flag or command, a missing argument) is one line,
+  ``mizzen-ci COMMAND: error: PROBLEM; fix: see mizzen-ci COMMAND --help``, exit 2.
+- ``--version`` reads the installed distribution's metadata (``importlib.metadata``) only when
+  asked: it is not imported for any other command.
 - :class:`UsageError` is mizzen_ci's one exception for bad usage (arguments that name nothing
   usable); a command raises it and :func:`main` prints it as that one line.
 - Secrets: before anything is parsed, the secrets of the environment and of the arguments are
@@ -25,6 +29,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from . import masking
 from .fleet import FleetError
@@ -34,6 +39,35 @@ from .sources import ConfigError
 
 class UsageError(Exception):
     """A command was asked for something it cannot do with these arguments (exit 2)."""
+
+
+#: the description ``mizzen-ci --help`` shows (plain text: the module docstring is RST)
+DESCRIPTION = "The command line of mizzen's CI (also: python -m mizzen_ci)."
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the problem and the fix (its subparsers are too)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        self.exit(2, plain(f"{self.prog}: error: {text}; fix: see {self.prog} --help") + "\n")
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed mizzen-ci's version, read from its metadata when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("mizzen-ci")
+        except PackageNotFoundError:
+            found = "unknown (not installed: running from a source tree)"
+        print(f"mizzen-ci {found}")
+        parser.exit(0)
 
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,7 +97,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; the arguments of ``command`` only when it is given (the
     others' modules are not imported: their subparsers parse only ``--help``)."""
-    parser = argparse.ArgumentParser(prog="mizzen-ci", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="mizzen-ci", description=DESCRIPTION)
+    parser.add_argument("--version", action=VersionAction, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -75,3 +75,21 @@ def test_posargs_reach_the_lane_and_named_files_are_checked_against_the_registry
     assert "tests/ci/packing/test_gpus.py:" in text
     assert "registered for the cpu lane, not for gpu-hopper" in text
     assert "START " not in text
+
+
+def test_a_pretend_lane_runs_from_the_nox_command_without_a_gpu(nox, tmp_path):
+    """README's no-GPU demo as written: `nox -s gpu-hopper -- --fake-gpus 2 --collect-only`
+    (here one file).  The nox on PATH may live in a Python without pytest (pip-installed by
+    .ci/run): the pretend lane then runs in the workspace's environment.  The file is collected
+    in its own leased process (two pretend GPUs) and passes without a test body running."""
+    out = nox(
+        "-s", "gpu-hopper", "--", "--fake-gpus", "2", "--collect-only",
+        "--report-dir", str(tmp_path), "tests/gpu/test_nccl_allreduce.py",
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "FAKE: 2 pretend hopper GPU(s) (--fake-gpus)" in text
+    assert "gpu-hopper: 1 passed, 0 not passing of 1 file(s)" in text
+    assert "pytest is not importable" not in text
+    (log,) = (tmp_path / "files").glob("*attempt1.log")
+    assert "--collect-only" in log.read_text() and "1 test collected" in log.read_text()

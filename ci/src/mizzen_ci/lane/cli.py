@@ -74,7 +74,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
 def lane_parser() -> argparse.ArgumentParser:
     """The options and paths of ``mizzen-ci gpu-lane ARCH ...``."""
-    parser = argparse.ArgumentParser(prog="mizzen-ci gpu-lane ARCH")
+    from mizzen_ci.cli import OneLineParser
+
+    parser = OneLineParser(prog="mizzen-ci gpu-lane ARCH")  # usage errors: one line
     add_root_and_fleet_arguments(parser)
     parser.add_argument(
         "paths", nargs="*", help="test files or directories to run (default: every ARCH test)"
@@ -147,6 +149,13 @@ def lane_parser() -> argparse.ArgumentParser:
         f"ROOT/{ARTIFACTS}/history/{nox_session_name('ARCH')}.jsonl)",
     )
     parser.add_argument("--no-history", action="store_true", help="do not record durations")
+    parser.add_argument(
+        "--collect-only",
+        action="store_true",
+        help="a dry run: each file is collected (imported) in its own leased process, no test "
+        "body runs (with --fake-gpus: the lane's packing, leases and reports on a machine "
+        "without GPUs); implies --no-history",
+    )
     parser.add_argument(
         "--flake-record",
         type=Path,
@@ -264,6 +273,7 @@ def _run(args: argparse.Namespace) -> int:
         pytest_args=tuple(args.pytest_arg),
         compile_cache=cache,
         gpu_seats=args.gpu_seats,
+        collect_only=args.collect_only,
     )
     progress = Progress(total=len(sel.runnable), gpus=len(gpus))
     runner = GpuLaneRunner(config, progress)
@@ -283,7 +293,7 @@ def _run(args: argparse.Namespace) -> int:
         quarantined=flaky.listed if flaky.mode == "record" else {}, quarantine_skipped=skipped,
     )  # fmt: skip
     history_path = None
-    if not args.no_history:
+    if not (args.no_history or args.collect_only):  # a dry run times nothing real
         history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
     flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
     return write_reports(outcome, report_dir, flake_path, history_path)

@@ -9,6 +9,7 @@ Invariants:
   --exclude-standard``): what a pull request made from this checkout would change.
 - A rename or copy counts as a change to both paths; a deletion counts as a change to the path
   that is gone.  ``Change.paths`` holds every such path once.
+- Ignored files (:func:`ignored_paths`) are never a change; the planner reports them.
 - Nothing fails silently: when the diff cannot be read (no git, not a repository, unknown base,
   shallow clone without the base commit) the result is ``usable=False`` with the reason, and the
   planner selects everything (fail open).
@@ -227,6 +228,16 @@ def git_change(
     except GitError as e:
         what = f"base {base!r}" if base else "the default base"
         return Change.unusable(f"cannot read the diff from {what}: {e}", base, head)
+
+
+def ignored_paths(root: Path) -> tuple[str, ...]:
+    """The untracked paths of the working tree that git ignores (``.gitignore``, the repository's
+    exclude file: ``git status --ignored=matching``, an ignored folder is one path).  They are
+    never part of a change; the planner names them so that a file it does not plan is no
+    surprise.  :class:`GitError` when git fails."""
+    out = _git(root, "status", "--porcelain=v1", "-z", "--ignored=matching")
+    paths = (record[3:] for record in out.split("\0") if record.startswith("!! "))
+    return tuple(sorted(paths, key=lambda p: (p.count("/"), p)))
 
 
 def tree_files(root: Path, rev: str, under: str) -> list[str]:

@@ -53,7 +53,7 @@ from ..fleet import (
 )
 from ..sources import RefusedFile, read_bytes
 from . import report
-from .change import Change, GitError, file_at, git_change
+from .change import Change, GitError, file_at, git_change, ignored_paths
 from .index.cache_home import CacheDirError, check_cache_dir, default_cache_dir
 from .model import Plan
 from .pipeline import (
@@ -379,6 +379,7 @@ def _plan(args: argparse.Namespace) -> int:
         sys.stdout.write(plan.dumps())
     else:
         sys.stdout.write(report.terminal(plan, verbose=args.verbose))
+        _report_ignored(root, args.head)
     if plan.errors:
         print(
             f"mizzen-ci plan: {len(plan.errors)} registry error(s): CI fails until they are "
@@ -387,3 +388,15 @@ def _plan(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _report_ignored(root: Path, head: str | None) -> None:
+    """A plan of the working tree names the files git ignores (never part of the change)."""
+    if head is not None:
+        return
+    try:
+        paths = ignored_paths(root)
+    except GitError:
+        return  # the plan has said already when git cannot read the tree
+    if paths:
+        print(report.ignored_line(paths))

@@ -169,6 +169,21 @@ def reason_counts(plan: Plan) -> list[tuple[str, int]]:
     return sorted(Counter(n.code for n in plan.not_scheduled).items())
 
 
+def ignored_line(paths: tuple[str, ...], *, limit: int = 8) -> str:
+    """One line naming what git ignores and the plan therefore left out: each name once (the
+    shallowest first), with its count when several folders share it (``__pycache__/ (7)``)."""
+    names: dict[str, int] = {}
+    for path in paths:
+        name = path.rstrip("/").rsplit("/", 1)[-1] + ("/" if path.endswith("/") else "")
+        names[name] = names.get(name, 0) + 1
+    shown = [f"{n} ({c})" if c > 1 else n for n, c in list(names.items())[:limit]]
+    more = f" and {len(names) - limit} more names" if len(names) > limit else ""
+    return plain(
+        f"not planned, ignored by git (.gitignore): {len(paths)} path(s): "
+        f"{', '.join(shown)}{more} (`git status --ignored` lists them)"
+    )
+
+
 def terminal(plan: Plan, *, verbose: bool = False) -> str:
     out = [plain(headline(plan)), plain(provenance(plan)), ""]
     if plan.jobs:

@@ -416,6 +416,16 @@ class _Asks:
                 self.label(label[len(RUN_CI_PREFIX) :], f"label {shown_name(label)}")
             elif label.startswith(RUN_ON_PREFIX):
                 self.arch(label[len(RUN_ON_PREFIX) :], f"label {shown_name(label)}")
+            elif label == "all" or label in self.fleet.labels:  # a test label without its prefix
+                self.warnings.append(
+                    f"label {shown_name(label)} asks for nothing: a pull request label selects "
+                    f"tests as {shown_name(RUN_CI_PREFIX + label)}; add that label instead"
+                )
+            elif label in self.fleet.generation_names:
+                self.warnings.append(
+                    f"label {shown_name(label)} asks for nothing: a pull request label picks a "
+                    f"GPU generation as {shown_name(RUN_ON_PREFIX + label)}; add that label instead"
+                )
 
     def read_comments(self, comments: tuple[Comment, ...]) -> None:
         for comment in comments:

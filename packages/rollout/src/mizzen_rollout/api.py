@@ -40,7 +40,10 @@ The surface, by concern:
   :func:`register_url`, :func:`register_environment`, :func:`mask`, :func:`mask_value`,
   :func:`masked_repr`, :func:`install_output_masks`, :func:`describe_env`,
   :func:`check_worker_env`, :data:`MIN_SECRET_LENGTH`, :class:`SecretError`,
-  :class:`SecretTooShortError`.
+  :class:`SecretTooShortError`;
+- what every mizzen command line shares: :class:`OneLineParser` (one-line usage errors),
+  :class:`HelpFormatter`, :func:`package_version` and :func:`quiet_third_party` (third-party
+  warnings counted in one summary line unless ``--verbose``).
 
 Invariant: importing this module imports no heavy library (torch, ray, transformers, harbor):
 every module behind it keeps torch and friends inside functions (the lazy-import policy of the
@@ -60,6 +63,7 @@ from .adapters import (
     read_adapter_config,
     split_peft_weight_key,
 )
+from .cli_surface import HelpFormatter, OneLineParser, package_version, quiet_third_party
 from .data import DataCursor, DataError, DatasetKeys, PromptDataset, PromptRecord
 from .engines import (
     ENGINE_MAX_BATCH,
@@ -148,9 +152,11 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "HelpFormatter",
     "LaunchError",
     "NoEngineAvailableError",
     "ObjectSpecError",
+    "OneLineParser",
     "Prompt",
     "PromptDataset",
     "PromptRecord",
@@ -185,7 +191,9 @@ __all__ = [
     "mask",
     "mask_value",
     "masked_repr",
+    "package_version",
     "peft_weight_key",
+    "quiet_third_party",
     "read_adapter_config",
     "read_samples",
     "register_environment",

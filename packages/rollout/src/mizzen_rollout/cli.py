@@ -28,6 +28,8 @@ Invariants:
   logging first, registers the password-like environment and the credentials of every
   ``--engine-url`` (its userinfo password, key-like query items) before anything is printed or
   written; the samples and metrics files are written through the mask too.
+- Usage errors are one line with the fix; third-party warnings are counted in one summary line
+  unless ``--verbose`` (:mod:`.cli_surface`); ``--version`` reads the installed metadata.
 - No heavy import at module scope: the engine backends import torch/transformers, the manager
   imports ray, each only when used.
 """
@@ -44,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__
+from .cli_surface import HelpFormatter, OneLineParser, package_version, quiet_third_party
 from .data import DataCursor, DataError, DatasetKeys, PromptDataset, example_datasets
 from .engines.base import ENGINE_MAX_BATCH, SamplingParams
 from .masking import (
@@ -109,17 +111,24 @@ _SEED = _ranged(int, 0, MAX_INT_ARGUMENT, "use an integer in [0, 2**63)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mizzen-rollout",
         description="Rollout for RL post-training: prompts in, scored samples out.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"mizzen-rollout {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"mizzen-rollout {package_version('mizzen-rollout')}",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser(
         "generate",
         help="generate n samples per prompt and write them as JSON lines",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Generate n samples per prompt through an engine, score them and write them "
+        "as JSON lines.",
+        formatter_class=HelpFormatter,
     )
     gen.add_argument(
         "--data",
@@ -199,18 +208,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampling = gen.add_argument_group("sampling")
     sampling.add_argument(
-        "--max-new-tokens", type=_ranged(int, 0, 2**31 - 1, "use 0..2147483647"), default=64
+        "--max-new-tokens",
+        type=_ranged(int, 0, 2**31 - 1, "use 0..2147483647"),
+        default=64,
+        help="the most tokens generated per sample",
     )
     sampling.add_argument(
         "--temperature",
         type=_ranged(float, 0.0, 1e6, "use a finite number >= 0 (0 is greedy), e.g. 1.0"),
         default=1.0,
+        help="sampling temperature (0 is greedy)",
     )
     sampling.add_argument(
-        "--top-p", type=_ranged(float, 1e-9, 1.0, "use a number in (0, 1]"), default=1.0
+        "--top-p",
+        type=_ranged(float, 1e-9, 1.0, "use a number in (0, 1]"),
+        default=1.0,
+        help="nucleus sampling: keep the smallest set of tokens whose probability reaches this "
+        "(1 is off)",
     )
     sampling.add_argument(
-        "--top-k", type=_ranged(int, -1, 2**31 - 1, "use -1 (off) or k >= 1"), default=-1
+        "--top-k",
+        type=_ranged(int, -1, 2**31 - 1, "use -1 (off) or k >= 1"),
+        default=-1,
+        help="keep only the k most likely tokens (-1 is off)",
     )
     sampling.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     sampling.add_argument(
@@ -231,16 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
     output = gen.add_argument_group("output")
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
     output.add_argument("--metrics-out", default=None, help="also write the metrics as JSON")
+    output.add_argument(
+        "--verbose", action="store_true", help="show the warnings of third-party libraries"
+    )
 
     srv = sub.add_parser(
         "serve",
         help="serve the embedded engine (SGLang protocol subset) over HTTP",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Serve the embedded engine (a subset of SGLang's HTTP protocol).",
+        formatter_class=HelpFormatter,
     )
-    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     srv.add_argument("--port", type=int, default=30000, help="0 lets the kernel pick")
     srv.add_argument("--model", default=None, help="local HF model directory (default: tiny)")
-    srv.add_argument("--backend", default="transformers", choices=("transformers", "echo"))
+    srv.add_argument(
+        "--backend",
+        default="transformers",
+        choices=("transformers", "echo"),
+        help="transformers: a real model; echo: answers with the prompt (tests)",
+    )
     srv.add_argument("--seed", type=int, default=0, help="seed of the tiny model's weights")
     srv.add_argument("--num-threads", type=int, default=1, help="torch CPU threads")
     srv.add_argument(
@@ -261,7 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--port-file", default=None, help="write the URL here once listening")
     srv.add_argument("--parent-pid", type=int, default=None, help="exit when this pid is gone")
-    srv.add_argument("--verbose", action="store_true", help="log every request")
+    srv.add_argument(
+        "--verbose",
+        action="store_true",
+        help="log every request, and show the warnings of third-party libraries",
+    )
     return parser
 
 
@@ -281,11 +314,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.parent_pid is not None:
         watch_parent(args.parent_pid)  # before the (slow) model load: no orphan if killed then
-    if args.model is not None and not Path(args.model).is_dir():
-        raise UsageError(
-            f"--model {args.model}: no such directory; give a local Hugging Face model directory "
-            "(config.json, weights, tokenizer), or drop --model to serve the tiny model"
-        )
+    _check_model_dir(args.model)
     for directory in args.load_dir:
         if not Path(directory).is_dir():
             raise UsageError(f"--load-dir {directory}: no such directory; create it or drop it")
@@ -460,9 +489,21 @@ def _check_output_path(path: str, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {probe} is not writable; fix: choose a writable place")
 
 
+def _check_model_dir(model: str | None) -> None:
+    """``--model`` names a directory (checked before an engine starts: its server would fail
+    with its own error in its log)."""
+    if model is not None and not Path(model).is_dir():
+        raise UsageError(
+            f"--model {model}: no such directory; fix: give a local Hugging Face model directory "
+            "(config.json, weights, tokenizer), or drop --model to serve the tiny model"
+        )
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     for url in args.engine_url:
         _check_engine_url(url)
+    if not args.engine_url:
+        _check_model_dir(args.model)
     _check_output_path(args.out, "--out")
     if args.metrics_out:
         _check_output_path(args.metrics_out, "--metrics-out")
@@ -555,6 +596,17 @@ def _check_text_arguments(args: argparse.Namespace) -> None:
 
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
+    command = args.command
+    finish = quiet_third_party(f"mizzen-rollout {command}", verbose=args.verbose)
+    code = 1
+    try:
+        code = _run_command(args)
+    finally:
+        finish(show_summary=code != 2)  # an error stays one line
+    return code
+
+
+def _run_command(args: argparse.Namespace) -> int:
     command = args.command
     try:
         _check_text_arguments(args)

@@ -353,6 +353,10 @@ def group_samples(samples: Iterable[Sample]) -> list[SampleGroup]:
     ]
 
 
+#: the mode of a samples file: readable by all (its lines pass through the mask set)
+SAMPLES_FILE_MODE = 0o644
+
+
 def write_samples(path: str | os.PathLike[str], samples: Iterable[Sample]) -> int:
     """Validate and write samples as JSON lines, atomically; return the number written."""
     target = Path(path)
@@ -360,6 +364,7 @@ def write_samples(path: str | os.PathLike[str], samples: Iterable[Sample]) -> in
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     count = 0
     try:
+        os.fchmod(fd, SAMPLES_FILE_MODE)  # mkstemp makes 0600; samples are masked, for others
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             for sample in samples:
                 sample.validate()

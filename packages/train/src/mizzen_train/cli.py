@@ -16,6 +16,10 @@ Invariants:
 - Exit codes: 0 done; 2 a configuration, data or model-directory error (one message naming the
   field or file, the rule and the fix -- no traceback); 1 the run failed while training.
 - Importing this module imports nothing heavy; the trainer loads torch and megatron when it runs.
+- Output (:mod:`mizzen_rollout.cli_surface`): a usage error is one line with the fix; third-party
+  warnings are hidden before any heavy import and counted in one summary line, printed before
+  the last line (the resume command) and left out when the command ends on an error line;
+  ``--verbose`` shows them instead; ``--version`` is the installed distribution's.
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
-from mizzen_train import __version__
-
 __all__ = ["build_parser", "main"]
 
 
 def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
-    command = sub.add_parser(name, **parser_kwargs)
+    from mizzen_rollout.api import HelpFormatter
+
+    command = sub.add_parser(name, formatter_class=HelpFormatter, **parser_kwargs)
     command.add_argument("--config", default=None, help="the run's TOML configuration")
     command.add_argument(
         "--resume", action="store_true", help="continue the run in run.dir from its checkpoint"
@@ -44,6 +48,7 @@ def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
         help="override any field (dotted; list items by index): --set tenants.0.lr=1e-4",
     )
     command.add_argument("--help-config", action="store_true", help="list every field and exit")
+    _add_verbose(command)
     flags = command.add_argument_group("configuration fields")
     from mizzen_train.run.config import flag_sections
 
@@ -61,14 +66,28 @@ def _add_run_command(sub, name: str, sections: dict, **parser_kwargs) -> None:
             )
 
 
+def _add_verbose(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the warnings of third-party libraries (megatron, torch, ...): by default "
+        "one line counts them",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from mizzen_rollout.api import HelpFormatter, OneLineParser, package_version
     from mizzen_train.rl.config import SECTIONS as RL_SECTIONS
     from mizzen_train.sft.config import SECTIONS
 
-    parser = argparse.ArgumentParser(
-        prog="mizzen-train", description="Fine-tune language models on megatron-core."
+    parser = OneLineParser(
+        prog="mizzen-train",
+        description="Fine-tune language models on megatron-core.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"mizzen-train {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"mizzen-train {package_version('mizzen-train')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_command(
         sub,
@@ -90,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser(
         "export",
+        formatter_class=HelpFormatter,
         help="export a run's checkpoint: a PEFT adapter per tenant (and merged HF models)",
         description="Write <run_dir>/export/step-N/<tenant>/adapter (and merged/ with --merged) "
         "from a complete checkpoint of an existing sft or rl run.",
@@ -97,10 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", help="the run's directory (its run.dir)")
     export.add_argument("--step", type=int, default=None, help="the checkpoint (default: newest)")
     export.add_argument("--merged", action="store_true", help="also write merged HF models")
+    _add_verbose(export)
 
-    plot = sub.add_parser("plot", help="draw loss and eval curves of a metrics.jsonl")
+    plot = sub.add_parser(
+        "plot",
+        formatter_class=HelpFormatter,
+        help="draw loss and eval curves of a metrics.jsonl",
+        description="Draw the loss and eval curves of a run's metrics.jsonl into an image.",
+    )
     plot.add_argument("metrics", help="a run's metrics.jsonl")
     plot.add_argument("-o", "--output", required=True, help="the image to write (.png)")
+    _add_verbose(plot)
     return parser
 
 
@@ -167,12 +194,11 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         run_trainer(_trainer_class(args.command), config, resume=args.resume, stream=None)
     except KeyboardInterrupt:
-        _say_how_to_resume(args.command, config.run_dir, argv)
-        return 130
+        raise _Interrupted(_how_to_resume(args.command, config.run_dir, argv)) from None
     return 0
 
 
-def _say_how_to_resume(command: str, run_dir, argv: Sequence[str]) -> None:
+def _how_to_resume(command: str, run_dir, argv: Sequence[str]) -> str:
     import shlex
 
     from mizzen_train.run.state import complete_checkpoints
@@ -180,10 +206,9 @@ def _say_how_to_resume(command: str, run_dir, argv: Sequence[str]) -> None:
     checkpoints = complete_checkpoints(run_dir) if run_dir.is_dir() else []
     resume = [*argv, *([] if "--resume" in argv else ["--resume"])]
     where = f"the newest checkpoint is {checkpoints[-1]}" if checkpoints else "no checkpoint yet"
-    print(
+    return (
         f"mizzen-train {command}: interrupted; {where}. Resume with: mizzen-train "
-        f"{shlex.join(resume)}",
-        file=sys.stderr,
+        f"{shlex.join(resume)}"
     )
 
 
@@ -191,11 +216,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``mizzen-train export RUN_DIR``: the run's own configuration (run.json) says its command."""
     from pathlib import Path
 
-    from mizzen_train.run.state import read_run_config
+    from mizzen_train.run.state import RunStateError, complete_checkpoints, read_run_config
     from mizzen_train.run.trainer import export_run
 
     run_dir = Path(args.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunStateError(f"{run_dir} is not a directory; give a run's run.dir")
     stored, source = read_run_config(run_dir)
+    steps = [int(c.name[5:]) for c in complete_checkpoints(run_dir) if c.name[5:].isdigit()]
+    if args.step is not None and args.step not in steps:  # checked before a model is built
+        have = ", ".join(map(str, steps)) or "none"
+        raise RunStateError(
+            f"{run_dir}: no complete checkpoint of step {args.step} (checkpoints: {have}); "
+            "give --step one of them"
+        )
     command = "rl" if "rollout" in stored else "sft"
     config_cls = _config_class(command)
     table = {name: value for name, value in stored.items() if value is not None}  # eval: None
@@ -237,20 +271,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    """Parse, hide third-party noise (unless --verbose), run; the hidden warnings' summary line
+    comes before the last line (an error or the resume command) and is left out on an error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from mizzen_rollout.api import quiet_third_party
+
+    finish = quiet_third_party(f"mizzen-train {args.command}", verbose=args.verbose)
+    code, last_line = 1, None
+    try:
+        code, last_line = _run_command(args, argv)
+    finally:
+        finish(show_summary=code != 2)
+    if last_line:
+        print(last_line, file=sys.stderr)
+    return code
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during a run; the message says how to resume it."""
+
+
+def _run_command(args: argparse.Namespace, argv: list[str]) -> tuple[int, str | None]:
+    """(exit code, the last line for stderr)."""
     from mizzen_train.run.plot import PlotError
 
     errors = (*_config_errors(), PlotError)
     try:
         if args.command in ("sft", "rl"):
-            return cmd_run(args, argv)
+            return cmd_run(args, argv), None
         if args.command == "export":
-            return cmd_export(args)
-        return cmd_plot(args)
+            return cmd_export(args), None
+        return cmd_plot(args), None
     except errors as exc:
-        print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return 2, f"mizzen-train {args.command}: error: {exc}"
+    except _Interrupted as exc:
+        return 130, str(exc)
     except KeyboardInterrupt:
-        return 130
+        return 130, f"mizzen-train {args.command}: interrupted"

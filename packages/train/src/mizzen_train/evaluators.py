@@ -201,7 +201,7 @@ class GenerationEvaluator:
         lengths = [len(s.response_tokens) for s in samples]
         return {
             "score": sum(rewards) / len(samples),
-            "completed": sum(s.status == SampleStatus.COMPLETED for s in samples) / len(samples),
+            "truncated": sum(s.status == SampleStatus.TRUNCATED for s in samples) / len(samples),
             "failed": float(len(failed)),
             "response_tokens": sum(lengths) / len(samples),
             "samples": float(len(samples)),

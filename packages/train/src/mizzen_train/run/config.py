@@ -202,7 +202,8 @@ def build_section(cls: type, table: Any, path: str, source: str) -> Any:
                     where,
                     MISSING,
                     "is required",
-                    f"set it in [{path}] ({spec.metadata['help']}) or with --set {where}=...",
+                    f"set it in [{path}] ({spec.metadata['help']}) or with --set "
+                    f"{where.replace('[', '.').replace(']', '')}=...",  # --set's form: tenants.0.x
                     source=source,
                 )
             continue

@@ -30,9 +30,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from mizzen_train.run.loggers import MetricSink
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -95,10 +98,12 @@ def settled_eval_keys(records: Iterable[Mapping[str, Any]]) -> set[tuple[int, st
 
 
 class MetricsLog:
-    """Append-only JSON lines, thread-safe."""
+    """Append-only JSON lines, thread-safe; each record also goes to the optional ``sinks``
+    (:mod:`mizzen_train.run.loggers`: TensorBoard, W&B), in order, under the same lock."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
+        self.sinks = tuple(sinks)
         self._lock = threading.Lock()
         self._handle: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
 
@@ -108,6 +113,8 @@ class MetricsLog:
         with self._lock:
             self._handle.write(line)
             self._handle.flush()
+            for sink in self.sinks:
+                sink.record(record)
         return record
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -116,6 +123,8 @@ class MetricsLog:
     def close(self) -> None:
         with self._lock:
             self._handle.close()
+            for sink in self.sinks:
+                sink.close()
 
 
 def format_duration(seconds: float) -> str:
@@ -126,15 +135,23 @@ def format_duration(seconds: float) -> str:
 
 
 class Progress:
-    """One line per logged step on stderr: step, loss per tenant, tokens/s, ETA."""
+    """One line per logged step on stderr: step, loss per tenant, tokens/s, ETA.  The ETA is the
+    wall time per step over the last logged steps (evaluation points, checkpoints and waits
+    included), not the compute time of a step alone; the first line has only ``step_s``."""
 
     def __init__(
-        self, total_steps: int, *, stream: TextIO | None = None, command: str = "sft"
+        self,
+        total_steps: int,
+        *,
+        stream: TextIO | None = None,
+        command: str = "sft",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.total = total_steps
         self.stream = stream or sys.stderr
         self.command = command
-        self._times: list[float] = []
+        self.clock = clock
+        self._seen: list[tuple[int, float]] = []  # (step, clock) of the last logged steps
 
     def step(
         self,
@@ -145,8 +162,10 @@ class Progress:
         *,
         label: str = "loss",
     ):
-        self._times = [*self._times[-19:], step_s]
-        eta = (self.total - step) * (sum(self._times) / len(self._times))
+        self._seen = [*self._seen[-19:], (step, self.clock())]
+        (first, since), (_, now) = self._seen[0], self._seen[-1]
+        per_step = (now - since) / (step - first) if step > first else step_s
+        eta = (self.total - step) * per_step
         loss_text = " ".join(f"{name}={value:.4f}" for name, value in losses.items())
         rate = f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 1000 else f"{tokens_per_s:.0f}"
         self.print(

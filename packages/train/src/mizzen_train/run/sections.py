@@ -35,6 +35,7 @@ from mizzen_train.run.config import (
     opt,
     read_config_source,
 )
+from mizzen_train.run.loggers import check_loggers
 
 __all__ = [
     "ENGINE_MAX_BATCH",
@@ -77,6 +78,9 @@ class RunConfig:
     plot: bool = opt(True, kind="bool", help="draw curves.png at the end (needs matplotlib)")
     export_merged: bool = opt(
         False, kind="bool", help="the final export adds each tenant's merged HF model"
+    )
+    loggers: tuple = opt(
+        ("jsonl",), kind="list[str]", help="metric loggers: jsonl (always), tensorboard, wandb"
     )
 
 
@@ -256,6 +260,7 @@ def check_run_and_tenants(config: RunLayout) -> list[str]:
     if not run.dir:
         raise ConfigError("run.dir", run.dir, "must not be empty", "name a directory for the run",
                           source=config.source)  # fmt: skip
+    check_loggers(run.loggers, config.source)
     names = [t.name for t in config.tenants]
     check_tenant_names(names, config.source)
     for i, tenant in enumerate(config.tenants):

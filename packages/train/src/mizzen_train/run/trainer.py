@@ -47,6 +47,7 @@ import torch
 from mizzen_train.run.config import ConfigError
 from mizzen_train.run.export import export_root, export_tenants
 from mizzen_train.run.lock import hold_run_dir
+from mizzen_train.run.loggers import open_loggers
 from mizzen_train.run.metrics import (
     METRICS_FILE,
     MetricsLog,
@@ -317,7 +318,9 @@ class Trainer:
             records, broken = rewrite_for_resume(self.metrics_path, self.start_step)
         if not self.identity.resumed and self.metrics_path.exists():
             self.metrics_path.unlink()  # a leftover of a start that never became a run
-        self.metrics = MetricsLog(self.metrics_path)
+        sinks = open_loggers(self.config.run.loggers, self.run_dir,
+                             name=self.identity.run_id, command=self.command)  # fmt: skip
+        self.metrics = MetricsLog(self.metrics_path, sinks)
         return records, broken
 
     def _restore_or_init(self) -> int:
