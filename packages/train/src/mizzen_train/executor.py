@@ -215,6 +215,9 @@ class SlotExecutor:
         self.cp_size = parallel_state.get_context_parallel_world_size()
         #: Packing of the last forward_backward request (all its rows).
         self.last_packing: PackingReport | None = None
+        #: Attention kernel (:data:`mizzen_train.packed_attention.IMPLS`); None = by device:
+        #: the fast kernels on CUDA, the reference loop on the CPU.
+        self.attention_impl: str | None = None
 
     # -- failure policy -------------------------------------------------------------------------
 
@@ -629,6 +632,7 @@ class SlotExecutor:
             positions=positions.to(self.device),
             cp_shard=shard,
             cp_group=parallel_state.get_context_parallel_group() if shard is not None else None,
+            impl=self.attention_impl,
         )
 
     def _to_rows(self, values: torch.Tensor, inputs: _ModelInputs, rows: SlotBatch) -> torch.Tensor:
