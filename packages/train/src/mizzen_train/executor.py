@@ -59,7 +59,7 @@ from mizzen_train.batch import LOSS_FIELDS, SlotBatch
 from mizzen_train.errors import ExecutorFailedError, SlotCheckpointError, SlotConfigError
 from mizzen_train.lora import SlotAdapter, adapter_layout, apply_slotted_lora
 from mizzen_train.losses import TokenLoss, target_logprobs
-from mizzen_train.packed_attention import PackedCoreAttention, PackedStream
+from mizzen_train.packed_attention import PackedCoreAttention, PackedStream, packed_stream
 from mizzen_train.routing import RoutingState, SlotRouting, build_routing
 from mizzen_train.slot_optimizer import SlotOptimizer, StepReport, step_slot_optimizers
 from mizzen_train.specs import AdamParams, ExecutorConfig, LoraSlotSpec
@@ -621,15 +621,11 @@ class SlotExecutor:
         )
 
     def _packed_stream(self, layout, positions, shard, qkv_format: str) -> PackedStream:
-        cu_seqlens = layout.cu_seqlens.to(device=self.device, dtype=torch.int32)
-        return PackedStream(
+        return packed_stream(
+            layout,
+            device=self.device,
+            positions=positions,
             qkv_format=qkv_format,
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_kv=cu_seqlens,
-            max_seqlen_q=layout.max_seqlen,
-            max_seqlen_kv=layout.max_seqlen,
-            layout=layout.to(self.device),
-            positions=positions.to(self.device),
             cp_shard=shard,
             cp_group=parallel_state.get_context_parallel_group() if shard is not None else None,
             impl=self.attention_impl,

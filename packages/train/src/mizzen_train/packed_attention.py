@@ -94,6 +94,37 @@ class PackedStream(PackedSeqParams):
         return cached
 
 
+def packed_stream(
+    layout,
+    *,
+    device: torch.device | str,
+    positions: torch.Tensor | None = None,
+    qkv_format: str = "thd",
+    token_index: torch.Tensor | None = None,
+    cp_shard: Any = None,
+    cp_group: Any = None,
+    impl: str | None = None,
+) -> PackedStream:
+    """The :class:`PackedStream` of a host :class:`~mizzen_plugins.thd.PackedLayout` on
+    ``device`` (rope positions: restarting per segment unless given)."""
+    device = torch.device(device)
+    cu_seqlens = layout.cu_seqlens.to(device=device, dtype=torch.int32)
+    on_device = layout.to(device)
+    return PackedStream(
+        qkv_format=qkv_format,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=layout.max_seqlen,
+        max_seqlen_kv=layout.max_seqlen,
+        layout=on_device,
+        token_index=None if token_index is None else token_index.to(device),
+        positions=(on_device.positions if positions is None else positions.to(device)),
+        cp_shard=cp_shard,
+        cp_group=cp_group,
+        impl=impl,
+    )
+
+
 def rows_stream(rows: int, seq_len: int) -> PackedStream:
     """Every row one causal segment (what an unpacked ``[b, s]`` batch means)."""
     from mizzen_plugins.thd import PackedLayout
