@@ -103,7 +103,7 @@ def _sample_lengths(shape: Shape, seed: int = 0) -> list[int]:
     lengths, total = [], 0
     while total < shape.rows * shape.row_len * 1.2:
         low, high = shape.min_sample, shape.row_len
-        n = int(round(low * (high / low) ** rng.random()))
+        n = round(low * (high / low) ** rng.random())
         lengths.append(n)
         total += n
     return lengths
@@ -211,7 +211,6 @@ def _profile(step, label: str, device: str) -> None:
 def _full_step_packed(model, batch, optimizer, device: str):
     """One full-parameter step on the packed ``[1, T]`` stream of the batch's real tokens."""
     from mizzen_plugins.thd import PackedLayout
-
     from mizzen_train.executor import real_token_mask, stream_segments
     from mizzen_train.losses import target_logprobs
     from mizzen_train.packed_attention import packed_stream

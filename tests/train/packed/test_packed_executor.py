@@ -206,8 +206,7 @@ def _per_sample_scenario(kit) -> dict:
         grad_padded = executor.inspect_slot(0)["grad"]
         out[f"{name}_batch_loss"] = abs(loss_packed.loss - loss_padded.loss) / loss_padded.loss
         out[f"{name}_batch_grad"] = max(
-            (grad_packed[k] - grad_padded[k]).abs().max().item()
-            / grad_padded[k].abs().max().item()
+            (grad_packed[k] - grad_padded[k]).abs().max().item() / grad_padded[k].abs().max().item()
             for k in grad_padded
         )
         out[f"{name}_packing"] = (loss_packed.packing_efficiency, loss_padded.packing_efficiency)

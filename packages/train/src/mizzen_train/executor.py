@@ -17,6 +17,24 @@ and then serves, on every rank in the same order:
 - :meth:`~SlotExecutor.optim_step` — :func:`~mizzen_train.slot_optimizer.step_slot_optimizers`
   over ``{slot: AdamParams}``.
 
+Model inputs.  A micro-batch holding at most one slot becomes one packed stream: its real tokens
+(segment id >= 0; every token of unsegmented rows), ``input_ids`` ``[1, T]``, positions restarting
+per segment, and a :class:`~mizzen_train.packed_attention.PackedStream` (megatron's
+``PackedSeqParams``, ``qkv_format="thd"``, ``cu_seqlens``) as ``packed_seq_params``; the model's
+:class:`~mizzen_train.packed_attention.PackedCoreAttention` runs document-causal attention over it.
+A micro-batch holding several slots keeps its ``[b, s]`` rows (per-row LoRA routing) and hands
+attention the same stream through ``token_index``.  No dense mask is built anywhere.
+
+Context parallel (``parallel_state``'s CP size ``C > 1``): the stream is padded and cut into
+``2C`` chunks, rank ``r`` holding chunks ``r`` and ``2C-1-r``
+(:func:`mizzen_plugins.context_parallel.shard_packed_stream`, load-balanced); keys and values are
+all-gathered (their gradients returned to their owners), each rank's loss covers its tokens, the
+loss report sums over data-parallel x context-parallel ranks and so do the slots' gradients
+(megatron's DDP reduces over that group); a micro-batch must then hold one slot.
+
+Packing: :attr:`SlotLossReport.packing_efficiency` (per slot) and :attr:`SlotExecutor.last_packing`
+(the request) give real tokens over token slots.
+
 plus :meth:`~SlotExecutor.forward_logprobs` (forward only: target log-probabilities, e.g. the
 ``old_logprobs`` of an RL request) and :meth:`~SlotExecutor.save_slot` /
 :meth:`~SlotExecutor.restore_slot` (see :mod:`mizzen_train.checkpoint`).
@@ -825,9 +843,7 @@ def _check_packed_attention(model: torch.nn.Module) -> None:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     for name, module in model.named_modules():
-        if isinstance(module, DotProductAttention) and not isinstance(
-            module, PackedCoreAttention
-        ):
+        if isinstance(module, DotProductAttention) and not isinstance(module, PackedCoreAttention):
             raise SlotConfigError(
                 "model",
                 f"{name}: {type(module).__name__}",

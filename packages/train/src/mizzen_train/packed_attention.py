@@ -230,7 +230,12 @@ class PackedCoreAttention(MegatronModule):
 
             piece_impl = "reference" if impl == "reference" else "fast"
             return context_parallel_causal_attention(
-                q, k, v, params.cp_shard, params.cp_group, scale=self.softmax_scale,
+                q,
+                k,
+                v,
+                params.cp_shard,
+                params.cp_group,
+                scale=self.softmax_scale,
                 impl=piece_impl,
             )
         from mizzen_plugins.attention import causal_thd_attention
