@@ -5,7 +5,8 @@ The packed stream of every micro-batch is split over the CP ranks load-balanced 
 all-gathered, the loss is summed over the ranks' tokens and the LoRA gradients reduce over
 data-parallel x context-parallel.  10 fp32 steps at CP=2 against the single-rank run on the same
 batch: per-step losses within 1e-4 relative, the final adapters close, and forward_logprobs
-(gathered over the CP ranks) the same.
+(gathered over the CP ranks) the same.  A micro-batch mixing slots is refused under CP (it would
+need per-row routing, which a split stream cannot give) and leaves the executor usable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ STEPS = 10
 ROW_SAMPLES = [[7, 9, 5], [11, 10], [6, 6, 6, 4], [23]]
 
 
-def _batch(step: int):
+def _batch(step: int, row_slots=(0, 0, 1, 1)):
     from mizzen_train.batch import SlotBatch
 
     generator = torch.Generator().manual_seed(100 + step)
@@ -35,13 +36,14 @@ def _batch(step: int):
             segment_ids[row, start : start + length] = index
             start += length
     loss_mask = segment_ids >= 0
-    slot_ids = torch.tensor([0, 0, 1, 1]).unsqueeze(1).expand(rows, seq).clone()
+    slot_ids = torch.tensor(row_slots).unsqueeze(1).expand(rows, seq).clone()
     return SlotBatch(input_ids, target_ids, loss_mask, slot_ids, segment_ids=segment_ids)
 
 
 def _train_scenario(kit) -> dict:
     from megatron.core import parallel_state
 
+    from mizzen_train.errors import SlotConfigError
     from mizzen_train.gpt import GPTSpec
     from mizzen_train.losses import CrossEntropyLoss
     from mizzen_train.specs import AdamParams
@@ -65,7 +67,15 @@ def _train_scenario(kit) -> dict:
         reports = executor.forward_backward(batch, CrossEntropyLoss())
         losses.append({slot: r.loss for slot, r in reports.items()})
         executor.optim_step({0: AdamParams(lr=3e-2), 1: AdamParams(lr=1e-2)})
+    # under CP a micro-batch is one stream, so it may hold one slot: refused before any work
+    refusal = None
+    try:
+        executor.forward_backward(_batch(0, row_slots=[0, 1, 1, 1]), CrossEntropyLoss())
+    except SlotConfigError as exc:
+        refusal = str(exc)
     return {
+        "refusal": refusal,
+        "usable_after": executor.failed is None,
         "cp": parallel_state.get_context_parallel_world_size(),
         "losses": losses,
         "weights": {slot: executor.adapter_weights(slot) for slot in (0, 1)},
@@ -78,6 +88,10 @@ def test_context_parallel_two_ranks_train_like_one(kit):
     (single,) = kit.run_ranks(_train_scenario, args=(kit,))
     split = kit.run_ranks(_train_scenario, world_size=2, cp=2, args=(kit,))
     assert single["cp"] == 1 and all(rank["cp"] == 2 for rank in split)
+    assert single["refusal"] is None, "one rank runs mixed-slot micro-batches (the rows path)"
+    for rank in split:
+        assert "under context parallelism a micro-batch is one packed stream" in rank["refusal"]
+        assert rank["usable_after"]
     first, last = single["losses"][0], single["losses"][-1]
     assert all(last[s] < first[s] for s in first), f"loss did not fall: {first} -> {last}"
     worst = worst_weight = 0.0
