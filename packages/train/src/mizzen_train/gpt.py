@@ -27,8 +27,10 @@ Invariants:
   ``attention_mask=None`` and, for packed rows, ``packed_seq_params``.  ``attention="dense"``
   builds megatron's own local spec instead (unfused softmax over a ``[b, 1, s, s]`` mask): the
   baseline of ``benchmarks/bench_train_step.py`` and of the parity tests, never the trainers'.
-- On CUDA the SwiGLU MLP runs megatron's fused bias-SwiGLU (``torch.compile``d once); on the CPU
-  everything stays eager (no compile cost in tests).
+- On CUDA the SwiGLU MLP runs megatron's fused bias-SwiGLU (``torch.compile``d by megatron's
+  ``jit_fuser`` on first use); on the CPU everything stays eager (no compile cost in tests).
+  RMSNorm is ``torch.nn.RMSNorm`` (torch's fused kernel on CUDA); megatron's fused rope needs
+  Transformer Engine, so rope is the packed attention's own few elementwise ops.
 """
 
 from __future__ import annotations
