@@ -68,6 +68,14 @@ class PackedStream(PackedSeqParams):
     impl: str | None = None
     _rotary_cache: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.impl is not None and self.impl not in IMPLS:
+            raise ValueError(
+                f"PackedStream.impl={self.impl!r}: use one of {IMPLS}, or None for the "
+                "device's default (the fast kernels on CUDA, the reference loop on the CPU)"
+            )
+
     def stream_layout(self):
         from mizzen_plugins.thd import PackedLayout
 
