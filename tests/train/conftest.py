@@ -66,14 +66,17 @@ def _load_slot_kit() -> ModuleType:
     return _load_helper(HERE / "slots/slot_kit.py", "mizzen_tests_train_slot_kit")
 
 
-def _megatron_rank_setup(tp: int) -> None:
-    """Per-rank set-up after the process group exists: the CPU shim, then TP ``tp``."""
+def _megatron_rank_setup(tp: int, cp: int = 1) -> None:
+    """Per-rank set-up after the process group exists: the CPU shim, then TP ``tp`` and
+    context parallel ``cp``."""
     from megatron.core import parallel_state
 
     from mizzen_train.megatron_on_cpu import install_megatron_cpu_shim
 
     install_megatron_cpu_shim()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, context_parallel_size=cp
+    )
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,18 @@ class MegatronKit:
         *,
         world_size: int = 1,
         tp: int = 1,
+        cp: int = 1,
         args: Sequence[Any] = (),
         timeout: float = 150.0,
     ) -> list[Any]:
-        """``fn(*args)`` on forked gloo ranks (TP ``tp``, DP the rest) through the root launcher;
-        each rank's result in rank order, or AssertionError with every failed rank's traceback."""
+        """``fn(*args)`` on forked gloo ranks (TP ``tp``, CP ``cp``, DP the rest) through the
+        root launcher; each rank's result in rank order, or AssertionError with every failed
+        rank's traceback."""
         return self.launcher(
             fn,
             world_size=world_size,
             args=args,
-            setup=functools.partial(_megatron_rank_setup, tp),
+            setup=functools.partial(_megatron_rank_setup, tp, cp),
             timeout=timeout,
         )
 

@@ -37,7 +37,7 @@ Identity = tuple[int, int]  # (pid, start time in clock ticks since boot)
 SFT_RECORD_KEYS = {
     "train": {
         "kind", "time", "step", "tenant", "loss", "lr", "grad_norm", "stepped", "tokens",
-        "loss_tokens", "tokens_per_s", "step_s",
+        "loss_tokens", "packing_efficiency", "tokens_per_s", "step_s",
     },
     "eval": {"kind", "time", "step", "tenant", "evaluator", "status", "metrics", "reason", "wall_s"},
     "eval_point": {"kind", "time", "step", "status", "final", "reason", "wall_s"},

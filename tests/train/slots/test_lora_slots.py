@@ -199,10 +199,9 @@ def _merged_reference_scenario(kit) -> dict[str, float]:
         rows = [i for i, s in enumerate([0, 0, 2, 2, -1, -1]) if s == slot]
         ids = batch.input_ids[rows]
         seq = ids.shape[1]
-        mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
         positions = torch.arange(seq).unsqueeze(0).expand(len(rows), -1)
-        with torch.no_grad():
-            logits = reference(ids, positions, mask)
+        with torch.no_grad():  # rows without packed_seq_params: each row one causal sequence
+            logits = reference(ids, positions, None)
         expected = torch.log_softmax(logits.double(), dim=-1)
         expected = expected.gather(-1, batch.target_ids[rows].unsqueeze(-1)).squeeze(-1)
         errors[f"slot{slot}"] = (got[rows].double() - expected).abs().max().item()

@@ -11,10 +11,12 @@ tensors are ``[rows, seq]``:
   ``ref_logprobs``: the reference (adapter-free base) model's log-probabilities, for its KL term;
 - ``position_ids``: optional, ``arange(seq)`` per row when omitted (restarting at every segment
   when ``segment_ids`` is given);
-- ``segment_ids``: optional, for packed rows: a token attends only to earlier tokens of its own
-  segment (a block-diagonal causal mask), so several sequences share a row without seeing each
-  other.  With rotary positions this is exactly the unpacked computation (attention depends on
-  relative positions only); learned positions restart per segment through ``position_ids``.
+- ``segment_ids``: optional, for packed rows: a segment is a run of equal ids along a row, and a
+  token attends only to earlier tokens of its own segment, so several sequences share a row
+  without seeing each other (the executor hands attention one THD stream with ``cu_seqlens``, no
+  mask).  ``-1`` marks padding: left out of the stream, never attended to, never counted in a
+  loss (whatever ``loss_mask`` says there), log-prob 0.  Positions (rotary and learned) restart
+  at every segment.
 
 Invariants (checked by :func:`mizzen_train.validation.check_batch` before any work starts):
 - a row holds the tokens of at most one slot (its other tokens are ``-1``): attention mixes the

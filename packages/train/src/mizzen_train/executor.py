@@ -17,6 +17,24 @@ and then serves, on every rank in the same order:
 - :meth:`~SlotExecutor.optim_step` — :func:`~mizzen_train.slot_optimizer.step_slot_optimizers`
   over ``{slot: AdamParams}``.
 
+Model inputs.  A micro-batch holding at most one slot becomes one packed stream: its real tokens
+(segment id >= 0; every token of unsegmented rows), ``input_ids`` ``[1, T]``, positions restarting
+per segment, and a :class:`~mizzen_train.packed_attention.PackedStream` (megatron's
+``PackedSeqParams``, ``qkv_format="thd"``, ``cu_seqlens``) as ``packed_seq_params``; the model's
+:class:`~mizzen_train.packed_attention.PackedCoreAttention` runs document-causal attention over it.
+A micro-batch holding several slots keeps its ``[b, s]`` rows (per-row LoRA routing) and hands
+attention the same stream through ``token_index``.  No dense mask is built anywhere.
+
+Context parallel (``parallel_state``'s CP size ``C > 1``): the stream is padded and cut into
+``2C`` chunks, rank ``r`` holding chunks ``r`` and ``2C-1-r``
+(:func:`mizzen_plugins.context_parallel.shard_packed_stream`, load-balanced); keys and values are
+all-gathered (their gradients returned to their owners), each rank's loss covers its tokens, the
+loss report sums over data-parallel x context-parallel ranks and so do the slots' gradients
+(megatron's DDP reduces over that group); a micro-batch must then hold one slot.
+
+Packing: :attr:`SlotLossReport.packing_efficiency` (per slot) and :attr:`SlotExecutor.last_packing`
+(the request) give real tokens over token slots.
+
 plus :meth:`~SlotExecutor.forward_logprobs` (forward only: target log-probabilities, e.g. the
 ``old_logprobs`` of an RL request) and :meth:`~SlotExecutor.save_slot` /
 :meth:`~SlotExecutor.restore_slot` (see :mod:`mizzen_train.checkpoint`).
@@ -59,6 +77,7 @@ from mizzen_train.batch import LOSS_FIELDS, SlotBatch
 from mizzen_train.errors import ExecutorFailedError, SlotCheckpointError, SlotConfigError
 from mizzen_train.lora import SlotAdapter, adapter_layout, apply_slotted_lora
 from mizzen_train.losses import TokenLoss, target_logprobs
+from mizzen_train.packed_attention import PackedCoreAttention, PackedStream, packed_stream
 from mizzen_train.routing import RoutingState, SlotRouting, build_routing
 from mizzen_train.slot_optimizer import SlotOptimizer, StepReport, step_slot_optimizers
 from mizzen_train.specs import AdamParams, ExecutorConfig, LoraSlotSpec
@@ -84,6 +103,8 @@ class SlotLossReport:
     num_tokens: int
     #: Means of the loss's per-token metrics (e.g. ``clip_fraction``), same weighting.
     metrics: dict[str, float] = field(default_factory=dict)
+    #: Real tokens / token slots of the slot's rows in the request (1.0 for unsegmented rows).
+    packing_efficiency: float = 1.0
 
 
 @dataclass
@@ -96,11 +117,28 @@ class _LoadedSlot:
 
 @dataclass
 class _ModelInputs:
+    #: ``[1, T]`` (the packed stream of the micro-batch's real tokens, this CP rank's share) or
+    #: ``[b, s]`` (rows: a micro-batch holding several slots, per-row LoRA routing).
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     target_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    packed: PackedStream
     routing: SlotRouting | None
+    #: Host ``[T]`` index into the micro-batch's flattened ``[b * s + 1]`` tokens (``b * s``: the
+    #: context-parallel pad sentinel) of every stream token; ``None`` in rows mode.
+    gather: torch.Tensor | None
+    #: Real (non-padding) tokens of the micro-batch (before any context-parallel split).
+    real_tokens: int
+    #: Host ``[real_tokens]`` row-major index of the whole stream's tokens into ``[b * s]``.
+    stream_index: torch.Tensor
+
+    def take(self, tensor: torch.Tensor, fill: float | int | bool = 0) -> torch.Tensor:
+        """A host ``[b, s]`` tensor laid out like the model input (pads hold ``fill``)."""
+        if self.gather is None:
+            return tensor
+        flat = tensor.reshape(-1)
+        flat = torch.cat([flat, flat.new_full((1,), fill)])
+        return flat[self.gather].view(1, -1)
 
 
 @dataclass
@@ -110,18 +148,34 @@ class _MicroBatch:
     weights: torch.Tensor
     #: Index of each token's slot in the request's slot list; len(slots) for none.
     bins: torch.Tensor
-    #: (loss, bool selector [b, s]) per distinct loss of the micro-batch's slots.
+    #: (loss, bool selector shaped like the model input) per distinct loss of the slots.
     losses: list[tuple[TokenLoss, torch.Tensor]]
     fields: dict[str, torch.Tensor]
     num_tokens: torch.Tensor
 
 
-def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """``[b, 1, s, s]`` True where attention is masked: later positions and other segments."""
-    seq_len = segment_ids.shape[1]
-    causal = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
-    other = segment_ids.unsqueeze(2) != segment_ids.unsqueeze(1)
-    return (causal.unsqueeze(0) | other).unsqueeze(1)
+def real_token_mask(rows: SlotBatch) -> torch.Tensor:
+    """``[b, s]`` True for real tokens: segment id >= 0 (every token when rows are unsegmented)."""
+    if rows.segment_ids is None:
+        return torch.ones(rows.input_ids.shape, dtype=torch.bool)
+    return rows.segment_ids >= 0
+
+
+def stream_segments(rows: SlotBatch, real: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Row-major index of the real tokens and the lengths of their segments, in stream order.
+
+    A segment is a run of one row's tokens with one segment id (a whole row when unsegmented);
+    segments never span rows."""
+    index = torch.nonzero(real.reshape(-1)).flatten()
+    if index.numel() == 0:
+        return index, []
+    row = torch.div(index, rows.seq_len, rounding_mode="floor")
+    if rows.segment_ids is None:
+        key = row
+    else:
+        key = row * (int(rows.segment_ids.max()) + 1) + rows.segment_ids.reshape(-1)[index]
+    _, counts = torch.unique_consecutive(key, return_counts=True)
+    return index, counts.tolist()
 
 
 def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -134,6 +188,18 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
     return index - torch.cummax(start_index, dim=1).values
 
 
+@dataclass(frozen=True)
+class PackingReport:
+    """How full a request's rows were: real tokens (segment id >= 0) over token slots."""
+
+    real_tokens: int
+    slots: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.real_tokens / self.slots if self.slots else 0.0
+
+
 class SlotExecutor:
     """K LoRA slots on one frozen megatron-core GPT (see the module docstring)."""
 
@@ -141,6 +207,7 @@ class SlotExecutor:
         check_executor_config(config)
         model_config = model.config
         check_model_config(model_config)
+        _check_packed_attention(model)
         self.model = model
         self.config = config
         first_param = next(model.parameters())
@@ -160,9 +227,15 @@ class SlotExecutor:
         self.layout = adapter_layout(self.layers)
         self._slots: dict[int, _LoadedSlot] = {}
         self._failure: str | None = None
-        self._masks: dict[int, torch.Tensor] = {}
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        #: Packing of the last forward_backward request (all its rows).
+        self.last_packing: PackingReport | None = None
+        #: Attention kernel (:data:`mizzen_train.packed_attention.IMPLS`); None = by device:
+        #: the fast kernels on CUDA, the reference loop on the CPU.
+        self.attention_impl: str | None = None
 
     # -- failure policy -------------------------------------------------------------------------
 
@@ -323,7 +396,7 @@ class SlotExecutor:
         )
         grad_sync = DistributedDataParallel(self.model.config, ddp_config, module=adapter)
         params = adapter.parameters_in_order()
-        first_replica = self.dp_rank == 0
+        first_replica = self.dp_rank == 0 and self.cp_rank == 0
         optimizer = SlotOptimizer(
             slot,
             params,
@@ -332,7 +405,7 @@ class SlotExecutor:
             ],
             grad_sync=grad_sync,
             weight_storage=adapter.storage,
-            reduce_grads=self.dp_size > 1,
+            reduce_grads=self.dp_size * self.cp_size > 1,
         )
         adapter.attach_to_layers(slot)
         return _LoadedSlot(spec, adapter, grad_sync, optimizer)
@@ -367,6 +440,7 @@ class SlotExecutor:
         )
         slots = sorted({slot for slot in row_slots if slot >= 0})
         losses = resolve_losses(loss_fn, slots, batch)
+        self._check_context_parallel_rows(row_slots)
         with self._mutating("forward_backward"):
             return self._forward_backward(batch, slots, losses)
 
@@ -377,7 +451,7 @@ class SlotExecutor:
         data-parallel rank computes its rows; one all-gather joins them).  Use it for the
         ``old_logprobs`` of a policy-gradient request, or to evaluate."""
         self._check_usable("forward_logprobs")
-        check_batch(
+        row_slots = check_batch(
             batch,
             dp_size=self.dp_size,
             micro_batch_size=self.config.micro_batch_size,
@@ -386,14 +460,20 @@ class SlotExecutor:
             vocab_size=self.model.vocab_size,
             max_sequence_length=self.model.max_sequence_length,
         )
+        self._check_context_parallel_rows(row_slots)
         with self._mutating("forward_logprobs"), torch.no_grad():
             local = batch.rows_for(self.dp_rank, self.dp_size)
             size = self.config.micro_batch_size
             parts = []
             for start in range(0, local.rows, size):
-                inputs = self._model_inputs(local.select_rows(start, start + size))
-                logits = self._forward(self.model, inputs)
-                parts.append(target_logprobs(logits, inputs.target_ids))
+                rows = local.select_rows(start, start + size)
+                inputs = self._model_inputs(rows)
+                logprobs = torch.zeros(rows.input_ids.shape, device=self.device)
+                if inputs.real_tokens:
+                    logits = self._forward(self.model, inputs)
+                    values = target_logprobs(logits, inputs.target_ids).float()
+                    logprobs = self._to_rows(values, inputs, rows)
+                parts.append(logprobs)
             mine = torch.cat(parts).contiguous()
             gathered = [torch.empty_like(mine) for _ in range(self.dp_size)]
             torch.distributed.all_gather(
@@ -406,8 +486,14 @@ class SlotExecutor:
     ) -> dict[int, SlotLossReport]:
         if not slots:  # base-only rows (the same on every rank): nothing to train
             return {}
-        mask = batch.loss_mask.to(torch.float32)
+        real = real_token_mask(batch)
+        mask = batch.loss_mask.to(torch.bool) & real
+        self.last_packing = PackingReport(int(real.sum()), real.numel())
         token_counts = {slot: int(mask[batch.slot_ids == slot].sum().item()) for slot in slots}
+        packing = {}
+        for slot in slots:
+            of_slot = (batch.slot_ids == slot).any(dim=1)
+            packing[slot] = PackingReport(int(real[of_slot].sum()), int(real[of_slot].numel()))
         metric_names = ["loss", *sorted({m for loss in losses.values() for m in loss.metrics})]
         local = batch.rows_for(self.dp_rank, self.dp_size)
         size = self.config.micro_batch_size
@@ -418,7 +504,10 @@ class SlotExecutor:
         # A micro-batch of base-only rows (padding) trains nothing: skip its forward entirely.
         # Safe to differ across data-parallel ranks: a forward/backward only talks within TP,
         # whose ranks share their rows.
-        micro_batches = [mb for mb in micro_batches if mb.inputs.routing is not None]
+        # So is one without real tokens; every CP rank of a DP rank holds the same rows.
+        micro_batches = [
+            mb for mb in micro_batches if mb.inputs.routing is not None and mb.inputs.real_tokens
+        ]
         loss_fn = functools.partial(self._micro_batch_loss, slots=slots, metric_names=metric_names)
         if not micro_batches:
             sums = []
@@ -429,7 +518,9 @@ class SlotExecutor:
         total = torch.zeros(len(slots), len(metric_names), device=self.device)
         for part in sums:
             total += part
-        torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        torch.distributed.all_reduce(
+            total, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
+        )
         values = total.tolist()
         reports = {}
         for index, slot in enumerate(slots):
@@ -439,44 +530,139 @@ class SlotExecutor:
                 loss=row.pop("loss"),
                 num_tokens=token_counts[slot],
                 metrics={name: row[name] for name in losses[slot].metrics},
+                packing_efficiency=packing[slot].efficiency,
             )
         return reports
 
-    def _attention_mask(self, seq_len: int) -> torch.Tensor:
-        mask = self._masks.get(seq_len)
-        if mask is None:
-            mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
-            mask = mask.view(1, 1, seq_len, seq_len).to(self.device)
-            self._masks[seq_len] = mask
-        return mask
+    def _check_context_parallel_rows(self, row_slots: list[int]) -> None:
+        """Under context parallelism every micro-batch must be one packed stream: one slot."""
+        if self.cp_size == 1:
+            return
+        size = self.config.micro_batch_size
+        for start in range(0, len(row_slots), size):
+            present = {s for s in row_slots[start : start + size] if s >= 0}
+            if len(present) > 1:
+                raise SlotConfigError(
+                    "batch.slot_ids",
+                    sorted(present),
+                    f"rows {start}..{start + size - 1} form one micro-batch holding several "
+                    "slots; under context parallelism a micro-batch is one packed stream split "
+                    "over the CP ranks, and a stream runs one slot's adapter",
+                    "give each slot a multiple of micro_batch_size rows (or micro_batch_size=1)",
+                )
 
     def _model_inputs(self, rows: SlotBatch) -> _ModelInputs:
-        device = self.device
+        """The micro-batch as model inputs: one packed stream of its real tokens (``[1, T]``,
+        this CP rank's load-balanced share) when it holds at most one slot, else its rows."""
         slot_ids = rows.slot_ids.to(torch.int64)
         present = sorted({int(s) for s in torch.unique(slot_ids).tolist() if s >= 0})
-        routing = build_routing(
+        real = real_token_mask(rows)
+        index, lengths = stream_segments(rows, real)
+        if len(present) > 1:
+            return self._row_inputs(rows, present, index, lengths)
+        return self._stream_inputs(rows, present, index, lengths)
+
+    def _slot_routing(self, slot_ids: torch.Tensor, present: list[int]) -> SlotRouting | None:
+        return build_routing(
             slot_ids,
             {slot: self._slots[slot].spec.scale for slot in present},
             dtype=self.dtype,
-            device=device,
+            device=self.device,
         )
-        position_ids = rows.position_ids
-        segments = rows.segment_ids
-        if segments is None:
-            attention_mask = self._attention_mask(rows.seq_len)
-            if position_ids is None:
-                position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
+
+    def _stream_inputs(
+        self, rows: SlotBatch, present: list[int], index: torch.Tensor, lengths: list[int]
+    ) -> _ModelInputs:
+        from mizzen_plugins.context_parallel import shard_packed_stream
+        from mizzen_plugins.thd import PackedLayout
+
+        device = self.device
+        layout = PackedLayout.from_lengths(lengths)
+        sentinel = rows.rows * rows.seq_len
+        shard = None
+        if self.cp_size > 1:
+            shard = shard_packed_stream(layout, self.cp_size, self.cp_rank, "load_balanced")
+            local = shard.local_token_index
+            gather = torch.full_like(local, sentinel)
+            is_real = local < layout.num_tokens
+            gather[is_real] = index[local[is_real]]
+            positions = shard.local_positions
+            stream_layout = shard.layout
         else:
-            attention_mask = segment_attention_mask(segments).to(device)
-            if position_ids is None:
+            gather = index
+            positions = layout.positions
+            stream_layout = layout
+        inputs = _ModelInputs(
+            input_ids=torch.empty(0),
+            position_ids=torch.empty(0),
+            target_ids=torch.empty(0),
+            packed=self._packed_stream(stream_layout, positions, shard, "thd"),
+            routing=None,
+            gather=gather,
+            real_tokens=layout.num_tokens,
+            stream_index=index,
+        )
+        inputs.routing = self._slot_routing(inputs.take(rows.slot_ids.to(torch.int64), -1), present)
+        inputs.input_ids = inputs.take(rows.input_ids).to(device=device, dtype=torch.int64)
+        inputs.target_ids = inputs.take(rows.target_ids).to(device=device, dtype=torch.int64)
+        position_ids = positions.view(1, -1)
+        if rows.position_ids is not None:
+            position_ids = inputs.take(rows.position_ids)
+        inputs.position_ids = position_ids.to(device=device, dtype=torch.int64)
+        return inputs
+
+    def _row_inputs(
+        self, rows: SlotBatch, present: list[int], index: torch.Tensor, lengths: list[int]
+    ) -> _ModelInputs:
+        from mizzen_plugins.thd import PackedLayout
+
+        device = self.device
+        layout = PackedLayout.from_lengths(lengths)
+        packed = self._packed_stream(layout, layout.positions, None, "sbhd")
+        packed.token_index = index.to(device)
+        position_ids = rows.position_ids
+        if position_ids is None:
+            segments = rows.segment_ids
+            if segments is None:
+                position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
+            else:
                 position_ids = segment_positions(segments)
         return _ModelInputs(
             input_ids=rows.input_ids.to(device=device, dtype=torch.int64),
             position_ids=position_ids.to(device=device, dtype=torch.int64),
             target_ids=rows.target_ids.to(device=device, dtype=torch.int64),
-            attention_mask=attention_mask,
-            routing=routing,
+            packed=packed,
+            routing=self._slot_routing(rows.slot_ids.to(torch.int64), present),
+            gather=None,
+            real_tokens=layout.num_tokens,
+            stream_index=index,
         )
+
+    def _packed_stream(self, layout, positions, shard, qkv_format: str) -> PackedStream:
+        return packed_stream(
+            layout,
+            device=self.device,
+            positions=positions,
+            qkv_format=qkv_format,
+            cp_shard=shard,
+            cp_group=parallel_state.get_context_parallel_group() if shard is not None else None,
+            impl=self.attention_impl,
+        )
+
+    def _to_rows(self, values: torch.Tensor, inputs: _ModelInputs, rows: SlotBatch) -> torch.Tensor:
+        """Per-token values shaped like the model input back to the micro-batch's ``[b, s]``
+        (the whole stream under context parallelism; padding positions hold 0)."""
+        if inputs.gather is None:
+            return values
+        flat = values.reshape(-1)
+        shard = inputs.packed.cp_shard
+        if shard is not None:
+            from mizzen_plugins.context_parallel import all_gather_rows
+
+            flat = all_gather_rows(flat, shard, inputs.packed.cp_group)[: inputs.real_tokens]
+        out = torch.zeros(rows.rows * rows.seq_len, device=values.device, dtype=values.dtype)
+        out[inputs.stream_index.to(values.device)] = flat
+        return out.view(rows.rows, rows.seq_len)
 
     def _prepare(
         self,
@@ -494,14 +680,17 @@ class SlotExecutor:
             member = slot_ids == slot
             bins[member] = index
             denominators[member] = float(max(token_counts[slot], 1))
-        weights = torch.where(slot_ids >= 0, rows.loss_mask.to(torch.float32) / denominators, 0.0)
+        counted = (slot_ids >= 0) & real_token_mask(rows)
+        weights = torch.where(counted, rows.loss_mask.to(torch.float32) / denominators, 0.0)
+        weights = inputs.take(weights, 0.0)
+        bins = inputs.take(bins, len(slots))
         by_loss: dict[TokenLoss, torch.Tensor] = {}
         for slot in inputs.routing.slots if inputs.routing is not None else ():
-            selector = slot_ids == slot
+            selector = inputs.take(slot_ids == slot, False)
             loss = losses[slot]
             by_loss[loss] = by_loss[loss] | selector if loss in by_loss else selector
         fields = {
-            name: getattr(rows, name).to(device=device, dtype=torch.float32)
+            name: inputs.take(getattr(rows, name).to(torch.float32)).to(device=device)
             for name in LOSS_FIELDS
             if getattr(rows, name) is not None
         }
@@ -516,7 +705,9 @@ class SlotExecutor:
 
     def _forward(self, model: torch.nn.Module, inputs: _ModelInputs) -> torch.Tensor:
         with self._routing.use(inputs.routing):
-            return model(inputs.input_ids, inputs.position_ids, inputs.attention_mask)
+            return model(
+                inputs.input_ids, inputs.position_ids, None, packed_seq_params=inputs.packed
+            )
 
     def _micro_batch_loss(
         self,
@@ -644,3 +835,18 @@ class SlotExecutor:
             )
             self._slots[slot] = record
             return shard.spec
+
+
+def _check_packed_attention(model: torch.nn.Module) -> None:
+    """Refuse a model whose attention would ignore the packed segments (megatron's dense
+    DotProductAttention needs a ``[b, 1, s, s]`` mask, which the executor never builds)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    for name, module in model.named_modules():
+        if isinstance(module, DotProductAttention) and not isinstance(module, PackedCoreAttention):
+            raise SlotConfigError(
+                "model",
+                f"{name}: {type(module).__name__}",
+                "the slot executor hands attention packed streams (cu_seqlens), not dense masks",
+                "build the model with mizzen_train.gpt.build_gpt (attention='packed')",
+            )

@@ -21,6 +21,16 @@ Invariants:
   would, and moved to ``device``.
 - Every field is checked before megatron sees it (:meth:`GPTSpec.check`); a bad value raises
   ``ValueError`` naming the field and the fix.
+- Attention is :class:`~mizzen_train.packed_attention.PackedCoreAttention` (THD streams with
+  ``cu_seqlens``, no dense mask; rotary embeddings applied there at per-segment positions, so
+  megatron's model has ``position_embedding_type="none"`` for the rope shape).  Callers pass
+  ``attention_mask=None`` and, for packed rows, ``packed_seq_params``.  ``attention="dense"``
+  builds megatron's own local spec instead (unfused softmax over a ``[b, 1, s, s]`` mask): the
+  baseline of ``benchmarks/bench_train_step.py`` and of the parity tests, never the trainers'.
+- On CUDA the SwiGLU MLP runs megatron's fused bias-SwiGLU (``torch.compile``d by megatron's
+  ``jit_fuser`` on first use); on the CPU everything stays eager (no compile cost in tests).
+  RMSNorm is ``torch.nn.RMSNorm`` (torch's fused kernel on CUDA); megatron's fused rope needs
+  Transformer Engine, so rope is the packed attention's own few elementwise ops.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ACTIVATIONS = ("gelu", "swiglu")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")
+#: "packed": the trainers' THD attention; "dense": megatron's local spec (baseline only).
+ATTENTIONS = ("packed", "dense")
 
 
 @dataclass(frozen=True)
@@ -145,14 +157,18 @@ def build_gpt(
     device: str | torch.device,
     seed: int = 1234,
     cpu_initialization: bool | None = None,
+    attention: str = "packed",
 ) -> torch.nn.Module:
-    """A ``GPTModel`` (local spec) for the current megatron parallel state, on ``device``."""
+    """A ``GPTModel`` for the current megatron parallel state, on ``device`` (see the module
+    docstring for ``attention``)."""
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     spec.check()
+    if attention not in ATTENTIONS:
+        raise ValueError(f"build_gpt attention={attention!r}: use one of {ATTENTIONS}")
     device = torch.device(device)
     if cpu_initialization is None:
         cpu_initialization = device.type == "cpu"
@@ -175,6 +191,7 @@ def build_gpt(
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         use_cpu_initialization=cpu_initialization,
         bias_dropout_fusion=False,
+        bias_activation_fusion=swiglu and device.type == "cuda",
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
         hidden_dropout=0.0,
@@ -183,14 +200,34 @@ def build_gpt(
         pipeline_dtype=dtype,
         bf16=dtype is torch.bfloat16,
     )
+    layer_spec = get_gpt_layer_local_spec(normalization=spec.normalization)
+    position_embedding = spec.position_embedding
+    if attention == "packed":
+        layer_spec = _packed_layer_spec(layer_spec, spec)
+        if position_embedding == "rope":  # applied per segment by the packed attention
+            position_embedding = "none"
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization=spec.normalization),
+        transformer_layer_spec=layer_spec,
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.max_sequence_length,
         parallel_output=True,
         share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type=spec.position_embedding,
+        position_embedding_type=position_embedding,
         rotary_base=spec.rotary_base,
     )
     return model.to(device=device, dtype=dtype)
+
+
+def _packed_layer_spec(layer_spec, spec: GPTSpec):
+    """megatron's local layer spec with :class:`PackedCoreAttention` as its core attention."""
+    import copy
+    import functools
+
+    from mizzen_train.packed_attention import PackedCoreAttention
+
+    layer_spec = copy.deepcopy(layer_spec)
+    rotary_base = spec.rotary_base if spec.position_embedding == "rope" else None
+    attention = layer_spec.submodules.self_attention.submodules
+    attention.core_attention = functools.partial(PackedCoreAttention, rotary_base=rotary_base)
+    return layer_spec

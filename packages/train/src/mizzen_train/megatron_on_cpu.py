@@ -21,8 +21,9 @@ Invariants:
 - Never initialises CUDA (``torch.cuda.is_available()`` does not).
 
 Other megatron paths still hard-code ``device="cuda"`` (the pipeline schedules'
-``total_num_tokens``, the default causal mask): callers on the CPU pass an explicit attention mask
-and drive micro-batches themselves (see :mod:`mizzen_train.executor`).
+``total_num_tokens``, the dense attention's default causal mask): on the CPU the executor drives
+micro-batches itself, and its packed attention never builds a mask (see
+:mod:`mizzen_train.executor`, :mod:`mizzen_train.packed_attention`).
 """
 
 from __future__ import annotations

@@ -582,7 +582,9 @@ class RlTrainer(Trainer):
             slot = self.slot_of[name]
             report, step_report = reports[slot], step_reports[slot]
             rows_of = torch.tensor([t == name for t in row_tenant])
+            real = int((input_ids[rows_of] != self.tokenizer.pad_token_id).sum())
             stats.update(
+                packing_efficiency=real / max(int(rows_of.sum()) * width, 1),
                 loss=report.loss,
                 kl=report.metrics.get("kl", 0.0),
                 clip_fraction=report.metrics.get("clip_fraction", 0.0),
@@ -591,7 +593,7 @@ class RlTrainer(Trainer):
                 grad_norm=step_report.grad_norm,
                 stepped=step_report.stepped,
                 version_after=step_report.step,
-                tokens=int((input_ids[rows_of] != self.tokenizer.pad_token_id).sum()),
+                tokens=real,
                 loss_tokens=report.num_tokens,
             )
         return {"tenants": per_tenant, "step_s": step_s, "tokens": tokens}
@@ -673,6 +675,7 @@ class RlTrainer(Trainer):
             stepped=stats["stepped"],
             tokens=stats["tokens"],
             loss_tokens=stats["loss_tokens"],
+            packing_efficiency=stats["packing_efficiency"],
             tokens_per_s=result["tokens"] / result["step_s"] if result["step_s"] else 0.0,
             step_s=result["step_s"],
             reward_mean=stats["reward_mean"],

@@ -216,6 +216,7 @@ class SftTrainer(Trainer):
                     stepped=step_reports[slot].stepped,
                     tokens=parts[name].tokens,
                     loss_tokens=parts[name].loss_tokens,
+                    packing_efficiency=reports[slot].packing_efficiency,
                     tokens_per_s=tokens / step_s,
                     step_s=step_s,
                 )
