@@ -195,14 +195,24 @@ def _profile(step, label: str, device: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     _sync(device)
+    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         _sync(device)
-    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    wall = (time.perf_counter() - start) * 1e3
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
     total = sum(e.self_device_time_total for e in kernels) / 1e3
     print(f"\n[profile {label}] kernels {total:.1f} ms, {sum(e.count for e in kernels)} launches")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]:
         print(f"  {e.self_device_time_total / 1e3:8.2f} ms {e.count:6d}x  {e.key[:90]}")
+    # where the GPU waits on the host: the step's wall time under the profiler (which slows the
+    # host), the host->device syncs and the host ops that cost most
+    host = [e for e in events if e.device_type.name == "CPU"]
+    syncs = sum(e.count for e in host if e.key in ("aten::_local_scalar_dense", "aten::item"))
+    print(f"  host: profiled step {wall:.1f} ms wall, {syncs} device->host reads")
+    for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:8]:
+        print(f"  {e.self_cpu_time_total / 1e3:8.2f} ms {e.count:6d}x  host {e.key[:80]}")
 
 
 # -- the steps -----------------------------------------------------------------------------------

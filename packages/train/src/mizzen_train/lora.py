@@ -168,7 +168,22 @@ class SlottedLoRALinear(torch.nn.Module):
             a = [lora_a for lora_a, _ in factors]
             b = [lora_b for _, lora_b in factors]
             return _RowsDelta.apply(output, input_, self, routing, len(a), *a, *b), bias
+        if routing.row_blocks is None:
+            return self._add_single_delta(output, input_, routing), bias
         return output + self._delta(input_, routing), bias
+
+    def _add_single_delta(
+        self, output: torch.Tensor, x: torch.Tensor, routing: SlotRouting
+    ) -> torch.Tensor:
+        """``output + scale * (x A^T) B^T`` for the single kind (one slot, every token), the add
+        done in the second GEMM's epilogue (``addmm``): no ``[tokens, out]`` delta is written and
+        read back for a separate add (a full pass over the layer's output saved per call)."""
+        lora_a, lora_b = self._adapters[routing.slots[0]]
+        hidden = self._tp_region(torch.matmul(x, lora_a.t())) * routing.scales[0]
+        summed = torch.addmm(
+            output.reshape(-1, output.shape[-1]), hidden.reshape(-1, hidden.shape[-1]), lora_b.t()
+        )
+        return summed.view(output.shape)
 
     def _delta(self, x: torch.Tensor, routing: SlotRouting) -> torch.Tensor:
         factors = [self._adapters[slot] for slot in routing.slots]
