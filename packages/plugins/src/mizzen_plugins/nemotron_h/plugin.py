@@ -62,7 +62,9 @@ PLUGIN = ModelPlugin(
     build=build_model,
     description="Nemotron-H-style hybrid: Mamba-2 mixers, causal attention and MLPs from a pattern",
     causal_lm=causal_lm,
-    lora_targets=("in_proj", "out_proj", "qkv_proj", "up_proj", "down_proj"),
+    # not "out_proj": the Mamba mixer's is fused into the scan's output kernels of mamba_ssm
+    # (peft refuses LoRA on it for Mamba models), and the attention's has the same leaf name
+    lora_targets=("in_proj", "qkv_proj", "up_proj", "down_proj"),
     tiny_config=TINY_CONFIG,
     hf=HFMapping(to_hf=_to_hf, from_hf=_from_hf, lora_modules=_lora_modules),
 )

@@ -12,7 +12,7 @@ Where the plugin maps to a Hugging Face architecture (``ModelPlugin.hf``, e.g. `
 Without one (``deepseek_v4``: no Hugging Face architecture exists for it), both use the plugin's
 own module and state-dict names: the adapter is a PEFT adapter of the plugin's ``causal_lm``
 module (``peft.PeftModel.from_pretrained(model, adapter)`` loads it onto the model the plugin
-builds), and the merged model is a plugin base directory (``config.json`` + ``model.safetensors``
+builds; its ``task_type`` is null, since the module is no ``transformers`` causal LM), and the merged model is a plugin base directory (``config.json`` + ``model.safetensors``
 + tokenizer) that ``[model] plugin = ...; path = <it>`` trains from or that the plugin reloads.
 
 Invariants: factors are read from the slot's fp32 masters at the true rank; a directory appears
@@ -93,6 +93,10 @@ def export_plugin_adapter(
         target_modules=sorted(leaves),
         base_model_name_or_path=base_model_name_or_path or str(source.directory),
     )
+    if load_plugin(source.plugin).hf is None:
+        # a plain torch module, not a transformers causal LM: peft's CAUSAL_LM wrapper would ask
+        # it for generation hooks; without a task type peft wraps any module
+        config["task_type"] = None
 
     def write(tmp: Path) -> None:
         save_file(state, str(tmp / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
