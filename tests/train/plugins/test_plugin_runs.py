@@ -179,3 +179,11 @@ def test_tiny_fields_and_tensor_parallelism_are_checked_per_plugin(tmp_path):
     sft_config(tmp_path, "deepseek_v4", tiny={"seed": 3, "sliding_window": 8})  # its own fields
     with pytest.raises(ConfigError, match=r"parallel\.tensor=2: plugin model 'nemotron_h'"):
         check_model(ModelConfig(path="tiny", plugin="nemotron_h"), "t.toml", tensor_parallel=2)
+
+
+def test_run_json_of_a_llama_run_is_unchanged_and_a_plugin_run_records_its_plugin(tmp_path):
+    """A Llama run's recorded [model] has no plugin key, so runs started before plugins existed
+    resume (their [model] must equal the stored one)."""
+    assert sft_config(tmp_path, "").to_dict()["model"] == {"path": "tiny", "tokenizer": "model",
+                                                          "tiny": {}}  # fmt: skip
+    assert sft_config(tmp_path, "deepseek_v4").to_dict()["model"]["plugin"] == "deepseek_v4"

@@ -233,6 +233,8 @@ class RunLayout:
         """Plain JSON values (tuples as lists), as run.json stores them."""
         out = dataclasses.asdict(self)  # type: ignore[call-overload]
         out.pop("source")
+        if not out["model"]["plugin"]:  # a Llama run's run.json stays as it was before plugins
+            del out["model"]["plugin"]
         return json.loads(json.dumps(out))
 
     def eval_points(self) -> list[int]:
