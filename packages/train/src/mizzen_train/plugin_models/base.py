@@ -104,6 +104,15 @@ def load_plugin(name: str):
     return plugin
 
 
+def _vocab_size(raw: Mapping[str, Any], path: Path) -> int:
+    value = raw.get("vocab_size")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HFModelError(
+            f"{path}: vocab_size={value!r}: must be a positive integer. Fix: correct config.json"
+        )
+    return value
+
+
 def _max_positions(raw: Mapping[str, Any], path: Path) -> int:
     value = raw.get("max_position_embeddings", DEFAULT_MAX_POSITIONS)
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
@@ -120,8 +129,8 @@ def _build(plugin, raw: Mapping[str, Any], path: Path):
         return plugin.causal_lm(raw)
     except (ValueError, TypeError, KeyError) as exc:
         raise HFModelError(
-            f"{path}: not a valid {plugin.name} config ({type(exc).__name__}: {exc}). Fix: "
-            "correct config.json"
+            f"{path}: not a valid {plugin.name} config ({type(exc).__name__}: {_one_line(exc)})."
+            " Fix: correct config.json"
         ) from None
 
 
@@ -133,6 +142,7 @@ def read_plugin_base(name: str, directory: str | Path) -> tuple[PluginSource, An
     plugin = load_plugin(name)
     path = Path(directory) / CONFIG_FILE
     raw = _read_config(path)
+    _vocab_size(raw, path)
     max_positions = _max_positions(raw, path)
     model = _build(plugin, raw, path)
     weights = _read_weights(Path(directory) / WEIGHTS_FILE)
@@ -140,19 +150,21 @@ def read_plugin_base(name: str, directory: str | Path) -> tuple[PluginSource, An
         try:
             weights = plugin.hf.from_hf(weights, raw)
         except (KeyError, ValueError) as exc:
-            raise HFModelError(
-                f"{Path(directory) / WEIGHTS_FILE}: {exc}. Fix: write the weights for this config"
-            ) from None
+            raise HFModelError(f"{Path(directory) / WEIGHTS_FILE}: {_one_line(exc)}") from None
     _check_weights(model, weights, Path(directory) / WEIGHTS_FILE)
     with torch.no_grad():
         model.load_state_dict(weights, strict=True)
-    vocab = model.config.vocab_size
     spec = PluginSpec(
-        vocab_size=vocab,
+        vocab_size=_vocab_size(raw, path),
         max_sequence_length=max_positions,
         parameters=sum(p.numel() for p in model.parameters()),
     )
     return PluginSource(path=path, plugin=name, raw=raw, spec=spec), model
+
+
+def _one_line(exc: BaseException) -> str:
+    """A plugin's (possibly multi-line) message as one line: errors are printed one per line."""
+    return " ".join(str(exc).split())
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -219,7 +231,7 @@ def tiny_config(name: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_tiny_base(
-    directory: str | Path, name: str, *, seed: int = 0, overrides: Mapping[str, Any] = {}
+    directory: str | Path, name: str, *, seed: int = 0, overrides: Mapping[str, Any] | None = None
 ) -> Path:
     """A randomly initialised plugin model (seeded), with the byte tokenizer, at ``directory``."""
     import torch
@@ -232,7 +244,7 @@ def write_tiny_base(
         raise FileExistsError(f"{target} exists; write_tiny_base creates a fresh directory")
     plugin = load_plugin(name)
     tokenizer = hf_byte_tokenizer()
-    raw = tiny_config(name, overrides)
+    raw = tiny_config(name, overrides or {})
     raw.update(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
