@@ -204,3 +204,27 @@ def test_deepseek_v4_policy_gradient_step_moves_logprobs_with_the_advantages(one
     executor.optim_step({0: AdamParams(lr=1e-2)})
     change = (executor.forward_logprobs(batch) - old).mean(dim=1)
     assert change[0] > 0 and change[2] > 0 and change[1] < 0 and change[3] < 0, change
+
+
+def test_megatrons_schedule_step_drives_plugin_gpt(one_rank, tiny_base):
+    """What megatron's no-pipelining schedule (the executor's CUDA path) asks of the model, on a
+    CPU: its model type and config, and its ``forward_step`` running the executor-style step."""
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel.schedules import forward_step
+    from megatron.core.utils import get_model_config, get_model_type
+
+    from mizzen_train.plugin_models import import_plugin_model
+
+    model = import_plugin_model("deepseek_v4", tiny_base("deepseek_v4")).model
+    assert get_model_type(model) == ModelType.encoder_or_decoder
+    assert get_model_config(model) is model.config
+    ids = torch.randint(3, 259, (2, 8))
+    mask = torch.ones(8, 8, dtype=torch.bool).triu(1).view(1, 1, 8, 8)
+
+    def step(data, model):
+        logits = model(next(data), torch.arange(8).expand(2, -1), mask)
+        return logits, lambda out: (out.float().sum(), torch.tensor(16), {"s": out.sum().detach()})
+
+    store = []
+    output, tokens = forward_step(step, iter([ids]), model, 1, None, store, model.config, 1)
+    assert int(tokens) == 16 and len(store) == 1 and output.dim() == 0

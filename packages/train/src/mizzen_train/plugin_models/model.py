@@ -7,7 +7,8 @@ megatron-core's ``GPTModel``:
 - ``forward(input_ids [b, s], position_ids [b, s], attention_mask, packed_seq_params=None)``
   returns logits ``[b, s, vocab]``, as ``GPTModel.forward`` does with ``labels=None``;
 - ``config`` (a megatron ``TransformerConfig``: dtype, the parallel sizes the executor checks, the
-  config the per-slot DDP reads), ``vocab_size``, ``max_sequence_length``, ``set_input_tensor``.
+  config the per-slot DDP reads), ``vocab_size``, ``max_sequence_length``, and what megatron's
+  forward-backward schedule reads on CUDA (``model_type``, ``set_input_tensor``).
 
 Which sequences a batch holds:
 
@@ -61,6 +62,9 @@ class PluginGPT(nn.Module):
         self.max_sequence_length = max_sequence_length
         hidden = getattr(getattr(lm, "embedding", None), "embedding_dim", 1)
         self.config = transformer_config(dtype, hidden)
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder  # what megatron's schedules read
 
     def set_input_tensor(self, input_tensor: Any) -> None:
         """megatron's schedules call it; without pipeline parallelism there is nothing to set."""
