@@ -146,8 +146,10 @@ def test_rl_on_embedded_engines_refuses_a_plugin_without_a_hf_architecture(tmp_p
     from mizzen_train.rl.trainer import run_rl
     from mizzen_train.run.config import ConfigError
 
+    config = rl_config(tmp_path, "deepseek_v4")
     with pytest.raises(ConfigError, match=r"rollout\.engines='embedded'.*no Hugging Face"):
-        run_rl(rl_config(tmp_path, "deepseek_v4"))
+        run_rl(config)
+    assert not list(config.run_dir.glob("base-model-*")), "refused before a base is written"
 
 
 def test_an_unknown_plugin_is_a_config_error_listing_the_installed_ones(tmp_path, capsys):

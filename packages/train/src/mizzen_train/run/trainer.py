@@ -222,23 +222,25 @@ class Trainer:
         check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
+        if config.model.plugin:
+            self._check_plugin_run()  # before a tiny base is written for it
         self.model_dir = base_model_dir(config)
         if config.model.plugin:
-            self.model_spec = self._validate_plugin()
+            from mizzen_train.plugin_models.build import plugin_spec
+
+            self.model_spec = plugin_spec(config.model.plugin, self.model_dir)
         else:
             self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
         self.tokenizer = load_tokenizer(config, self.model_dir)
         self.validate_inputs(self.model_spec)
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
 
-    def _validate_plugin(self):
-        """A plugin model's base directory and what the run asks of it
-        (:mod:`mizzen_train.plugin_models`); returns its spec."""
-        from mizzen_train.plugin_models.build import plugin_run_problems, plugin_spec
+    def _check_plugin_run(self) -> None:
+        """What the run asks of its plugin model (:mod:`mizzen_train.plugin_models`)."""
+        from mizzen_train.plugin_models.build import plugin_run_problems
 
         for field, value, rule, fix in plugin_run_problems(self.config, self.command):
             raise ConfigError(field, value, rule, fix, source=self.config.source)
-        return plugin_spec(self.config.model.plugin, self.model_dir)
 
     def build_evaluator(self, ev: EvaluatorConfig, index: int):
         """The evaluator of ``eval.evaluators[index]``: a user's factory, or the command's."""
