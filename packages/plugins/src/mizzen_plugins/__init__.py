@@ -20,6 +20,7 @@ Invariants:
 
 from mizzen_plugins.discovery import (
     ENTRY_POINT_GROUP,
+    HFMapping,
     ModelPlugin,
     PluginLoadError,
     PluginNotFoundError,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "HFMapping",
     "ModelPlugin",
     "PluginLoadError",
     "PluginNotFoundError",

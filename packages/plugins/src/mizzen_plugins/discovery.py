@@ -34,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "HFMapping",
     "ModelPlugin",
     "PluginLoadError",
     "PluginNotFoundError",
@@ -50,11 +51,40 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class HFMapping:
+    """How a trainable plugin's weights map to its Hugging Face architecture (all three take the
+    Hugging Face-style config dict as their last argument).
+
+    - ``to_hf(state_dict, hf_config)``: our state dict under the checkpoint names ``transformers``
+      loads (``model.safetensors``);
+    - ``from_hf(hf_state_dict, hf_config)``: the inverse;
+    - ``lora_modules(path, hf_config)``: ``(modules, rows)``, the module path(s) (as a loaded
+      ``transformers`` model names them) that our linear at ``path`` becomes, and the output rows
+      of each when it is fused from several (None for one).
+    """
+
+    to_hf: Callable[[Mapping[str, Any], Mapping[str, Any]], dict]
+    from_hf: Callable[[Mapping[str, Any], Mapping[str, Any]], dict]
+    lora_modules: Callable[[str, Mapping[str, Any]], tuple[tuple[str, ...], tuple[int, ...] | None]]
+
+
+@dataclass(frozen=True)
 class ModelPlugin:
     """What a plugin module exports: a model family, its config class and a builder.
 
     ``config_class`` must offer ``from_hf_dict(mapping)`` (a Hugging Face-style ``config.json``
     dict to a config object); ``build(config)`` returns the model (a ``torch.nn.Module``).
+
+    What a trainer needs to fine-tune the family as a language model (all optional; a plugin
+    without ``causal_lm`` is not trainable by ``mizzen-train``):
+
+    - ``causal_lm(hf_config)``: a randomly initialised causal LM for a Hugging Face-style config
+      dict, a ``torch.nn.Module`` whose ``forward(input_ids [T], cu_seqlens [n + 1])`` returns
+      next-token logits ``[T, vocab]`` of a packed (THD) batch, each sequence as if alone;
+    - ``lora_targets``: the leaf names of the ``nn.Linear`` modules LoRA adapts by default;
+    - ``tiny_config``: a small Hugging Face-style config dict that trains on a CPU in seconds;
+    - ``hf``: the family's :class:`HFMapping` to a Hugging Face architecture that ``transformers``
+      loads, or None when there is none (then only plugin-native checkpoints exist).
     """
 
     name: str
@@ -62,6 +92,10 @@ class ModelPlugin:
     config_class: type
     build: Callable[[Any], Any]
     description: str = ""
+    causal_lm: Callable[[Mapping[str, Any]], Any] | None = None
+    lora_targets: tuple[str, ...] = ()
+    tiny_config: Mapping[str, Any] | None = None
+    hf: HFMapping | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -76,6 +110,15 @@ class ModelPlugin:
             )
         if not callable(self.build):
             raise TypeError(f"ModelPlugin {self.name!r}: build {self.build!r} is not callable")
+        if self.causal_lm is not None and not callable(self.causal_lm):
+            raise TypeError(f"ModelPlugin {self.name!r}: causal_lm is not callable")
+        if self.causal_lm is not None and not (
+            self.lora_targets and all(isinstance(t, str) and t for t in self.lora_targets)
+        ):
+            raise ValueError(
+                f"ModelPlugin {self.name!r}: a trainable plugin (causal_lm set) names its LoRA "
+                "targets; set lora_targets to the leaf names of its nn.Linear modules"
+            )
 
     def config_from_hf(self, hf_config: Mapping[str, Any]) -> Any:
         """The plugin's config object for a Hugging Face-style config dict."""

@@ -1,4 +1,4 @@
-"""Slotted LoRA on megatron-core's tensor-parallel linears.
+"""Slotted LoRA on megatron-core's tensor-parallel linears (and on plain ``nn.Linear``).
 
 :class:`SlottedLoRALinear` wraps a ``ColumnParallelLinear`` or ``RowParallelLinear`` and adds, per
 token, ``scale_k * B_k (A_k x)`` of the slot ``k`` the token is routed to (see
@@ -15,7 +15,14 @@ row (in)       split on ``in``     replicated           forward all-reduce, back
 =============  ==================  ===================  =====================================
 
 so the delta is exact at any TP size, and the gradients of replicated factors come out identical
-on every TP rank (no extra reduction).  Factors are initialised or imported as *full* tensors from
+on every TP rank (no extra reduction).
+
+A plain ``torch.nn.Linear`` (the layers of plugin models, :mod:`mizzen_train.plugin_models`) is
+wrapped in ``"local"`` mode: no tensor parallelism (both factors whole), its output a tensor (not
+megatron's ``(output, bias)`` pair), and its input the ``[T, in]`` token stream of the micro-batch's
+``b`` rows laid end to end (row-major ``[b, s]``): the *rows* routing views it as megatron's
+``[s, b, in]`` and runs the same kernels, so the delta and the gradients are the parallel path's.
+megatron-core's local GPT spec holds no plain ``nn.Linear``, so its models wrap exactly as before.  Factors are initialised or imported as *full* tensors from
 a seeded host generator and then sliced, so a slot is the same adapter at TP=1 and TP=2.
 
 Invariants:
@@ -55,16 +62,23 @@ from mizzen_train.specs import LoraSlotSpec
 _LAYER_PATH = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
+def _slottable_types() -> tuple[type, ...]:
+    return (ColumnParallelLinear, RowParallelLinear, torch.nn.Linear)
+
+
 def check_slottable(module: torch.nn.Module, key: str) -> None:
     """Raise :class:`SlotConfigError` (field ``target_modules``) unless ``module`` can be slotted."""
-    if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
+    if not isinstance(module, _slottable_types()):
         raise SlotConfigError(
             "target_modules",
             key,
             f"{type(module).__name__} is not a megatron-core ColumnParallelLinear or "
-            "RowParallelLinear",
-            "target only tensor-parallel linears (local layer spec)",
+            "RowParallelLinear, nor a torch.nn.Linear",
+            "target only linears (the local layer spec's tensor-parallel ones, or a plugin "
+            "model's nn.Linear)",
         )
+    if isinstance(module, torch.nn.Linear):
+        return
     if getattr(module, "is_expert", False):
         raise SlotConfigError(
             "target_modules",
@@ -95,7 +109,7 @@ class SlottedLoRALinear(torch.nn.Module):
 
     def __init__(
         self,
-        base: ColumnParallelLinear | RowParallelLinear,
+        base: ColumnParallelLinear | RowParallelLinear | torch.nn.Linear,
         *,
         key: str,
         max_rank: int,
@@ -103,6 +117,9 @@ class SlottedLoRALinear(torch.nn.Module):
     ) -> None:
         super().__init__()
         check_slottable(base, key)
+        if isinstance(base, torch.nn.Linear):
+            self._init_local(base, key=key, max_rank=max_rank, routing=routing)
+            return
         if isinstance(base, ColumnParallelLinear):
             self.parallel_mode = "column"
             in_local, out_local = base.input_size, base.output_size_per_partition
@@ -123,6 +140,21 @@ class SlottedLoRALinear(torch.nn.Module):
         self.b_local_shape = (out_local, max_rank)
         self._routing = routing
         self._adapters: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
+
+    def _init_local(
+        self, base: torch.nn.Linear, *, key: str, max_rank: int, routing: RoutingState
+    ) -> None:
+        """A plain linear: no tensor parallelism, both factors whole on this rank."""
+        self.parallel_mode = "local"
+        self.a_split_dim = self.b_split_dim = None
+        self.base = base
+        self.key = key
+        self.max_rank = max_rank
+        self.tp_group, self.tp_size, self.tp_rank = None, 1, 0
+        self.a_full_shape = self.a_local_shape = (max_rank, base.in_features)
+        self.b_full_shape = self.b_local_shape = (base.out_features, max_rank)
+        self._routing = routing
+        self._adapters = {}
 
     # -- megatron-facing surface of the wrapped layer ------------------------------------------
 
@@ -158,6 +190,8 @@ class SlottedLoRALinear(torch.nn.Module):
     # -- forward ------------------------------------------------------------------------------
 
     def forward(self, input_: torch.Tensor, *args, **kwargs):
+        if self.parallel_mode == "local":
+            return self._forward_local(input_)
         output, bias = self.base(input_, *args, **kwargs)
         routing = self._routing.current
         if routing is None:
@@ -185,6 +219,33 @@ class SlottedLoRALinear(torch.nn.Module):
         )
         return summed.view(output.shape)
 
+    def _forward_local(self, x: torch.Tensor) -> torch.Tensor:
+        """A plain linear's output plus the delta; ``x`` is ``[T, in]``, ``T = b * s`` tokens of
+        the routing's ``b`` rows end to end (see the module docstring)."""
+        output = self.base(x)
+        routing = self._routing.current
+        if routing is None:
+            return output
+        if routing.row_blocks is None:  # single kind: every token, no layout needed
+            return self._add_single_delta(output, x, routing)
+        rows = len(routing.row_blocks)
+        if x.dim() != 2 or x.shape[0] % rows:
+            raise ValueError(
+                f"{self.key}: a plain linear under a rows routing takes [b * s, in] tokens of "
+                f"{rows} rows, got {tuple(x.shape)}"
+            )
+        seq = x.shape[0] // rows
+        x_sb = x.view(rows, seq, -1).transpose(0, 1)  # megatron's [s, b, in], a view
+        out_sb = output.view(rows, seq, -1).transpose(0, 1)
+        if routing.token_mask is None:
+            factors = [self._adapters[slot] for slot in routing.slots]
+            a = [lora_a for lora_a, _ in factors]
+            b = [lora_b for _, lora_b in factors]
+            result = _RowsDelta.apply(out_sb, x_sb, self, routing, len(a), *a, *b)
+        else:
+            result = out_sb + self._delta(x_sb, routing)
+        return result.transpose(0, 1).reshape(output.shape)
+
     def _delta(self, x: torch.Tensor, routing: SlotRouting) -> torch.Tensor:
         factors = [self._adapters[slot] for slot in routing.slots]
         if routing.row_blocks is None:  # single kind: one slot, every token
@@ -203,6 +264,8 @@ class SlottedLoRALinear(torch.nn.Module):
 
     def _tp_region(self, hidden: torch.Tensor) -> torch.Tensor:
         """``h = A x`` across tensor parallelism (see the module docstring's table)."""
+        if self.parallel_mode == "local":
+            return hidden
         if self.parallel_mode == "column":
             return tensor_parallel.copy_to_tensor_model_parallel_region(hidden, self.tp_group)
         return tensor_parallel.reduce_from_tensor_model_parallel_region(hidden, self.tp_group)
@@ -338,6 +401,8 @@ def apply_slotted_lora(
 ) -> dict[str, SlottedLoRALinear]:
     """Wrap every linear whose last name is in ``target_modules``; returns layers by key.
 
+    Linears are megatron-core's parallel ones, or plain ``torch.nn.Linear`` ("local" mode).
+
     Keys use global layer numbers (``decoder.layers.<layer_number - 1>....``) so they name the
     same layer at any pipeline split.  Raises :class:`SlotConfigError` naming
     ``target_modules`` when a name matches nothing or matches a module that cannot be slotted;
@@ -346,7 +411,7 @@ def apply_slotted_lora(
     parallel_linears = {
         path: module
         for path, module in model.named_modules()
-        if isinstance(module, ColumnParallelLinear | RowParallelLinear)
+        if isinstance(module, _slottable_types())
     }
     available = sorted({path.rsplit(".", 1)[-1] for path in parallel_linears})
     matches: dict[str, list[str]] = {name: [] for name in target_modules}

@@ -30,9 +30,20 @@ import torch
 from mizzen_plugins.nemotron_h.config import NemotronHConfig
 from mizzen_plugins.nemotron_h.pattern import LayerKind
 
-__all__ = ["HUB_PREFIX", "WEIGHT_RULES", "WeightMappingError", "WeightRule", "from_hf", "to_hf"]
+__all__ = [
+    "HUB_PREFIX",
+    "MEMORY_PREFIX",
+    "WEIGHT_RULES",
+    "WeightMappingError",
+    "WeightRule",
+    "from_hf",
+    "hf_linear_modules",
+    "to_hf",
+]
 
 HUB_PREFIX = "backbone."
+#: Where ``transformers`` >= 5 holds the backbone in memory (module paths of a loaded model).
+MEMORY_PREFIX = "model."
 
 
 class WeightMappingError(KeyError):
@@ -191,6 +202,30 @@ def from_hf(
             "from_hf: tensors with the wrong shape for this config:\n  " + "\n  ".join(bad_shapes)
         )
     return out
+
+
+def hf_linear_modules(
+    path: str, config: NemotronHConfig, *, prefix: str = MEMORY_PREFIX
+) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """The Hugging Face module(s) our linear at ``path`` (e.g. ``layers.3.attention.qkv_proj``)
+    becomes: ``(module paths, output rows of each)``; the rows are None for a one-to-one linear.
+
+    Derived from :data:`WEIGHT_RULES` (the rule of ``path + ".weight"``), so a LoRA factor
+    ``B`` of our fused ``qkv_proj`` splits into q/k/v exactly as its base weight does.
+    """
+    for rule in _concrete_rules(config, prefix):
+        if rule.ours == f"{path}.weight" and rule.op in ("same", "qkv"):
+            modules = tuple(key.removesuffix(".weight") for key in rule.hf)
+            return modules, tuple(_qkv_sizes(config)) if rule.op == "qkv" else None
+    linears = sorted(
+        r.ours.removesuffix(".weight")
+        for r in _concrete_rules(config, prefix)
+        if r.ours.endswith("proj.weight")
+    )
+    raise WeightMappingError(
+        f"hf_linear_modules: {path!r} is not a linear of this config's layout. "
+        f"Fix: name one of {linears}"
+    )
 
 
 def _check_keys(

@@ -68,7 +68,15 @@ def export_peft_adapter(
     source: HFLlamaConfig,
     base_model_name_or_path: str | None = None,
 ) -> Path:
-    """Write ``slot``'s adapter as a PEFT directory at ``directory`` (see the module docstring)."""
+    """Write ``slot``'s adapter as a PEFT directory at ``directory`` (see the module docstring).
+
+    A plugin model's source (:class:`mizzen_train.plugin_models.base.PluginSource`) writes its
+    own (its module names), through its ``export_peft_adapter``."""
+    if hasattr(source, "export_peft_adapter"):
+        return source.export_peft_adapter(
+            directory, executor=executor, slot=slot,
+            base_model_name_or_path=base_model_name_or_path,
+        )  # fmt: skip
     target = Path(directory)
     spec = executor.slot_spec(slot)
     state = peft_adapter_state(executor, slot, source)

@@ -86,14 +86,22 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = opt(kind="str", help='a local Hugging Face Llama directory, or "tiny"')
+    path: str = opt(
+        kind="str", help='a local Hugging Face Llama directory (or a plugin base), or "tiny"'
+    )
+    plugin: str = opt(
+        "", kind="str",
+        help='a model plugin of the "mizzen.plugins" entry points (e.g. "nemotron_h", '
+        '"deepseek_v4"); empty: the Llama on megatron-core',
+    )  # fmt: skip
     tokenizer: str = opt(
         "model", kind="str", help='"model" (the model directory\'s), "byte", or a directory'
     )
     tiny: Mapping = opt(
         {},
         kind="table",
-        help='with path = "tiny": "seed" and fields of the tiny Llama config to override',
+        help='with path = "tiny": "seed" and fields of the tiny Llama (or the plugin\'s tiny) '
+        "config to override",
     )
 
 
@@ -229,6 +237,8 @@ class RunLayout:
         """Plain JSON values (tuples as lists), as run.json stores them."""
         out = dataclasses.asdict(self)  # type: ignore[call-overload]
         out.pop("source")
+        if not out["model"]["plugin"]:  # a Llama run's run.json stays as it was before plugins
+            del out["model"]["plugin"]
         return json.loads(json.dumps(out))
 
     def eval_points(self) -> list[int]:
@@ -306,14 +316,18 @@ def check_adapter_training(
         )  # fmt: skip
 
 
-def check_model(model: ModelConfig, source: str) -> None:
+def check_model(model: ModelConfig, source: str, *, tensor_parallel: int = 1) -> None:
+    """``[model]``'s rules; ``tensor_parallel``: the run's TP size (plugin models need 1)."""
+    if model.plugin:
+        _check_plugin(model, source, tensor_parallel)
     if model.path == "tiny":
-        unknown = sorted(set(model.tiny) - _tiny_fields())
+        fields = _tiny_fields(model.plugin)
+        unknown = sorted(set(model.tiny) - fields)
         if unknown:
             raise ConfigError(
                 f"model.tiny.{unknown[0]}", model.tiny[unknown[0]],
-                "is not a field of the tiny Llama config",
-                f"use some of {sorted(_tiny_fields())}", source=source,
+                f"is not a field of the tiny {model.plugin or 'Llama'} config",
+                f"use some of {sorted(fields)}", source=source,
             )  # fmt: skip
     elif model.tiny:
         raise ConfigError(
@@ -415,7 +429,43 @@ def register_engine_url(url: str, field: str, fail: Any) -> None:
         )  # fmt: skip
 
 
-def _tiny_fields() -> set[str]:
+def _check_plugin(model: ModelConfig, source: str, tensor_parallel: int) -> None:
+    """A known, trainable plugin, without tensor parallelism."""
+    import mizzen_plugins
+
+    installed = mizzen_plugins.available()
+    if model.plugin not in installed:
+        raise ConfigError(
+            "model.plugin", model.plugin, "names no installed model plugin (entry-point group "
+            f"{mizzen_plugins.ENTRY_POINT_GROUP!r})", f"use one of {list(installed)}, or install "
+            "the distribution that declares it", source=source,
+        )  # fmt: skip
+    try:
+        plugin = mizzen_plugins.get(model.plugin)
+    except (mizzen_plugins.PluginLoadError, mizzen_plugins.PluginNotFoundError) as exc:
+        raise ConfigError(
+            "model.plugin", model.plugin, f"does not load ({exc})", "fix or reinstall the plugin",
+            source=source,
+        ) from None  # fmt: skip
+    if plugin.causal_lm is None:
+        trainable = [n for n in installed if mizzen_plugins.get(n).causal_lm is not None]
+        raise ConfigError(
+            "model.plugin", model.plugin, "offers no causal language model to train",
+            f"use one of {trainable}", source=source,
+        )  # fmt: skip
+    if tensor_parallel != 1:
+        raise ConfigError(
+            "parallel.tensor", tensor_parallel,
+            f"plugin model {model.plugin!r} has no tensor parallel layers (plain nn.Linear)",
+            "use tensor parallel size 1 with a plugin model", source=source,
+        )  # fmt: skip
+
+
+def _tiny_fields(plugin: str = "") -> set[str]:
+    if plugin:
+        import mizzen_plugins
+
+        return set(mizzen_plugins.get(plugin).tiny_config or {}) - {"model_type"} | {"seed"}
     from mizzen_rollout.api import load_tiny_config
 
     return (set(load_tiny_config()) - {"model_type"}) | {"seed", "head_dim", "rope_theta"}

@@ -88,13 +88,19 @@ def base_model_dir(config: RunLayout) -> Path:
     if config.model.path != "tiny":
         return Path(config.model.path)
     from mizzen_train.hf.tiny import write_tiny_llama
+    from mizzen_train.plugin_models.base import write_tiny_base
 
     overrides = dict(config.model.tiny)
-    digest = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:10]
+    plugin = config.model.plugin
+    key = {**overrides, "plugin": plugin} if plugin else overrides  # Llama digests unchanged
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     target = config.run_dir / f"base-model-tiny-{digest}"  # one directory per tiny config
     if not target.exists():
         seed = int(overrides.pop("seed", 0))
-        write_tiny_llama(target, seed=seed, **overrides)
+        if plugin:
+            write_tiny_base(target, plugin, seed=seed, overrides=overrides)
+        else:
+            write_tiny_llama(target, seed=seed, **overrides)
     return target
 
 
@@ -217,11 +223,25 @@ class Trainer:
         check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
+        if config.model.plugin:
+            self._check_plugin_run()  # before a tiny base is written for it
         self.model_dir = base_model_dir(config)
-        self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
+        if config.model.plugin:
+            from mizzen_train.plugin_models.build import plugin_spec
+
+            self.model_spec = plugin_spec(config.model.plugin, self.model_dir)
+        else:
+            self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
         self.tokenizer = load_tokenizer(config, self.model_dir)
         self.validate_inputs(self.model_spec)
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def _check_plugin_run(self) -> None:
+        """What the run asks of its plugin model (:mod:`mizzen_train.plugin_models`)."""
+        from mizzen_train.plugin_models.build import plugin_run_problems
+
+        for field, value, rule, fix in plugin_run_problems(self.config, self.command):
+            raise ConfigError(field, value, rule, fix, source=self.config.source)
 
     def build_evaluator(self, ev: EvaluatorConfig, index: int):
         """The evaluator of ``eval.evaluators[index]``: a user's factory, or the command's."""
@@ -284,7 +304,16 @@ class Trainer:
         from mizzen_train.specs import ExecutorConfig
 
         config = self.config
-        imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
+        targets = {}
+        if config.model.plugin:
+            from mizzen_train.plugin_models import import_plugin_model
+
+            imported = import_plugin_model(
+                config.model.plugin, self.model_dir, device=self.device, dtype=self.dtype
+            )
+            targets = {"target_modules": imported.target_modules}
+        else:
+            imported = import_hf_llama(self.model_dir, device=self.device, dtype=self.dtype)
         self.model, self.source = imported.model, imported.source
         self.executor = SlotExecutor(
             self.model,
@@ -292,6 +321,7 @@ class Trainer:
                 num_slots=len(config.tenants),
                 max_rank=max(t.lora_rank for t in config.tenants),
                 micro_batch_size=config.run.micro_batch_size,
+                **targets,
             ),
         )
         self.slot_of = {t.name: i for i, t in enumerate(config.tenants)}
