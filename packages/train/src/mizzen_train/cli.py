@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, default=None, help="the checkpoint (default: newest)")
     export.add_argument("--merged", action="store_true", help="also write merged HF models")
 
+    from mizzen_train.serve.command import add_serve_command
+
+    add_serve_command(sub)
+
     plot = sub.add_parser("plot", help="draw loss and eval curves of a metrics.jsonl")
     plot.add_argument("metrics", help="a run's metrics.jsonl")
     plot.add_argument("-o", "--output", required=True, help="the image to write (.png)")
@@ -248,6 +252,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return cmd_run(args, argv)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "serve":
+            from mizzen_train.serve.command import run_serve
+
+            return run_serve(args)
         return cmd_plot(args)
     except errors as exc:
         print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)
