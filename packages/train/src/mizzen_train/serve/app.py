@@ -168,14 +168,24 @@ async def create_model(service, tenant, request):
                              "adapt every attention and MLP linear)")  # fmt: skip
     if body.optimizer_config.type != "adamw":
         raise WireError(400, "optimizer_config: only adamw is served")
-    return _new_model(service, tenant, request, lora.rank, lora.seed or 0, "create_model")
+    return _new_model(
+        service, tenant, body.session_id, body.model_seq_id, lora.rank, lora.seed or 0,
+        "create_model",
+    )  # fmt: skip
 
 
-def _new_model(service, tenant, request, rank: int, seed: int, kind: str, payload=None):
+def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payload=None):
+    """A model of the SDK's id ``<session_id>:train:<model_seq_id>`` (the SDK derives it too),
+    its slot reserved now; a retry returns the original future."""
+    if service.sessions.get(session_id) != tenant:
+        raise WireError(404, "session_id: no session of this key. Fix: create_session first")
+    model_id = f"{session_id}:train:{model_seq_id}"
+    known = service.book.find(tenant, model_id, ("create",))
+    if known is not None:
+        return _future(known)
     live = [m for m in service.scheduler.slot_of if service.state.model_of(tenant, m)]
     if len(live) >= service.config.server.max_models_per_key:
         raise WireError(422, f"this key holds {len(live)} live models (the limit). Fix: unload one")
-    model_id = f"m-{uuid.uuid4().hex[:16]}"
     record = ModelRecord(model_id, tenant, service.config.base_model_name, rank, seed, time.time())
     with service.book.cond:
         service.scheduler.reserve_slot(model_id)
@@ -183,7 +193,7 @@ def _new_model(service, tenant, request, rank: int, seed: int, kind: str, payloa
         payload = record
     else:
         service.state.add_model(record)
-    op, _ = service.book.submit(tenant, model_id, kind, payload)
+    op, _ = service.book.submit(tenant, model_id, kind, payload, key=("create",))
     log.info("op %s %s tenant=%s model=%s submitted", kind, op.request_id, tenant, model_id)
     return _future(op)
 
@@ -293,9 +303,9 @@ async def load_weights(service, tenant, request):
     _, directory = service.state.owned_checkpoint(tenant, body.path, "weights")
     payload = (directory, body.optimizer, body.path)
     if body.model_id is None:  # create-via-load: a new model from the checkpoint
-        if service.sessions.get(body.session_id) != tenant:
-            raise WireError(404, "session_id: no session of this key")
-        return _new_model(service, tenant, request, 0, 0, "load_weights", payload)
+        return _new_model(
+            service, tenant, body.session_id, body.model_seq_id, 0, 0, "load_weights", payload
+        )
     _owned_model(service, tenant, body.model_id)
     return _submit(service, tenant, body.model_id, "load_weights", payload, body.seq_id, request)
 
@@ -307,10 +317,7 @@ async def retrieve_future(service, tenant, request):
     op = service.book.future(tenant, body.request_id)
     if op is None:
         raise WireError(404, "request_id: no future of this key (unknown or expired)")
-    deadline = time.monotonic() + service.config.server.long_poll_s
-    while not op.done.is_set() and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-    if not op.done.is_set():
+    if not await op.wait(service.config.server.long_poll_s):
         state = "active" if op.started is not None else "paused_capacity"
         return _json({"type": "try_again", "request_id": op.request_id, "queue_state": state})
     if op.failure is not None:

@@ -51,13 +51,39 @@ class Operation:
     failure: tuple[str, str] | None = None
     started: float | None = None
 
+    waiters: list = field(default_factory=list)  # (loop, asyncio.Event) of long polls
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
     def succeed(self, content_type: str, body: bytes) -> None:
         self.outcome = (content_type, body)
-        self.done.set()
+        self._finish()
 
     def fail(self, message: str, category: str = "user") -> None:
         self.failure = (message, category)
-        self.done.set()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self.lock:
+            self.done.set()
+            waiters, self.waiters = self.waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait (without polling) until the operation is done or ``timeout_s`` passed."""
+        import asyncio
+
+        event = asyncio.Event()
+        with self.lock:
+            if self.done.is_set():
+                return True
+            self.waiters.append((asyncio.get_running_loop(), event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            with self.lock:
+                self.waiters = [w for w in self.waiters if w[1] is not event]
+        return self.done.is_set()
 
 
 class OperationBook:
@@ -111,6 +137,12 @@ class OperationBook:
             del self._futures[request_id]
         if len(self._by_key) > 2 * self.keep:
             self._by_key = {k: v for k, v in self._by_key.items() if v in self._futures}
+
+    def find(self, tenant: str, model_id: str, key: object) -> Operation | None:
+        """The operation submitted before under ``key``, if it is still known."""
+        with self.cond:
+            known = self._by_key.get((tenant, model_id, key))
+            return self._futures.get(known) if known is not None else None
 
     def future(self, tenant: str, request_id: object) -> Operation | None:
         op = self._futures.get(request_id) if isinstance(request_id, str) else None

@@ -22,7 +22,9 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 import uuid
@@ -245,8 +247,9 @@ class Scheduler:
         reports = self.executor.optim_step(params)
         for op in group:
             report = reports[self.slot_of[op.model_id]]
-            metrics = {"grad_norm": report.grad_norm, "stepped": float(report.stepped),
-                       "step": float(report.step)}  # fmt: skip
+            metrics = {"stepped": float(report.stepped), "step": float(report.step)}
+            if math.isfinite(report.grad_norm):  # JSON has no NaN: a skipped step omits it
+                metrics["grad_norm"] = report.grad_norm
             op.succeed(JSON, _json({"metrics": metrics}))
 
     def _run_create_model(self, group: list[Operation]) -> None:
@@ -291,11 +294,9 @@ class Scheduler:
             weights = self.executor.adapter_weights(slot)
             self.executor.unload_slot(slot)
             self.executor.load_slot(slot, spec.rank, spec.alpha, weights=weights)
-        if op.model_id not in self.state.models:
-            self.state.add_model(ModelRecord(
-                op.model_id, op.tenant, self.config.base_model_name, spec.rank, spec.seed,
-                time.time(),
-            ))  # fmt: skip
+        record = self.state.models[op.model_id]
+        if (record.rank, record.seed) != (spec.rank, spec.seed):  # created by this load
+            self.state.add_model(dataclasses.replace(record, rank=spec.rank, seed=spec.seed))
         op.succeed(JSON, _json({"path": path, "model_id": op.model_id, "type": "load_weights"}))
 
     def _run_save_weights_for_sampler(self, group: list[Operation]) -> None:
