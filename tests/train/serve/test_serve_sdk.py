@@ -9,11 +9,13 @@ the same request id, 429 headers, hostile bodies, unknown endpoints.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import httpx
 import numpy as np
 import pytest
+
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=90, labels=["train", "rollout", "e2e"])
@@ -50,8 +52,9 @@ def forward_logprobs(training, data):
     return [np.asarray(o["logprobs"].to_numpy()) for o in out.loss_fn_outputs]
 
 
-def post(kit, path, tenant="alice", **kwargs):
-    return httpx.post(f"{kit.url}{path}", headers=kit.headers(tenant), timeout=60, **kwargs)
+def post(kit, path, tenant="alice", headers=None, **kwargs):
+    headers = {**kit.headers(tenant), **(headers or {})}
+    return httpx.post(f"{kit.url}{path}", headers=headers, timeout=60, **kwargs)
 
 
 SEQUENCE = [ord(c) + 3 for c in "the cat sat on the mat!"]  # byte-tokenizer ids
@@ -64,7 +67,7 @@ def test_supervised_loop_loss_falls_and_sampling_uses_published_weights(serve_ki
     base_sampler = service.create_sampling_client(base_model=BASE)
     losses = sft_steps(training, [sft_datum(SEQUENCE)], 30)
     assert losses[-1] < 0.2 * losses[0], losses
-    assert all(b < a for a, b in zip(losses[:5], losses[1:6], strict=True)), losses
+    assert all(b < a for a, b in itertools.pairwise(losses[:6])), losses
 
     prompt = types.ModelInput.from_ints(SEQUENCE[:4])
     greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
@@ -88,7 +91,7 @@ def test_rl_importance_sampling_raises_reward(serve_kit):
     prompt = [5, 6, 7, 8]
     params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)
     rewards = []
-    for step in range(10):
+    for _ in range(10):
         sampler = training.save_weights_and_get_sampling_client().result()
         result = sampler.sample(types.ModelInput.from_ints(prompt), 16, params).result()
         scores = np.array([np.mean(np.array(s.tokens) < 100) for s in result.sequences])
@@ -113,7 +116,6 @@ def test_rl_importance_sampling_raises_reward(serve_kit):
 
 
 def test_save_and_load_round_trip_keeps_the_optimizer(serve_kit):
-    types = _types()
     service = serve_kit.client("carol")
     data = [sft_datum(SEQUENCE[:12]), sft_datum(SEQUENCE[8:])]
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
@@ -138,7 +140,7 @@ def _tenant_run(kit, tenant, seed, results, key):
     training = service.create_lora_training_client(base_model=BASE, rank=8, seed=seed).result()
     offset = 3 * seed
     data = [sft_datum([t + offset for t in SEQUENCE]), sft_datum(SEQUENCE[::-1])]
-    results[key] = sft_steps(training, data, 4) + [forward_logprobs(training, data)]
+    results[key] = [*sft_steps(training, data, 4), forward_logprobs(training, data)]
     kit.unload(tenant, training)
 
 
@@ -198,7 +200,7 @@ def test_nan_batch_of_one_tenant_leaves_another_bitwise_unchanged(serve_kit):
         bad = poisoner.forward_backward([nan], "importance_sampling")
         good = twin.forward_backward(data, "cross_entropy")
         bad_step = poisoner.optim_step(types.AdamParams(learning_rate=1e-2))
-        twin.optim_step(types.AdamParams(learning_rate=2e-2))
+        twin.optim_step(types.AdamParams(learning_rate=1e-2))
         poisoned_steps.append((good.result().metrics["loss:sum"], bad.result(), bad_step.result()))
     assert [s[0] for s in poisoned_steps] == reference
     assert all(s[2].metrics["stepped"] == 0.0 for s in poisoned_steps)  # its own step skipped
@@ -265,9 +267,9 @@ def test_refusals_are_clear_4xx_and_the_server_keeps_serving(serve_kit):
     types = _types()
     service = serve_kit.client("alice")
     training = service.create_lora_training_client(base_model=BASE, rank=2).result()
-    with pytest.raises(Exception, match="loss_fn 'dro' is not served.*cross_entropy"):
+    with pytest.raises(Exception, match=r"loss_fn 'dro' is not served.*cross_entropy"):
         training.forward_backward([sft_datum(SEQUENCE)], "dro").result()
-    with pytest.raises(tinker.BadRequestError, match="not served; served:.*tiny-llama"):
+    with pytest.raises(tinker.BadRequestError, match=r"not served; served:.*tiny-llama"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=2).result()
     model = training.model_id
     cases = [

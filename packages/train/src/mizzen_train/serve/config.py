@@ -5,7 +5,7 @@ Read by the run configuration machinery (:mod:`mizzen_train.run.config`): a TOML
 
     [server]   host, port, state_dir (required), api_keys_file (required), limits
     [model]    path (an HF Llama directory, or "tiny"), name (what clients ask for), device,
-               dtype, max_rank, micro_batch_size, seq_bucket, [model.tiny]
+               dtype, slots, max_rank, micro_batch_size, seq_bucket, threads, [model.tiny]
     [sampling] engine ("embedded" | "none"), max_new_tokens
 
 Invariants:
@@ -73,6 +73,9 @@ class ModelSection:
         32, kind="int", low=1, help="rows are padded to a multiple; equal buckets batch together"
     )
     seed: int = opt(0, kind="int", low=0, help='seed of the "tiny" model weights')
+    threads: int = opt(
+        0, kind="int", low=0, high=1024, help="torch CPU threads (0: torch's default)"
+    )
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,10 @@ class Scheduler:
         from mizzen_train.hf import import_hf_llama
         from mizzen_train.specs import ExecutorConfig
 
+        import torch
+
+        if self.config.model.threads:
+            torch.set_num_threads(self.config.model.threads)
         imported = import_hf_llama(self.model_dir, device=device, dtype=dtype)
         self.model, self.source = imported.model, imported.source
         self.vocab_size = int(self.model.vocab_size)
