@@ -285,8 +285,11 @@ def test_refusals_are_clear_4xx_and_the_server_keeps_serving(serve_kit):
         ("/api/v1/save_weights", {"json": {"model_id": model, "path": "../../etc"}}, 400,
          "not a checkpoint name"),
         ("/api/v1/load_weights", {"json": {"model_id": model, "optimizer": True,
-                                           "path": "tinker://m-x/weights/../../etc"}}, 404,
-         "not found"),
+                                           "path": "tinker://m-x/weights/../../etc"}}, 400,
+         "is not tinker://<model_id>/weights/<name>"),
+        ("/api/v1/load_weights", {"json": {"model_id": model, "optimizer": True,
+                                           "path": "tinker://m-x/weights/nothing"}}, 404,
+         "not found for this key"),
         ("/api/v1/create_model", {"content": b"x" * (17 * 1024 * 1024)}, 413, "larger than"),
     ]  # fmt: skip
     for path, kwargs, status, message in cases:
