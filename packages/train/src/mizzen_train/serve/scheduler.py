@@ -95,11 +95,11 @@ class Scheduler:
         return device, dtype
 
     def _build(self, device: str, dtype: str) -> None:
+        import torch
+
         from mizzen_train.executor import SlotExecutor
         from mizzen_train.hf import import_hf_llama
         from mizzen_train.specs import ExecutorConfig
-
-        import torch
 
         if self.config.model.threads:
             torch.set_num_threads(self.config.model.threads)

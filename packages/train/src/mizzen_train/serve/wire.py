@@ -10,19 +10,16 @@ Invariants:
   not match its shape raises :class:`WireError` (HTTP 400) naming the field and the fix -- never
   another exception.
 - Sizes are bounded before decoding (the app caps the body; zstd output is capped here).
-- Importing this module imports tinker and numpy (the server's process only).
+- Importing this module imports numpy only: tinker (the ``serve`` extra), pydantic and protobuf
+  load inside the functions, so ``mizzen_train`` imports without the extra.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-import pydantic
-from google.protobuf.message import DecodeError
-from tinker import types
-from tinker.proto import tinker_public_pb2 as pb
 
 __all__ = [
     "PROTOBUF",
@@ -34,11 +31,17 @@ __all__ = [
 ]
 
 PROTOBUF = "application/x-protobuf"
-T = TypeVar("T", bound=pydantic.BaseModel)
 
-_PROTO_DTYPES = {pb.DTYPE_FLOAT32: ("float32", np.float32), pb.DTYPE_INT64: ("int64", np.int64)}
-_NUMPY_TO_PROTO = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64}
-_STOP = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
+
+def _pb():
+    from tinker.proto import tinker_public_pb2
+
+    return tinker_public_pb2
+
+
+def _proto_dtypes() -> dict[int, tuple[str, type]]:
+    pb = _pb()
+    return {pb.DTYPE_FLOAT32: ("float32", np.float32), pb.DTYPE_INT64: ("int64", np.int64)}
 
 
 class WireError(ValueError):
@@ -49,8 +52,10 @@ class WireError(ValueError):
         self.status = status
 
 
-def parse_json[T: pydantic.BaseModel](model: type[T], body: bytes, what: str) -> T:
+def parse_json[T](model: type[T], body: bytes, what: str) -> T:
     """``body`` as the SDK's request type ``model``; WireError(400) naming the first bad field."""
+    import pydantic
+
     try:
         return model.model_validate_json(body)
     except pydantic.ValidationError as exc:
@@ -76,9 +81,13 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
 
 def decode_forward_backward(
     body: bytes, *, content_encoding: str = "", limit: int
-) -> tuple[types.ForwardBackwardRequest, bool]:
+) -> tuple[Any, bool]:
     """The SDK's protobuf ``/forward_backward`` body as its pydantic request and forward_only."""
-    message = pb.ForwardBackwardRequest()
+    import pydantic
+    from google.protobuf.message import DecodeError
+    from tinker import types
+
+    message = _pb().ForwardBackwardRequest()
     try:
         message.ParseFromString(_decompress(body, content_encoding, limit))
     except DecodeError:
@@ -102,7 +111,9 @@ def decode_forward_backward(
     return request, bool(message.forward_only)
 
 
-def _datum(index: int, datum: Any) -> types.Datum:
+def _datum(index: int, datum: Any):
+    from tinker import types
+
     tokens: list[int] = []
     for chunk in datum.model_input:
         kind = chunk.WhichOneof("chunk")
@@ -123,10 +134,13 @@ def _datum(index: int, datum: Any) -> types.Datum:
     return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
 
 
-def _tensor(where: str, message: Any) -> types.TensorData:
-    if message.dtype not in _PROTO_DTYPES:
+def _tensor(where: str, message: Any):
+    from tinker import types
+
+    dtypes = _proto_dtypes()
+    if message.dtype not in dtypes:
         raise WireError(400, f"forward_backward: {where}: dtype must be float32 or int64")
-    dtype_name, np_dtype = _PROTO_DTYPES[message.dtype]
+    dtype_name, np_dtype = dtypes[message.dtype]
     shape = list(message.shape)
     if message.HasField("sparse_csr"):
         raise WireError(400, f"forward_backward: {where}: sparse tensors are not served")
@@ -142,6 +156,8 @@ def encode_forward_backward_output(
     outputs: Sequence[Mapping[str, np.ndarray]], metrics: Mapping[str, float]
 ) -> bytes:
     """``ForwardBackwardOutput`` as the SDK's protobuf: one ArrayRecord of per-datum 1-D fields."""
+    pb = _pb()
+    to_proto = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64}
     message = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for key, value in metrics.items():
         message.metrics[key] = float(value)
@@ -154,7 +170,7 @@ def encode_forward_backward_output(
         batched = record.fields[name]
         batched.data = b"".join(a.tobytes() for a in arrays)
         batched.offsets = sizes.tobytes()
-        batched.dtype = _NUMPY_TO_PROTO[dtype]
+        batched.dtype = to_proto[dtype]
     return message.SerializeToString()
 
 
@@ -162,10 +178,12 @@ def encode_sample_response(
     sequences: Sequence[tuple[str, Sequence[int], Sequence[float]]],
 ) -> bytes:
     """``SampleResponse`` as the SDK's protobuf from ``(stop_reason, tokens, logprobs)``."""
+    pb = _pb()
+    stops = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     message = pb.SampleResponse()
     for stop, tokens, logprobs in sequences:
         message.sequences.add(
-            stop_reason=_STOP[stop],
+            stop_reason=stops[stop],
             tokens=np.asarray(tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(logprobs, dtype=np.float32).tobytes(),
         )
