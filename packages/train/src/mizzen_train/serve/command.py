@@ -74,6 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per operation is ours
     return _serve(config, keys, sock)
 
 
