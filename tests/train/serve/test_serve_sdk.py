@@ -130,6 +130,14 @@ def test_save_and_load_round_trip_keeps_the_optimizer(serve_kit):
     weights_only = service.create_training_client_from_state(saved).result()
     fresh_adam = sft_steps(weights_only, data, 2, lr=1e-2)
     assert fresh_adam[0] == continued[0] and fresh_adam[1] != continued[1]
+    # another tenant can neither load nor inspect the checkpoint: for its key it does not exist
+    for path, body in [
+        ("/api/v1/load_weights", {"session_id": "x", "model_seq_id": 0, "path": saved,
+                                  "optimizer": True}),
+        ("/api/v1/weights_info", {"tinker_path": saved}),
+    ]:  # fmt: skip
+        refused = post(serve_kit, path, "bob", json=body)
+        assert refused.status_code == 404 and "not found for this key" in refused.text, refused.text
     info = service.create_rest_client().get_weights_info_by_tinker_path(saved).result()
     assert (info.base_model, info.lora_rank) == (BASE, 4)
     serve_kit.unload("carol", training, restored, weights_only)

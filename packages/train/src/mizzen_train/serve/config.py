@@ -55,7 +55,7 @@ class ServerSection:
     max_datums: int = opt(512, kind="int", low=1, help="datums per forward/forward_backward")
     max_batch_rows: int = opt(64, kind="int", low=1, help="rows of one batched executor step")
     long_poll_s: float = opt(
-        5.0, kind="float", low=0.0, high=40.0, help="how long retrieve_future waits for a result"
+        20.0, kind="float", low=0.0, high=40.0, help="how long retrieve_future waits for a result"
     )
 
 
