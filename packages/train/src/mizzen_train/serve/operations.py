@@ -113,7 +113,7 @@ class OperationBook:
                 known = self._by_key.get((tenant, model_id, key))
                 if known is not None and known in self._futures:
                     return self._futures[known], False
-            queue = self.queues.setdefault(model_id, deque())
+            queue = self.queues.setdefault(model_id, deque()) if queued else deque()
             if queued and len(queue) >= self.max_queue:
                 raise Overloaded(
                     f"model {model_id}: {len(queue)} operations pending (the limit). Fix: wait "
