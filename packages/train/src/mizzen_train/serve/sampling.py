@@ -137,6 +137,11 @@ class Sampling:
 
         limits = self.config.sampling
         params = request.sampling_params
+        unserved = [name for name in ("prompt_logprobs", "topk_prompt_logprobs",
+                                      "topk_sample_logprobs", "prompt_alt_tokens_k",
+                                      "target_prompt_logprobs") if getattr(request, name)]  # fmt: skip
+        if unserved:
+            raise WireError(400, f"{unserved[0]}: not served by this server. Fix: leave it unset")
         if not 1 <= request.num_samples <= limits.max_samples:
             raise WireError(
                 400, f"num_samples: {request.num_samples}; served 1..{limits.max_samples}"
