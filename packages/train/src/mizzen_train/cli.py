@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--merged", action="store_true", help="also write merged HF models")
     _add_verbose(export)
 
+    from mizzen_train.serve.command import add_serve_command
+
+    add_serve_command(sub)
+    _add_verbose(sub.choices["serve"])
+
     plot = sub.add_parser(
         "plot",
         formatter_class=HelpFormatter,
@@ -303,6 +308,10 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> tuple[int, str | 
             return cmd_run(args, argv), None
         if args.command == "export":
             return cmd_export(args), None
+        if args.command == "serve":
+            from mizzen_train.serve.command import run_serve
+
+            return run_serve(args), None
         return cmd_plot(args), None
     except errors as exc:
         return 2, f"mizzen-train {args.command}: error: {exc}"

@@ -1,0 +1,160 @@
+"""The configuration of ``mizzen-train serve``: one base model, K slots, limits and paths.
+
+Read by the run configuration machinery (:mod:`mizzen_train.run.config`): a TOML file plus
+``--set KEY=VALUE`` overrides; every field declared once in :data:`SECTIONS`.  Sections::
+
+    [server]   host, port, state_dir (required), api_keys_file (required), limits
+    [model]    path (an HF Llama directory, or "tiny"), name (what clients ask for), device,
+               dtype, slots, max_rank, micro_batch_size, seq_bucket, threads, [model.tiny]
+    [sampling] engine ("embedded" | "none"), max_new_tokens
+
+Invariants:
+- Everything read is untrusted: an unknown key, a wrong type or a value out of range raises
+  :class:`~mizzen_train.run.config.ConfigError` naming the source, the field, the rule and the fix,
+  before anything is built.
+- API keys are never part of the configuration (only the path of the file holding them), so a
+  configuration can be printed or logged.
+- This module imports the standard library and the config machinery only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mizzen_train.run.config import (
+    ConfigError,
+    Presence,
+    Section,
+    build_config,
+    config_help,
+    opt,
+    read_config_source,
+)
+
+__all__ = ["SECTIONS", "ServeConfig", "load_serve_config"]
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    state_dir: str = opt(kind="str", help="models, checkpoints and published adapters live here")
+    api_keys_file: str = opt(
+        kind="str", help="a file of 'TENANT KEY' lines (keys start with tml-); never on a CLI"
+    )
+    host: str = opt("127.0.0.1", kind="str", help="address to listen on")
+    port: int = opt(8000, kind="int", low=0, high=65535, help="port (0: any free port)")
+    port_file: str = opt("", kind="str", help="write the bound URL here once serving")
+    max_queue: int = opt(64, kind="int", low=1, high=100_000, help="pending operations per model")
+    max_models_per_key: int = opt(8, kind="int", low=1, help="live models one API key may hold")
+    max_body_bytes: int = opt(
+        16 * 1024 * 1024, kind="int", low=1024, help="largest request body accepted"
+    )
+    max_datums: int = opt(512, kind="int", low=1, help="datums per forward/forward_backward")
+    max_batch_rows: int = opt(64, kind="int", low=1, help="rows of one batched executor step")
+    long_poll_s: float = opt(
+        20.0, kind="float", low=0.0, high=40.0, help="how long retrieve_future waits for a result"
+    )
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    path: str = opt(kind="str", help='the base model: an HF Llama directory, or "tiny"')
+    name: str = opt("", kind="str", help="the base model name clients ask for (default: path)")
+    tiny: Mapping = opt({}, kind="table", help='overrides of the tiny Llama (path = "tiny")')
+    device: str = opt("auto", kind="str", choices=("auto", "cpu", "cuda"), help="device")
+    dtype: str = opt("auto", kind="str", choices=("auto", "fp32", "bf16"), help="dtype")
+    slots: int = opt(4, kind="int", low=1, high=1024, help="K: LoRA slots (live models)")
+    max_rank: int = opt(32, kind="int", low=1, high=1024, help="largest LoRA rank a model may ask")
+    micro_batch_size: int = opt(1, kind="int", low=1, help="rows per executor micro-batch")
+    seq_bucket: int = opt(
+        32, kind="int", low=1, help="rows are padded to a multiple; equal buckets batch together"
+    )
+    seed: int = opt(0, kind="int", low=0, help='seed of the "tiny" model weights')
+    threads: int = opt(
+        0, kind="int", low=0, high=1024, help="torch CPU threads (0: torch's default)"
+    )
+
+
+@dataclass(frozen=True)
+class SamplingSection:
+    engine: str = opt(
+        "embedded", kind="str", choices=("embedded", "none"), help="what serves asample"
+    )
+    max_new_tokens: int = opt(512, kind="int", low=1, help="largest max_tokens of a sample")
+    max_samples: int = opt(64, kind="int", low=1, help="largest num_samples of one request")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    server: ServerSection
+    model: ModelSection
+    sampling: SamplingSection
+    source: str = ""
+
+    SECTIONS: ClassVar[dict[str, Section]] = {
+        "server": Section(ServerSection, Presence.REQUIRED),
+        "model": Section(ModelSection, Presence.REQUIRED),
+        "sampling": Section(SamplingSection, Presence.DEFAULTED),
+    }
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.server.state_dir)
+
+    @property
+    def base_model_name(self) -> str:
+        return self.model.name or self.model.path
+
+    def check(self) -> None:
+        if self.model.tiny:
+            from mizzen_train.hf.tiny import tiny_llama_config
+
+            try:
+                tiny_llama_config(**self.model.tiny)
+            except ValueError as exc:
+                raise ConfigError(
+                    "model.tiny", dict(self.model.tiny), str(exc), "drop the unknown keys",
+                    source=self.source,
+                ) from None  # fmt: skip
+        if self.server.port_file:
+            parent = Path(self.server.port_file).parent
+            if not parent.is_dir():
+                raise ConfigError(
+                    "server.port_file", self.server.port_file, "its directory does not exist",
+                    "create the directory or choose another path", source=self.source,
+                )  # fmt: skip
+        if self.model.path != "tiny" and not Path(self.model.path).is_dir():
+            raise ConfigError(
+                "model.path", self.model.path, "is not a directory",
+                'give an HF Llama directory, or "tiny"', source=self.source,
+            )  # fmt: skip
+        if not os.path.isfile(self.server.api_keys_file):
+            raise ConfigError(
+                "server.api_keys_file", self.server.api_keys_file, "is not a file",
+                "write 'TENANT KEY' lines to a file readable by the server only",
+                source=self.source,
+            )  # fmt: skip
+
+
+SECTIONS = ServeConfig.SECTIONS
+
+
+def parse_serve_config(raw: Mapping[str, Any], *, source: str = "<config>") -> ServeConfig:
+    config = build_config(
+        ServeConfig, dict(raw), SECTIONS, source=source, many_fix="(no list sections)"
+    )
+    config.check()
+    return config
+
+
+def load_serve_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> ServeConfig:
+    """Read ``path`` (TOML) with ``--set`` overrides; raises ConfigError naming the field."""
+    raw, source = read_config_source(path, overrides)
+    return parse_serve_config(raw, source=source)
+
+
+def serve_config_help() -> str:
+    return config_help(SECTIONS)

@@ -1,0 +1,165 @@
+"""Operations and their futures: per-model submission order, idempotent retries, admission.
+
+Every training call of the SDK is an *operation*: the POST answers at once with a request id
+(``UntypedAPIFuture``) and the client polls ``/retrieve_future`` for the outcome.
+
+Invariants:
+- Operations of one model run in submission order (one FIFO queue per model; the scheduler only
+  ever takes a queue's head).
+- A retried request returns the original future: the SDK numbers every request of a training
+  client (``seq_id``), so ``(model_id, seq_id)`` identifies it; requests without one use the
+  ``X-Idempotency-Key`` header.  A retry of a finished request returns its stored outcome.
+- Admission control: a model whose queue holds ``max_queue`` pending operations gets
+  :class:`Overloaded` (HTTP 429 with ``Retry-After``); nothing is queued.
+- A future is visible only to the tenant that submitted it; finished futures are kept for the
+  last ``keep`` operations, then forgotten (oldest first).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from mizzen_train.serve.wire import WireError
+
+__all__ = ["Operation", "OperationBook", "Overloaded"]
+
+
+class Overloaded(WireError):
+    """The model's queue is full: 429 with a Retry-After in seconds."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(429, message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)
+class Operation:
+    request_id: str
+    tenant: str
+    model_id: str
+    kind: str
+    payload: Any
+    submitted: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    #: (content type, body) when it succeeded; (message, category) when it failed
+    outcome: tuple[str, bytes] | None = None
+    failure: tuple[str, str] | None = None
+    started: float | None = None
+
+    waiters: list = field(default_factory=list)  # (loop, asyncio.Event) of long polls
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def succeed(self, content_type: str, body: bytes) -> None:
+        self.outcome = (content_type, body)
+        self._finish()
+
+    def fail(self, message: str, category: str = "user") -> None:
+        self.failure = (message, category)
+        self._finish()
+
+    def _finish(self) -> None:
+        with self.lock:
+            self.done.set()
+            waiters, self.waiters = self.waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait (without polling) until the operation is done or ``timeout_s`` passed."""
+        import asyncio
+
+        event = asyncio.Event()
+        with self.lock:
+            if self.done.is_set():
+                return True
+            self.waiters.append((asyncio.get_running_loop(), event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            with self.lock:
+                self.waiters = [w for w in self.waiters if w[1] is not event]
+        return self.done.is_set()
+
+
+class OperationBook:
+    """The futures of every tenant and the per-model queues (thread-safe)."""
+
+    def __init__(self, *, max_queue: int, keep: int = 10_000) -> None:
+        self.max_queue = max_queue
+        self.keep = keep
+        self.cond = threading.Condition()
+        self.queues: dict[str, deque[Operation]] = {}
+        self._futures: OrderedDict[str, Operation] = OrderedDict()
+        self._by_key: dict[tuple[str, str, object], str] = {}
+
+    def submit(
+        self,
+        tenant: str,
+        model_id: str,
+        kind: str,
+        payload: Any,
+        *,
+        key: object = None,
+        queued: bool = True,
+    ) -> tuple[Operation, bool]:
+        """``(operation, fresh)``: the original one on a retry (``fresh`` False)."""
+        with self.cond:
+            if key is not None:
+                known = self._by_key.get((tenant, model_id, key))
+                if known is not None and known in self._futures:
+                    return self._futures[known], False
+            queue = self.queues.setdefault(model_id, deque()) if queued else deque()
+            if queued and len(queue) >= self.max_queue:
+                raise Overloaded(
+                    f"model {model_id}: {len(queue)} operations pending (the limit). Fix: wait "
+                    "for results before submitting more", retry_after_s=1,
+                )  # fmt: skip
+            op = Operation(f"op-{uuid.uuid4().hex}", tenant, model_id, kind, payload)
+            self._futures[op.request_id] = op
+            if key is not None:
+                self._by_key[(tenant, model_id, key)] = op.request_id
+            if queued:
+                queue.append(op)
+                self.cond.notify_all()
+            self._forget_old()
+            return op, True
+
+    def _forget_old(self) -> None:
+        while len(self._futures) > self.keep:
+            request_id, op = next(iter(self._futures.items()))
+            if not op.done.is_set():
+                break
+            del self._futures[request_id]
+        if len(self._by_key) > 2 * self.keep:
+            self._by_key = {k: v for k, v in self._by_key.items() if v in self._futures}
+
+    def find(self, tenant: str, model_id: str, key: object) -> Operation | None:
+        """The operation submitted before under ``key``, if it is still known."""
+        with self.cond:
+            known = self._by_key.get((tenant, model_id, key))
+            return self._futures.get(known) if known is not None else None
+
+    def future(self, tenant: str, request_id: object) -> Operation | None:
+        op = self._futures.get(request_id) if isinstance(request_id, str) else None
+        return op if op is not None and op.tenant == tenant else None
+
+    def depth(self, model_id: str) -> int:
+        queue = self.queues.get(model_id)
+        return len(queue) if queue else 0
+
+    def heads(self) -> list[Operation]:
+        """The head of every non-empty queue, oldest submission first (call under ``cond``)."""
+        return sorted((q[0] for q in self.queues.values() if q), key=lambda op: op.submitted)
+
+    def pop(self, ops: list[Operation]) -> None:
+        with self.cond:
+            for op in ops:
+                queue = self.queues[op.model_id]
+                assert queue[0] is op
+                queue.popleft()
+            self.cond.notify_all()

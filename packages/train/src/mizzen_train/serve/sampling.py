@@ -1,0 +1,195 @@
+"""Sampling: published adapters on the embedded engine, sampling sessions, ``asample``.
+
+``save_weights_for_sampler`` exports a slot as a PEFT adapter (complete on disk before its
+rename, see :mod:`.state`); the engine loads it under a name derived from its Tinker path, and a
+sampling session names the adapter (or the base model) it samples from.
+
+Invariants:
+- The engine only ever loads a complete adapter directory (loading happens after the rename), and
+  a published name is never rewritten, so a sample never sees a half-written adapter.
+- A session belongs to the tenant that created it; its adapter is one of that tenant's
+  checkpoints (checked through :meth:`ServerState.owned_checkpoint`).
+- Adapters are loaded lazily after a restart: a session on a saved sampler checkpoint loads it.
+- ``train`` imports only :mod:`mizzen_rollout.api` (the engine, its client and request types).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from mizzen_train.serve.state import ServerState
+from mizzen_train.serve.wire import WireError, encode_sample_response
+
+__all__ = ["Sampling"]
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    tenant: str
+    base_model: str
+    model_path: str | None
+    adapter: str | None
+
+
+class Sampling:
+    def __init__(self, config, state: ServerState) -> None:
+        self.config = config
+        self.state = state
+        self.sessions: dict[str, SamplingSession] = {}
+        self.loaded: set[str] = set()
+        self._lock = threading.Lock()
+        self.engine = None
+        self.client = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.sampling.engine == "embedded"
+
+    def start(self, model_dir: Path, device: str) -> None:
+        """Launch the embedded engine (blocking; call before serving)."""
+        if not self.enabled:
+            return
+        from mizzen_rollout.api import launch_embedded
+
+        self.engine = launch_embedded(
+            model_path=str(model_dir), device=device,
+            load_dirs=(str(model_dir), str(self.state.checkpoints)),
+        )  # fmt: skip
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        from mizzen_rollout.api import SGLangClient
+
+        self.loop = loop
+        if self.engine is not None:
+            self.client = SGLangClient(self.engine.url, timeout_s=300.0)
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def create_session(self, tenant: str, model_path: str | None, base_model: str | None) -> str:
+        if not self.enabled:
+            raise WireError(501, "sampling is off on this server (sampling.engine = 'none')")
+        adapter = None
+        if model_path is not None:
+            _model_id, directory = self.state.owned_checkpoint(
+                tenant, model_path, "sampler_weights"
+            )
+            adapter = self._adapter_name(model_path)
+            self._load_threadsafe(adapter, directory)
+        elif base_model != self.config.base_model_name:
+            raise WireError(
+                400, f"base_model {str(base_model)[:80]!r} is not served. Fix: use "
+                f"{self.config.base_model_name!r}",
+            )  # fmt: skip
+        session_id = f"samp-{uuid.uuid4().hex}"
+        with self._lock:
+            self.sessions[session_id] = SamplingSession(
+                tenant, self.config.base_model_name, model_path, adapter
+            )
+        return session_id
+
+    def session_of(self, tenant: str, session_id: object) -> SamplingSession | None:
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        return session if session is not None and session.tenant == tenant else None
+
+    def publish(self, tenant: str, model_path: str, directory: Path) -> str:
+        """Load a just-saved sampler adapter and open a session on it (from any thread)."""
+        return self.create_session(tenant, model_path, None)
+
+    @staticmethod
+    def _adapter_name(model_path: str) -> str:
+        return "lora-" + hashlib.sha256(model_path.encode()).hexdigest()[:20]
+
+    def _load_threadsafe(self, adapter: str, directory: Path) -> None:
+        if adapter in self.loaded:
+            return
+        assert self.loop is not None and self.client is not None
+        coroutine = self.client.load_lora_adapter(adapter, str(directory))
+        try:
+            asyncio.get_running_loop()
+            running = True
+        except RuntimeError:
+            running = False
+        if running:
+            raise RuntimeError("_load_threadsafe called on the event loop")
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=300)
+        self.loaded.add(adapter)
+
+    async def load(self, adapter: str, directory: Path) -> None:
+        if adapter not in self.loaded:
+            await self.client.load_lora_adapter(adapter, str(directory))
+            self.loaded.add(adapter)
+
+    # -- sampling -------------------------------------------------------------------------------
+
+    async def sample(self, session: SamplingSession, request) -> bytes:
+        """The SDK ``SampleRequest`` served by the engine, as the SDK's protobuf response."""
+        from mizzen_rollout.api import GenerateRequest, SamplingParams
+
+        limits = self.config.sampling
+        params = request.sampling_params
+        unserved = [name for name in ("prompt_logprobs", "topk_prompt_logprobs",
+                                      "topk_sample_logprobs", "prompt_alt_tokens_k",
+                                      "target_prompt_logprobs") if getattr(request, name)]  # fmt: skip
+        if unserved:
+            raise WireError(400, f"{unserved[0]}: not served by this server. Fix: leave it unset")
+        if not 1 <= request.num_samples <= limits.max_samples:
+            raise WireError(
+                400, f"num_samples: {request.num_samples}; served 1..{limits.max_samples}"
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else 64
+        if not 1 <= max_tokens <= limits.max_new_tokens:
+            raise WireError(400, f"sampling_params.max_tokens: served 1..{limits.max_new_tokens}")
+        stop = params.stop
+        stop_strings = (
+            (stop,)
+            if isinstance(stop, str)
+            else tuple(s for s in (stop or ()) if isinstance(s, str))
+        )
+        stop_ids = (
+            tuple(s for s in (stop or ()) if isinstance(s, int))
+            if not isinstance(stop, str)
+            else ()
+        )
+        prompt = request.prompt.to_ints()
+        try:
+            requests = [
+                GenerateRequest(
+                    request_id=f"{uuid.uuid4().hex}",
+                    input_ids=tuple(prompt),
+                    sampling=SamplingParams(
+                        max_new_tokens=max_tokens,
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        top_k=params.top_k,
+                        seed=None if params.seed is None else params.seed + index,
+                        stop=stop_strings,
+                        stop_token_ids=stop_ids,
+                    ),
+                    return_logprob=True,
+                    lora_path=session.adapter,
+                )
+                for index in range(request.num_samples)
+            ]
+        except ValueError as exc:
+            raise WireError(400, f"sampling_params: {exc}") from None
+        results = await self.client.generate_batch(requests)
+        sequences = []
+        for result in results:
+            kind = result.finish.kind
+            if kind == "abort":
+                raise RuntimeError(f"the engine aborted a sample: {result.finish.message}")
+            sequences.append((
+                "length" if kind == "length" else "stop", list(result.output_ids),
+                list(result.output_logprobs or [0.0] * len(result.output_ids)),
+            ))  # fmt: skip
+        return encode_sample_response(sequences)

@@ -1,0 +1,157 @@
+"""The server's state on disk: which models exist (owner, LoRA shape) and their checkpoints.
+
+Layout under ``state_dir``::
+
+    models.json                                   {model_id: ModelRecord fields}
+    checkpoints/<model_id>/weights/<name>/        a slot checkpoint (adapter, Adam, step)
+    checkpoints/<model_id>/sampler_weights/<name>/ a PEFT adapter the engine serves
+
+and the Tinker path of a checkpoint is ``tinker://<model_id>/<kind>/<name>``.
+
+Invariants:
+- Every write is atomic: a file is written to a temporary name, flushed and renamed; a
+  checkpoint directory is complete under a temporary name before it is renamed into place, so a
+  reader (the engine loading an adapter, a restarted server) never sees half of one.
+- Names in requests are names, never paths: :func:`check_name` admits ``[A-Za-z0-9._-]``, 1..64
+  characters, not starting with ``.``; a Tinker path is parsed by the SDK's own parser and its
+  model must belong to the asking tenant (:meth:`ServerState.owned_checkpoint`), else it does not
+  exist for that tenant.
+- A restart keeps every saved checkpoint and every model's owner; a model's live (unsaved)
+  weights live only in its slot and end with the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mizzen_train.serve.wire import WireError
+
+__all__ = ["KINDS", "ModelRecord", "ServerState", "check_name"]
+
+NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+#: Tinker path segment -> SDK checkpoint type
+KINDS = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def check_name(value: object, field: str) -> str:
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise WireError(
+            400,
+            f"{field}: {str(value)[:80]!r} is not a checkpoint name. Fix: use 1-64 of "
+            "[A-Za-z0-9._-], not starting with '.'; names, never paths",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    model_id: str
+    tenant: str
+    base_model: str
+    rank: int
+    seed: int
+    created: float
+
+
+def _write_json_atomic(path: Path, payload: object) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class ServerState:
+    """Models and checkpoints under ``root`` (thread-safe)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.checkpoints = root / "checkpoints"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.models: dict[str, ModelRecord] = {}
+        path = root / "models.json"
+        if path.exists():
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            self.models = {key: ModelRecord(**value) for key, value in raw.items()}
+
+    def add_model(self, record: ModelRecord) -> None:
+        with self._lock:
+            self.models[record.model_id] = record
+            _write_json_atomic(
+                self.root / "models.json", {k: asdict(v) for k, v in self.models.items()}
+            )
+
+    def model_of(self, tenant: str, model_id: object) -> ModelRecord | None:
+        record = self.models.get(model_id) if isinstance(model_id, str) else None
+        return record if record is not None and record.tenant == tenant else None
+
+    def checkpoint_dir(self, model_id: str, kind: str, name: str) -> Path:
+        return self.checkpoints / model_id / kind / name
+
+    def write_checkpoint(
+        self, model_id: str, kind: str, name: str, write: Callable[[Path], None]
+    ) -> Path:
+        """Run ``write(tmp_dir)`` and rename it into place; refuses an existing name."""
+        target = self.checkpoint_dir(model_id, kind, name)
+        if target.exists():
+            raise WireError(409, f"path: {name!r} exists for this model. Fix: choose a new name")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+        try:
+            write(tmp)
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def owned_checkpoint(self, tenant: str, tinker_path: object, kind: str) -> tuple[str, Path]:
+        """``(model_id, directory)`` of a tenant's checkpoint path; 404 otherwise (also when it
+        is another tenant's: its existence is not revealed)."""
+        from tinker.types import ParsedCheckpointTinkerPath
+
+        try:
+            parsed = ParsedCheckpointTinkerPath.from_tinker_path(str(tinker_path))
+        except (ValueError, TypeError):
+            raise WireError(
+                400, f"path: {str(tinker_path)[:120]!r} is not tinker://<model_id>/{kind}/<name>"
+            ) from None
+        segment, _, name = parsed.checkpoint_id.partition("/")
+        record = self.model_of(tenant, parsed.training_run_id)
+        directory = self.checkpoint_dir(parsed.training_run_id, segment, name)
+        if (
+            segment != kind
+            or NAME.fullmatch(name) is None
+            or record is None
+            or not directory.is_dir()
+        ):
+            raise WireError(404, f"checkpoint {str(tinker_path)[:120]!r} not found for this key")
+        return parsed.training_run_id, directory
+
+    def list_checkpoints(self, model_id: str) -> list[dict]:
+        found = []
+        for kind, kind_type in KINDS.items():
+            base = self.checkpoints / model_id / kind
+            for entry in sorted(base.iterdir()) if base.is_dir() else []:
+                if entry.name.startswith(".") or not entry.is_dir():
+                    continue
+                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                found.append({
+                    "checkpoint_id": f"{kind}/{entry.name}",
+                    "checkpoint_type": kind_type,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.stat().st_mtime)),
+                    "tinker_path": f"tinker://{model_id}/{kind}/{entry.name}",
+                    "size_bytes": size,
+                })  # fmt: skip
+        return found

@@ -1,0 +1,94 @@
+"""``mizzen-train serve``'s untrusted inputs that need no server: the API-key file, the
+configuration, checkpoint names and the wire decoder.  Each refusal is one line naming the file
+(and line) or the field, the rule and the fix -- and never contains a key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mizzen_ci import register_cpu_ci
+from mizzen_train.run.config import ConfigError
+from mizzen_train.serve.auth import KeyFileError, read_key_file
+from mizzen_train.serve.config import parse_serve_config
+from mizzen_train.serve.state import check_name
+from mizzen_train.serve.wire import WireError, decode_forward_backward
+
+register_cpu_ci(est_time=8, labels=["train"])
+
+KEY = "tml-" + "a" * 30
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "rule"),
+    [
+        (f"alice {KEY}\nbob\n", 2, "[key-line]"),
+        (f"al/ice {KEY}\n", 1, "[tenant-name]"),
+        ("alice sk-" + "a" * 30 + "\n", 1, "[key-format]"),
+        (f"# comment\nalice {KEY}\nbob {KEY}\n", 3, "[key-unique]"),
+    ],
+)
+def test_key_file_refusals_name_the_line_and_never_the_key(tmp_path, text, line, rule):
+    path = tmp_path / "keys"
+    path.write_text(text)
+    with pytest.raises(KeyFileError) as caught:
+        read_key_file(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: {rule}") and "Fix:" in message
+    assert "a" * 30 not in message
+
+
+def test_keys_map_to_their_tenant_only(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"alice {KEY}\nbob tml-{'b' * 30}\n")
+    table = read_key_file(path)
+    assert table.tenant_of(KEY) == "alice"
+    assert table.tenant_of(f"tml-{'b' * 30}") == "bob"
+    assert table.tenant_of(KEY[:-1]) is None and table.tenant_of(None) is None
+    assert KEY not in repr(table) and "alice" in repr(table)
+
+
+def test_config_refusals_name_the_field(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {KEY}\n")
+    server = {"state_dir": str(tmp_path / "s"), "api_keys_file": str(keys)}
+    for model, field in [
+        ({"path": "tiny", "slots": 0}, "model.slots"),
+        ({"path": "tiny", "tiny": {"no_such_field": 1}}, "model.tiny"),
+        ({"path": str(tmp_path / "missing")}, "model.path"),
+        ({"path": "tiny", "api_key": KEY}, "model.api_key"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(field)):
+            parse_serve_config({"server": server, "model": model})
+    missing = dict(server, api_keys_file=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match=re.escape("server.api_keys_file")):
+        parse_serve_config({"server": missing, "model": {"path": "tiny"}})
+    config = parse_serve_config({"server": server, "model": {"path": "tiny", "name": "m"}})
+    assert config.base_model_name == "m" and config.sampling.engine == "embedded"
+
+
+@pytest.mark.parametrize("name", ["../x", ".hidden", "a/b", "", "x" * 65, 7, "tinker://m/w/x"])
+def test_checkpoint_names_are_names_not_paths(name):
+    with pytest.raises(WireError, match="not a checkpoint name"):
+        check_name(name, "path")
+
+
+def test_wire_decoder_refuses_garbage_and_image_chunks():
+    from tinker import types
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    with pytest.raises(WireError, match="not a ForwardBackwardRequest"):
+        decode_forward_backward(b"\xff\x00" * 8, limit=1 << 20)
+    with pytest.raises(WireError, match="Content-Encoding 'gzip' is not served"):
+        decode_forward_backward(b"", content_encoding="gzip", limit=1 << 20)
+    image = types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)
+    datum = types.Datum(model_input=types.ModelInput(chunks=[image]), loss_fn_inputs={})
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"),
+        model_id="m",
+        seq_id=1,
+    )
+    body = forward_backward_request_to_proto(request).SerializeToString()
+    with pytest.raises(WireError, match="image chunks are not served"):
+        decode_forward_backward(body, limit=1 << 20)
