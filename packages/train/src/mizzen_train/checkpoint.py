@@ -24,6 +24,11 @@ Invariants:
 - Loading never trusts the directory: format, parallel layout, max rank, the shard for this
   rank's coordinates, its size, its tensor names and shapes are checked, with the file and field
   named, before anything is applied.
+- A checkpoint restores at another tensor-parallel size (resharding): every saved TP shard is
+  read, each split factor joined along its ``split_dim`` (as :func:`export_adapter` joins it) and
+  cut into this rank's contiguous chunk (as the slot's layer cuts a full factor), replicated
+  factors taken from ``tp00``.  Masters and both Adam moments are elementwise, so the restored
+  state is exactly the saved one.  Pipeline and expert layouts must match.
 - Export trims the max-rank padding along the rank axis *counted from the end* (so a leading
   expert axis is never cut) and asserts the trimmed padding is zero.
 """
@@ -265,13 +270,19 @@ def read_slot_shard(
     manifest = read_manifest(root)
     where = root / MANIFEST
     sizes = parallel_sizes()
-    for axis, size in sizes.items():
-        saved = manifest["parallel"].get(axis)
-        if saved != size:
+    saved_parallel = manifest.get("parallel")
+    if not isinstance(saved_parallel, dict):
+        raise SlotCheckpointError(f"{where}: parallel={saved_parallel!r} is not a table")
+    for axis in ("pp", "ep"):
+        saved = saved_parallel.get(axis)
+        if saved != sizes[axis]:
             raise SlotCheckpointError(
-                f"{where}: parallel.{axis}={saved} but this job runs {axis}={size}; slot "
-                "checkpoints are not resharded: restore with the parallel layout that saved it"
+                f"{where}: parallel.{axis}={saved} but this job runs {axis}={sizes[axis]}; "
+                f"only the tensor-parallel size reshards: restore with {axis}={saved}"
             )
+    saved_tp = saved_parallel.get("tp")
+    if isinstance(saved_tp, bool) or not isinstance(saved_tp, int) or saved_tp < 1:
+        raise SlotCheckpointError(f"{where}: parallel.tp={saved_tp!r} is not a positive integer")
     if manifest["max_rank"] != max_rank:
         raise SlotCheckpointError(
             f"{where}: max_rank={manifest['max_rank']} but the executor's max_rank={max_rank}; "
@@ -281,26 +292,11 @@ def read_slot_shard(
     if not 1 <= spec.rank <= max_rank:
         raise SlotCheckpointError(f"{where}: slot_spec.rank={spec.rank} not in [1, {max_rank}]")
     coordinates = current_coordinates()
-    shard = manifest["shards"].get(coordinates.tag)
-    if shard is None:
-        raise SlotCheckpointError(
-            f"{where}: no shard for coordinates {coordinates.tag} (have "
-            f"{sorted(manifest['shards'])}); the checkpoint is incomplete"
-        )
-    path = root / shard["file"]
-    if not path.is_file() or path.stat().st_size != shard["bytes"]:
-        found = path.stat().st_size if path.is_file() else "missing"
-        raise SlotCheckpointError(
-            f"{path}: size {found}, manifest says {shard['bytes']} bytes; the shard was changed "
-            "or lost after its commit"
-        )
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
-        raise SlotCheckpointError(
-            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
-            f"manifest expects {coordinates.tag} step={manifest['step']}"
-        )
-    tensors = payload["tensors"]
+    if saved_tp == sizes["tp"]:
+        tensors = _read_shard(root, manifest, coordinates)
+    else:
+        tensors = _resharded_tensors(root, manifest, coordinates, saved_tp, sizes["tp"])
+    path = where
     names = {key.rsplit("/", 1)[0] for key in tensors}
     if names != set(expected_shapes):
         missing = sorted(set(expected_shapes) - names)[:3]
@@ -320,6 +316,77 @@ def read_slot_shard(
                 )
             state[entry][name] = tensor
     return LoadedShard(spec, int(manifest["step"]), state)
+
+
+def _read_shard(
+    root: Path, manifest: Mapping[str, Any], coordinates: ShardCoordinates
+) -> dict[str, torch.Tensor]:
+    """The tensors of the committed shard at ``coordinates``, its size and header checked."""
+    where = root / MANIFEST
+    shards = manifest.get("shards")
+    shard = shards.get(coordinates.tag) if isinstance(shards, dict) else None
+    if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+        have = sorted(shards) if isinstance(shards, dict) else shards
+        raise SlotCheckpointError(
+            f"{where}: no shard for coordinates {coordinates.tag} (have {have}); the "
+            "checkpoint is incomplete"
+        )
+    path = root / shard["file"]
+    if root.resolve() not in path.resolve().parents:
+        raise SlotCheckpointError(f"{where}: shard file {shard['file']!r} is outside {root}")
+    if not path.is_file() or path.stat().st_size != shard.get("bytes"):
+        found = path.stat().st_size if path.is_file() else "missing"
+        raise SlotCheckpointError(
+            f"{path}: size {found}, manifest says {shard.get('bytes')} bytes; the shard was "
+            "changed or lost after its commit"
+        )
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
+        raise SlotCheckpointError(
+            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
+            f"manifest expects {coordinates.tag} step={manifest['step']}"
+        )
+    return payload["tensors"]
+
+
+def _resharded_tensors(
+    root: Path,
+    manifest: Mapping[str, Any],
+    coordinates: ShardCoordinates,
+    saved_tp: int,
+    tp_size: int,
+) -> dict[str, torch.Tensor]:
+    """This rank's tensors cut from the ``saved_tp`` shards of a checkpoint written at another
+    tensor-parallel size (see the module docstring)."""
+    where = root / MANIFEST
+    parts = [
+        _read_shard(root, manifest, ShardCoordinates(tp, coordinates.pp, coordinates.ep))
+        for tp in range(saved_tp)
+    ]
+    factors = manifest["shards"][ShardCoordinates(0, coordinates.pp, coordinates.ep).tag].get(
+        "factors", {}
+    )
+    tensors: dict[str, torch.Tensor] = {}
+    for key in parts[0]:
+        name = key.rsplit("/", 1)[0]
+        meta = factors.get(name)
+        if not isinstance(meta, dict) or any(key not in part for part in parts):
+            raise SlotCheckpointError(
+                f"{where}: factor {name!r} is not described in every shard; the checkpoint is "
+                "incomplete"
+            )
+        split_dim = meta.get("split_dim")
+        if split_dim is None:
+            tensors[key] = parts[0][key]
+            continue
+        full = torch.cat([part[key] for part in parts], dim=split_dim)
+        if full.shape[split_dim] % tp_size:
+            raise SlotCheckpointError(
+                f"{where}: {key} has {full.shape[split_dim]} entries on its split axis, which "
+                f"do not divide over tensor-parallel size {tp_size}; restore at another size"
+            )
+        tensors[key] = full.chunk(tp_size, dim=split_dim)[coordinates.tp].contiguous()
+    return tensors
 
 
 def trim_rank_padding(
