@@ -180,13 +180,7 @@ def _load_errors_scenario(kit, tp2_dir: str, tmp: str) -> dict[str, str]:
             errors[name] = str(exc)
 
     executor = kit.tiny_executor(num_slots=1, max_rank=8)
-    attempt("tp", executor, tp2_dir)  # saved at TP=2, restored at TP=1: resharded
-    expected = kit.random_adapter(executor, 4, seed=3)
-    restored = executor.adapter_weights(0)
-    errors["tp_weights_equal"] = str(
-        all(torch.equal(restored[name], expected[name]) for name in expected)
-    )
-    executor.unload_slot(0)
+    attempt("tp", executor, tp2_dir)
     attempt("empty", executor, f"{tmp}/empty")
     executor.load_slot(0, 4, 8.0)
     executor.save_slot(0, f"{tmp}/tp1")
@@ -204,7 +198,7 @@ def test_load_validates_layout_rank_targets_and_files(kit, tmp_path):
     tp2_dir = tmp_path / "tp2"
     kit.run_ranks(_save_tp2, world_size=2, tp=2, args=(kit, str(tp2_dir)))
     (errors,) = kit.run_ranks(_load_errors_scenario, args=(kit, str(tp2_dir), str(tmp_path)))
-    assert errors["tp"] == "loaded" and errors["tp_weights_equal"] == "True"  # resharded
+    assert "parallel.tp=2 but this job runs tp=1" in errors["tp"]
     assert "no manifest" in errors["empty"]
     assert "max_rank=8 but the executor's max_rank=4" in errors["max_rank"]
     assert "factors do not match" in errors["targets"]

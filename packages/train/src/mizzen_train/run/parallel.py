@@ -201,7 +201,7 @@ def check_split(
             )
             raise ConfigError(
                 field, value,
-                f"{what} = {quantity} must divide by {size} ({plan.describe()})",
+                f"{what} = {quantity} must be divisible by {size} ({plan.describe()})",
                 "choose sizes that divide it (or change the model / rows)", source=source,
             )  # fmt: skip
 
@@ -216,6 +216,7 @@ class RankWorld:
     def __init__(self, plan: WorldPlan, device: str) -> None:
         self.plan = plan
         self.device = device
+        self._leading = False
 
     @property
     def rank(self) -> int:
@@ -293,9 +294,11 @@ class RankWorld:
         if self.size == 1:
             return work()
         if self.is_writer:
+            self._leading = True
             try:
                 return work()
             finally:
+                self._leading = False
                 self.share(None)  # the end of the orders
         while True:
             order = self.share(None)
@@ -304,8 +307,9 @@ class RankWorld:
             follower(*order)
 
     def order(self, *args: Any) -> None:
-        """Writer, inside :meth:`lead`: the other ranks run ``follower(*args)`` now."""
-        if self.size > 1 and self.is_writer:
+        """Writer, inside :meth:`lead`: the other ranks run ``follower(*args)`` now (outside
+        it nobody follows: nothing is sent)."""
+        if self._leading:
             self.share(args)
 
     # -- megatron ---------------------------------------------------------------------------

@@ -40,6 +40,9 @@ from typing import Any, Protocol
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+#: Where slot checkpoints saved at another tensor-parallel size are resharded on restore (a
+#: ``.tmp-`` entry of ``checkpoints/``: a killed start's is removed like a partial checkpoint).
+RESHARD_DIR = ".tmp-reshard"
 FORMAT = "mizzen-sft-run/1"
 CHECKPOINT_FORMAT = "mizzen-sft-checkpoint/1"
 

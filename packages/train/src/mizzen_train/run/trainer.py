@@ -45,6 +45,8 @@ import hashlib
 import importlib.util
 import json
 import random
+import shutil
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -69,9 +71,11 @@ from mizzen_train.run.process import resolve_device
 from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
 from mizzen_train.run.state import (
+    RESHARD_DIR,
     LoadedCheckpoint,
     RunStateError,
     check_run_dir,
+    checkpoints_dir,
     complete_checkpoints,
     load_checkpoint,
     open_run,
@@ -374,6 +378,8 @@ class Trainer:
             lambda: load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
         )
         self.restore(checkpoint)
+        if world.is_writer:  # every rank has read its shards (restore_slot agrees on it)
+            shutil.rmtree(checkpoints_dir(self.run_dir) / RESHARD_DIR, ignore_errors=True)
         set_rng_state(checkpoint.rng)
         self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
         return checkpoint.step
@@ -392,13 +398,39 @@ class Trainer:
     def restore_slot(self, name: str, checkpoint: LoadedCheckpoint) -> None:
         """Tenant ``name``'s slot from ``checkpoint``, refused if its LoRA shape changed."""
         tenant, slot = self.tenant_of[name], self.slot_of[name]
-        spec = self.executor.restore_slot(slot, str(checkpoint.path / "slots" / name))
+        directory = self._at_this_layout(checkpoint.path / "slots" / name)
+        spec = self.executor.restore_slot(slot, str(directory))
         if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
             raise ConfigError(
                 f"tenants[{slot}].lora_rank", tenant.lora_rank,
                 f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
                 "resume with the original LoRA settings", source=self.config.source,
             )  # fmt: skip
+
+    def _at_this_layout(self, directory: Path) -> Path:
+        """A slot checkpoint at this world's tensor-parallel size: ``directory`` itself, or
+        (saved at another size) a resharded copy the writer makes under the checkpoints'
+        ``.tmp-reshard/`` (removed after the restore, and by the next start if killed)."""
+        from megatron.core import parallel_state
+
+        from mizzen_train.checkpoint import reshard_slot_checkpoint, saved_tp_size
+
+        world = self.world
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        saved = world.agreed(lambda: saved_tp_size(directory) if world.is_writer else None)
+        saved = world.share(saved)
+        if saved == tp_size:
+            return directory
+        target = world.share(
+            checkpoints_dir(self.run_dir) / RESHARD_DIR / f"{directory.name}-{uuid.uuid4().hex}"
+        )
+        world.agreed(
+            lambda: reshard_slot_checkpoint(
+                directory, target, tp_size=tp_size, relayout=_fused_relayout(self.model_spec)
+            ) if world.is_writer else None
+        )  # fmt: skip
+        self.progress.print(f"resharded {directory} from TP={saved} to TP={tp_size}")
+        return target
 
     # -- evaluation points ------------------------------------------------------------------
 
@@ -689,6 +721,21 @@ def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, 
                 record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
             )
     return final
+
+
+def _fused_relayout(spec):
+    """The ``relayout`` of :func:`~mizzen_train.checkpoint.reshard_slot_checkpoint` for this
+    model: a fused factor's joined tensor at one TP size in the fused layout of another (through
+    the Hugging Face modules' tensors, which no TP size changes)."""
+    from mizzen_train.hf.convert import layout_of
+
+    def relayout(name: str, full: torch.Tensor, saved: int, size: int) -> torch.Tensor:
+        if not name.endswith(".lora_B"):  # A factors split along the input: no fused layout
+            return full
+        key = name[: -len(".lora_B")]
+        return layout_of(spec, size).from_hf(key, layout_of(spec, saved).to_hf(key, full))
+
+    return relayout
 
 
 def _context_parallel_supported() -> bool:
