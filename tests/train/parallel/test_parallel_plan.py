@@ -91,8 +91,9 @@ def test_every_split_rule_names_its_field(spec, sizes, rows, seq_len, field, wor
                     context_supported=True)  # fmt: skip
     assert caught.value.field == field and words in str(caught.value)
     fitting = plan_world(_parallel(tensor=2, context=sizes.get("context", 1)), TORCHRUN)
-    check_split(fitting, SPEC, rows=16, seq_len=64, micro_batch_size=2, source="",
-                context_supported=True)  # fmt: skip  (a split that fits passes)
+    check_split(
+        fitting, SPEC, rows=16, seq_len=64, micro_batch_size=2, source="", context_supported=True
+    )  # fmt: skip  (a split that fits passes)
 
 
 def test_context_parallel_is_refused_until_the_attention_splits_sequences():

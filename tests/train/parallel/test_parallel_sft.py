@@ -113,7 +113,7 @@ def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> 
     names = ["dp2", "dp2_to_dp1", "dp2tp2", "tp2_to_tp1", "export_tp1"]
     out["codes"].update(zip(names, codes, strict=True))
     out["wall_s"] = time.monotonic() - started
-    out["records"] = {name: pr.read_metrics(out[name]) for name in names[:4] + ["single", "tp2"]}
+    out["records"] = {name: pr.read_metrics(out[name]) for name in [*names[:4], "single", "tp2"]}
     out["logs"] = {p.stem: p.read_text(errors="replace") for p in root.glob("*.log")}
     print(f"parallel runs: {out['wall_s']:.1f} s wall")
     return out
@@ -121,9 +121,9 @@ def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> 
 
 def _check_exit(runs: dict[str, Any], *names: str) -> None:
     for name in names:
-        assert runs["codes"][name] == 0, f"{name} exited {runs['codes'][name]}:\n" + runs[
-            "logs"
-        ].get(name, "")[-3000:]
+        assert runs["codes"][name] == 0, (
+            f"{name} exited {runs['codes'][name]}:\n" + runs["logs"].get(name, "")[-3000:]
+        )
 
 
 def _relative(a: float, b: float) -> float:
@@ -219,9 +219,7 @@ def test_exports_are_the_same_files_at_tp2_and_tp1(parallel_runs, runs):
     assert different == []
 
 
-def test_a_killed_rank_fails_the_run_cleanly_and_resume_continues_bit_for_bit(
-    parallel_runs, runs
-):
+def test_a_killed_rank_fails_the_run_cleanly_and_resume_continues_bit_for_bit(parallel_runs, runs):
     assert runs["killed_code"] != 0
     assert runs["killed_exit_s"] < 60, "the other rank hung after its peer died"
     checkpoints = runs["killed_checkpoints"]

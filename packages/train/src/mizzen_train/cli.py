@@ -14,7 +14,9 @@ Invariants:
   [rollout], [algo], [eval]), generated from the one field table of each command's config
   module, and ``--set KEY=VALUE`` for anything (``tenants.0.lr=1e-4``).
 - Exit codes: 0 done; 2 a configuration, data or model-directory error (one message naming the
-  field or file, the rule and the fix -- no traceback); 1 the run failed while training.
+  field or file, the rule and the fix -- no traceback; under torchrun, a step every rank agrees
+  on is reported by the rank that failed it, the others exit 2 silently); 1 the run failed while
+  training.
 - Importing this module imports nothing heavy; the trainer loads torch and megatron when it runs.
 """
 
@@ -240,6 +242,7 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from mizzen_train.run.parallel import RankFailed
     from mizzen_train.run.plot import PlotError
 
     errors = (*_config_errors(), PlotError)
@@ -249,6 +252,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "export":
             return cmd_export(args)
         return cmd_plot(args)
+    except RankFailed:  # another rank of a torchrun launch failed a step and said why
+        return 2
     except errors as exc:
         print(f"mizzen-train {args.command}: error: {exc}", file=sys.stderr)
         return 2

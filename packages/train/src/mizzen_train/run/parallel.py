@@ -52,6 +52,7 @@ __all__ = [
     "WorldPlan",
     "check_split",
     "join_world",
+    "one_rank",
     "plan_world",
 ]
 
@@ -331,6 +332,11 @@ class RankWorld:
             yield
         finally:
             parallel_state.destroy_model_parallel()
+
+
+def one_rank() -> RankWorld:
+    """The world of a process that has joined none (a trainer before :func:`join_world`)."""
+    return RankWorld(plan_world(ParallelConfig(), {}), "cpu")
 
 
 @contextlib.contextmanager

@@ -60,13 +60,13 @@ from mizzen_train.run.metrics import (
     METRICS_FILE,
     MetricsLog,
     Progress,
-    format_duration,
     UnwrittenMetrics,
+    format_duration,
     read_metrics,
     rewrite_for_resume,
     settled_eval_keys,
 )
-from mizzen_train.run.parallel import RankWorld, check_split, join_world, plan_world
+from mizzen_train.run.parallel import RankWorld, check_split, join_world, one_rank, plan_world
 from mizzen_train.run.process import resolve_device
 from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
@@ -151,6 +151,7 @@ class Trainer:
         self.run_dir = config.run_dir
         self.eval_points = set(config.eval_points())
         self.exported: Path | None = None
+        self.world = one_rank()  # until run_trainer joins the run's world
 
     def join(self, world: RankWorld) -> None:
         """This trainer is ``world``'s rank: only the writer prints."""
@@ -307,9 +308,7 @@ class Trainer:
             f"{len(config.tenants)} tenant(s) on {self.model_dir} ({spec.parameter_count():,} "
             f"parameters, {self.device}, {self.dtype}); {self.engines_text()}"
         )
-        self.dispatcher = (
-            self._dispatcher(records) if self.evaluators and world.is_writer else None
-        )
+        self.dispatcher = self._dispatcher(records) if self.evaluators and world.is_writer else None
         if self.dispatcher is not None:
             self._start_dispatcher()
 
@@ -367,7 +366,8 @@ class Trainer:
             removed = remove_partial_checkpoints(self.run_dir)
             if removed:
                 self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
-        found = complete_checkpoints(self.run_dir) if self.identity.resumed and world.is_writer else []
+        resumed = self.identity.resumed and world.is_writer
+        found = complete_checkpoints(self.run_dir) if resumed else []
         checkpoints = world.share(found)  # the writer's view: the same checkpoint on every rank
         if not checkpoints:
             random.seed(self.config.run.seed)
@@ -648,6 +648,7 @@ class Trainer:
         )
         for name in names:
             self.restore_slot(name, checkpoint)
+        shutil.rmtree(checkpoints_dir(self.run_dir) / RESHARD_DIR, ignore_errors=True)
         return self.export(checkpoint.step, names, merged=merged)
 
     def export_final(self) -> Path:
