@@ -220,6 +220,7 @@ def test_exports_are_the_same_files_at_tp2_and_tp1(parallel_runs, runs):
 
 
 def test_a_killed_rank_fails_the_run_cleanly_and_resume_continues_bit_for_bit(parallel_runs, runs):
+    print(f"killed run: exit code {runs['killed_code']} {runs['killed_exit_s']:.1f} s after the kill")
     assert runs["killed_code"] != 0
     assert runs["killed_exit_s"] < 60, "the other rank hung after its peer died"
     checkpoints = runs["killed_checkpoints"]
