@@ -141,6 +141,15 @@ def test_every_layout_matches_one_rank_step_for_step(parallel_runs, runs, layout
     print(f"{layout}: worst per-step relative loss difference {worst:.3g}")
     assert worst <= PARITY_RTOL
     assert reference[(STEPS, "alpha")] < reference[(1, "alpha")]  # it trains
+    norms = {
+        name: {
+            (r["step"], r["tenant"]): r["grad_norm"]
+            for r in runs["records"][name]
+            if r["kind"] == "train"
+        }
+        for name in ("single", layout)
+    }  # fmt: skip  (the gradient norm is the whole world's too)
+    assert max(_relative(norms[layout][k], norms["single"][k]) for k in reference) <= PARITY_RTOL
 
 
 @pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2"])
@@ -220,7 +229,9 @@ def test_exports_are_the_same_files_at_tp2_and_tp1(parallel_runs, runs):
 
 
 def test_a_killed_rank_fails_the_run_cleanly_and_resume_continues_bit_for_bit(parallel_runs, runs):
-    print(f"killed run: exit code {runs['killed_code']} {runs['killed_exit_s']:.1f} s after the kill")
+    print(
+        f"killed run: exit code {runs['killed_code']} {runs['killed_exit_s']:.1f} s after the kill"
+    )
     assert runs["killed_code"] != 0
     assert runs["killed_exit_s"] < 60, "the other rank hung after its peer died"
     checkpoints = runs["killed_checkpoints"]
