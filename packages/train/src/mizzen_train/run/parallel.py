@@ -319,6 +319,10 @@ class RankWorld:
     def model_parallel(self) -> Iterator[None]:
         """megatron's parallel state with this world's tensor and context sizes (unless one
         already exists: a test's, left as it was)."""
+        if self.device == "cpu":  # megatron is imported here first: after the lock's check
+            from mizzen_train.megatron_on_cpu import install_megatron_cpu_shim
+
+            install_megatron_cpu_shim()
         from megatron.core import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
@@ -347,11 +351,7 @@ def join_world(plan: WorldPlan, device: str) -> Iterator[RankWorld]:
 
     import torch
 
-    if device == "cpu":
-        from mizzen_train.megatron_on_cpu import install_megatron_cpu_shim
-
-        install_megatron_cpu_shim()
-    else:
+    if device != "cpu":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.cuda.set_device(plan.local_rank)
     if torch.distributed.is_initialized():  # a test's group: used, left as it was
