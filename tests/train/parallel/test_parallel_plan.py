@@ -9,7 +9,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=5, labels=["train"])
+register_cpu_ci(est_time=10, labels=["train"])
 
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1"}
 
