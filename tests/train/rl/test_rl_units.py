@@ -175,7 +175,17 @@ def test_engines_run_rl_spawned_are_stopped_however_it_fails(tmp_path, monkeypat
     monkeypatch.setattr(rl_trainer.RlTrainer, "setup", setup)
     # no process group or megatron CPU shim in this pytest process: with them, the ranks a later
     # test forked from it hung (test_slot_optimizer after this one, in one worker: 150 s, killed)
-    monkeypatch.setattr(run_trainer, "single_rank", lambda device: contextlib.nullcontext())
+    from mizzen_train.run.parallel import RankWorld
+
+    class NoGroupWorld(RankWorld):  # one rank, no process group and no megatron state
+        def model_parallel(self):
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(
+        run_trainer,
+        "join_world",
+        lambda plan, device: contextlib.nullcontext(NoGroupWorld(plan, device)),
+    )
     failure = "set-up failed" if fails_in == "set-up" else "probe crashed"
     with pytest.raises(RuntimeError, match=failure):
         rl_trainer.run_rl(config, stream=io.StringIO())

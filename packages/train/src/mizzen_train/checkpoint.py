@@ -24,6 +24,13 @@ Invariants:
 - Loading never trusts the directory: format, parallel layout, max rank, the shard for this
   rank's coordinates, its size, its tensor names and shapes are checked, with the file and field
   named, before anything is applied.
+- A slot checkpoint is restored at the tensor-parallel size that saved it; for another size,
+  :func:`reshard_slot_checkpoint` first writes it anew (one process, files only, committed like a
+  save): every saved TP shard is read, each split factor joined along its ``split_dim``, put
+  into the new size's fused layout by the caller's ``relayout`` (megatron's SwiGLU ``fc1``
+  concatenates each rank's ``[gate_r; up_r]``, so its joined layout depends on the size) and cut
+  into contiguous chunks, replicated factors taken from ``tp00``.  Masters and both Adam moments
+  are elementwise, so the resharded state is exactly the saved one, moved.
 - Export trims the max-rank padding along the rank axis *counted from the end* (so a leading
   expert axis is never cut) and asserts the trimmed padding is zero.
 """
@@ -34,7 +41,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -265,12 +272,16 @@ def read_slot_shard(
     manifest = read_manifest(root)
     where = root / MANIFEST
     sizes = parallel_sizes()
+    saved_parallel = manifest.get("parallel")
+    if not isinstance(saved_parallel, dict):
+        raise SlotCheckpointError(f"{where}: parallel={saved_parallel!r} is not a table")
     for axis, size in sizes.items():
-        saved = manifest["parallel"].get(axis)
+        saved = saved_parallel.get(axis)
         if saved != size:
             raise SlotCheckpointError(
-                f"{where}: parallel.{axis}={saved} but this job runs {axis}={size}; slot "
-                "checkpoints are not resharded: restore with the parallel layout that saved it"
+                f"{where}: parallel.{axis}={saved} but this job runs {axis}={size}; restore "
+                "with the parallel layout that saved it, or reshard it first "
+                "(reshard_slot_checkpoint: a trainer's --resume does)"
             )
     if manifest["max_rank"] != max_rank:
         raise SlotCheckpointError(
@@ -280,27 +291,8 @@ def read_slot_shard(
     spec = LoraSlotSpec(**manifest["slot_spec"])
     if not 1 <= spec.rank <= max_rank:
         raise SlotCheckpointError(f"{where}: slot_spec.rank={spec.rank} not in [1, {max_rank}]")
-    coordinates = current_coordinates()
-    shard = manifest["shards"].get(coordinates.tag)
-    if shard is None:
-        raise SlotCheckpointError(
-            f"{where}: no shard for coordinates {coordinates.tag} (have "
-            f"{sorted(manifest['shards'])}); the checkpoint is incomplete"
-        )
-    path = root / shard["file"]
-    if not path.is_file() or path.stat().st_size != shard["bytes"]:
-        found = path.stat().st_size if path.is_file() else "missing"
-        raise SlotCheckpointError(
-            f"{path}: size {found}, manifest says {shard['bytes']} bytes; the shard was changed "
-            "or lost after its commit"
-        )
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
-        raise SlotCheckpointError(
-            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
-            f"manifest expects {coordinates.tag} step={manifest['step']}"
-        )
-    tensors = payload["tensors"]
+    tensors = _read_shard(root, manifest, current_coordinates())
+    path = where
     names = {key.rsplit("/", 1)[0] for key in tensors}
     if names != set(expected_shapes):
         missing = sorted(set(expected_shapes) - names)[:3]
@@ -320,6 +312,136 @@ def read_slot_shard(
                 )
             state[entry][name] = tensor
     return LoadedShard(spec, int(manifest["step"]), state)
+
+
+def _read_shard(
+    root: Path, manifest: Mapping[str, Any], coordinates: ShardCoordinates
+) -> dict[str, torch.Tensor]:
+    """The tensors of the committed shard at ``coordinates``, its size and header checked."""
+    where = root / MANIFEST
+    shards = manifest.get("shards")
+    shard = shards.get(coordinates.tag) if isinstance(shards, dict) else None
+    if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+        have = sorted(shards) if isinstance(shards, dict) else shards
+        raise SlotCheckpointError(
+            f"{where}: no shard for coordinates {coordinates.tag} (have {have}); the "
+            "checkpoint is incomplete"
+        )
+    path = root / shard["file"]
+    if root.resolve() not in path.resolve().parents:
+        raise SlotCheckpointError(f"{where}: shard file {shard['file']!r} is outside {root}")
+    if not path.is_file() or path.stat().st_size != shard.get("bytes"):
+        found = path.stat().st_size if path.is_file() else "missing"
+        raise SlotCheckpointError(
+            f"{path}: size {found}, manifest says {shard.get('bytes')} bytes; the shard was "
+            "changed or lost after its commit"
+        )
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
+        raise SlotCheckpointError(
+            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
+            f"manifest expects {coordinates.tag} step={manifest['step']}"
+        )
+    return payload["tensors"]
+
+
+#: ``relayout(factor name, joined tensor, saved TP size, new TP size) -> tensor``: the joined
+#: factor in the new size's fused layout (see the module docstring).
+Relayout = Callable[[str, torch.Tensor, int, int], torch.Tensor]
+
+
+def saved_tp_size(directory: str | os.PathLike) -> int:
+    """The tensor-parallel size a committed slot checkpoint was saved at."""
+    manifest = read_manifest(directory)
+    parallel = manifest.get("parallel")
+    size = parallel.get("tp") if isinstance(parallel, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise SlotCheckpointError(
+            f"{Path(directory) / MANIFEST}: parallel.tp={size!r} is not a positive integer"
+        )
+    return size
+
+
+def reshard_slot_checkpoint(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    *,
+    tp_size: int,
+    relayout: Relayout | None = None,
+) -> Path:
+    """Write the committed slot checkpoint ``source`` anew at tensor-parallel size ``tp_size``
+    into the fresh directory ``target`` (files only, no process group); returns ``target``."""
+    root, out = Path(source), Path(target)
+    manifest = read_manifest(root)
+    saved_tp = saved_tp_size(root)
+    parallel = manifest["parallel"]
+    if parallel.get("pp") != 1 or parallel.get("ep") != 1:
+        raise SlotCheckpointError(
+            f"{root / MANIFEST}: parallel={parallel}; only pipeline = expert = 1 reshards"
+        )
+    parts = [_read_shard(root, manifest, ShardCoordinates(tp, 0, 0)) for tp in range(saved_tp)]
+    factors = manifest["shards"][ShardCoordinates(0, 0, 0).tag].get("factors", {})
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
+    for key in parts[0]:
+        name = key.rsplit("/", 1)[0]
+        meta = factors.get(name)
+        if not isinstance(meta, dict) or any(key not in part for part in parts):
+            raise SlotCheckpointError(
+                f"{root / MANIFEST}: factor {name!r} is not in every shard; it is incomplete"
+            )
+        split_dim = meta.get("split_dim")
+        if split_dim is None:
+            for shard in shards:
+                shard[key] = parts[0][key]
+            continue
+        full = torch.cat([part[key] for part in parts], dim=split_dim)
+        if relayout is not None:
+            full = relayout(name, full, saved_tp, tp_size)
+        if full.shape[split_dim] % tp_size:
+            raise SlotCheckpointError(
+                f"{root / MANIFEST}: {key} has {full.shape[split_dim]} entries on its split "
+                f"axis, which do not divide over tensor-parallel size {tp_size}"
+            )
+        for shard, chunk in zip(shards, full.chunk(tp_size, dim=split_dim), strict=True):
+            shard[key] = chunk.contiguous()
+    return _write_resharded(out, manifest, factors, shards)
+
+
+def _write_resharded(
+    out: Path,
+    manifest: Mapping[str, Any],
+    factors: Mapping[str, Any],
+    shards: list[dict[str, torch.Tensor]],
+) -> Path:
+    """``shards`` as a committed checkpoint in ``out``: the shards, then the manifest."""
+    out.mkdir(parents=True)
+    step = int(manifest["step"])
+    version = f"step-{step:08d}-{uuid.uuid4().hex[:12]}"
+    (out / version).mkdir()
+    written = {}
+    for tp, tensors in enumerate(shards):
+        coordinates = ShardCoordinates(tp, 0, 0)
+        name = f"{version}/shard-{coordinates.tag}.pt"
+        payload = {"format": FORMAT, "coordinates": coordinates.tag, "step": step,
+                   "tensors": tensors}  # fmt: skip
+        size = _atomic_write(out / name, lambda handle, p=payload: torch.save(p, handle))
+        written[coordinates.tag] = {
+            "file": name,
+            "bytes": size,
+            "writer": 0,
+            "factors": {
+                factor: {
+                    **{k: v for k, v in meta.items() if k != "shape"},
+                    "shape": list(tensors[f"{factor}/master"].shape),
+                }
+                for factor, meta in factors.items()
+            },
+        }
+    committed = {**manifest, "version": version, "shards": written,
+                 "parallel": {"tp": len(shards), "pp": 1, "ep": 1}}  # fmt: skip
+    encoded = json.dumps(committed, indent=1, sort_keys=True).encode()
+    _atomic_write(out / MANIFEST, lambda handle: handle.write(encoded))
+    return out
 
 
 def trim_rank_padding(

@@ -14,7 +14,9 @@ Invariants:
   [rollout], [algo], [eval]), generated from the one field table of each command's config
   module, and ``--set KEY=VALUE`` for anything (``tenants.0.lr=1e-4``).
 - Exit codes: 0 done; 2 a configuration, data or model-directory error (one message naming the
-  field or file, the rule and the fix -- no traceback); 1 the run failed while training.
+  field or file, the rule and the fix -- no traceback; under torchrun, a step every rank agrees
+  on is reported by the rank that failed it, the others exit 2 silently); 1 the run failed while
+  training.
 - Importing this module imports nothing heavy; the trainer loads torch and megatron when it runs.
 - Output (:mod:`mizzen_rollout.cli_surface`): a usage error is one line with the fix; third-party
   warnings are hidden before any heavy import and counted in one summary line, printed before
@@ -300,6 +302,7 @@ class _Interrupted(Exception):
 
 def _run_command(args: argparse.Namespace, argv: list[str]) -> tuple[int, str | None]:
     """(exit code, the last line for stderr)."""
+    from mizzen_train.run.parallel import RankFailed
     from mizzen_train.run.plot import PlotError
 
     errors = (*_config_errors(), PlotError)
@@ -313,6 +316,8 @@ def _run_command(args: argparse.Namespace, argv: list[str]) -> tuple[int, str | 
 
             return run_serve(args), None
         return cmd_plot(args), None
+    except RankFailed:  # another rank of a torchrun launch failed a step and said why
+        return 2, None
     except errors as exc:
         return 2, f"mizzen-train {args.command}: error: {exc}"
     except _Interrupted as exc:

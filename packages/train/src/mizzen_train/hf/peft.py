@@ -47,7 +47,10 @@ __all__ = ["export_peft_adapter", "peft_adapter_state"]
 def peft_adapter_state(executor: Any, slot: int, source: HFLlamaConfig) -> dict[str, torch.Tensor]:
     """The PEFT safetensors state of ``slot`` (fp32 host tensors, by PEFT key); collective."""
     weights = executor.adapter_weights(slot)
-    layout = layout_of(source.spec, 1)  # adapter_weights joined the TP shards already
+    from megatron.core import parallel_state
+
+    # adapter_weights joined the TP shards: a fused factor is in this TP size's fused layout
+    layout = layout_of(source.spec, parallel_state.get_tensor_model_parallel_world_size())
     state: dict[str, torch.Tensor] = {}
     for key in executor.layers:
         lora_a = weights[f"{key}.lora_A"].to(device="cpu", dtype=torch.float32)

@@ -5,6 +5,7 @@ Sections (``[run]``, ``[model]`` and ``[eval]`` are the shared ones, field for f
 
     [run]              dir, steps, checkpoint_interval (required), seed, device, dtype, ...
     [model]            path (an HF Llama directory, or "tiny"), tokenizer, [model.tiny]
+    [parallel]         tensor, context (under torchrun; data parallel = the rest), timeout_s
     [rollout]          engines (embedded | urls | ray), sampling, off_policy, old_logprobs, ...
     [algo]             advantage estimator, clip range, kl_coef
     [[tenants]]        name, data (prompts), reward, lr, prompts_per_step, n_samples, join/leave
@@ -33,6 +34,7 @@ from mizzen_train.run.config import (
     opt,
 )
 from mizzen_train.run.engines_needed import EnginesNeeded, engines_needed
+from mizzen_train.run.parallel import ParallelConfig
 from mizzen_train.run.sections import (
     ENGINE_MAX_BATCH,
     AdapterTrainingConfig,
@@ -138,6 +140,7 @@ class RlTenantConfig(AdapterTrainingConfig):
 class RlConfig(RunLayout):
     run: RunConfig
     model: ModelConfig
+    parallel: ParallelConfig
     rollout: RolloutSection
     algo: AlgoConfig
     tenants: tuple[RlTenantConfig, ...]

@@ -209,6 +209,15 @@ class RlTrainer(Trainer):
             base_model_name_or_path=str(self.model_dir),
         )
 
+    def step_rows(self) -> tuple[int, int]:
+        """RL trains as one rank: rollouts, publishing and the engines are the writer's alone,
+        and their samples are not yet shared with other ranks."""
+        raise ConfigError(
+            "WORLD_SIZE", self.world.size, "mizzen-train rl runs as one rank in this version",
+            "launch it directly (without torchrun); mizzen-train sft trains on several ranks",
+            source=self.config.source,
+        )  # fmt: skip
+
     def tenants_at(self, step: int) -> list[str]:
         return [t.name for t in self.config.active(step)]
 

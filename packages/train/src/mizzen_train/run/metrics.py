@@ -15,6 +15,8 @@ Every line of ``metrics.jsonl`` is one JSON object with a ``kind``:
   the final training loss, wall time and tokens/s.
 
 Invariants:
+- Only the run's writer rank writes ``metrics.jsonl`` and prints progress lines; the values it
+  writes are the whole world's (losses are reduced over data-parallel ranks by the executor).
 - One ``write`` per line under a lock, flushed: lines are whole and never interleaved (worker
   threads log eval results).  A line cut by a kill is dropped, and counted, when the file is read.
 - :func:`rewrite_for_resume` keeps eval results (they are keyed by step and never redone) and
@@ -127,6 +129,20 @@ class MetricsLog:
                 sink.close()
 
 
+class UnwrittenMetrics:
+    """The metrics log of a rank that is not the run's writer (:mod:`mizzen_train.run.parallel`):
+    records are formed as :class:`MetricsLog` forms them, and written nowhere."""
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return _clean({"kind": kind, "time": round(time.time(), 3), **fields})
+
+    def event(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.write("event", event=event, **fields)
+
+    def close(self) -> None:
+        pass
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -152,6 +168,8 @@ class Progress:
         self.command = command
         self.clock = clock
         self._seen: list[tuple[int, float]] = []  # (step, clock) of the last logged steps
+        #: A rank other than the run's writer prints nothing.
+        self.quiet = False
 
     def step(
         self,
@@ -174,4 +192,6 @@ class Progress:
         )
 
     def print(self, text: str) -> None:
+        if self.quiet:
+            return
         print(f"[mizzen-train {self.command}] {text}", file=self.stream, flush=True)

@@ -1,6 +1,7 @@
 """The configuration sections every run command shares, and their rules.
 
 ``[run]`` (the run directory, steps, checkpoints, device), ``[model]`` (the base model),
+``[parallel]`` (tensor / context sizes under torchrun, :mod:`mizzen_train.run.parallel`),
 ``[eval]`` with its ``[[eval.evaluators]]``, and the LoRA / AdamW / schedule fields every tenant
 has (:class:`AdapterTrainingConfig`, which each command's tenant section extends).
 :class:`RunLayout` is what a configuration derives from ``[run]`` and ``[eval]``: the run
@@ -36,6 +37,7 @@ from mizzen_train.run.config import (
     read_config_source,
 )
 from mizzen_train.run.loggers import check_loggers
+from mizzen_train.run.parallel import ParallelConfig
 
 __all__ = [
     "ENGINE_MAX_BATCH",
@@ -186,6 +188,7 @@ class RunLayout:
 
     run: RunConfig
     model: ModelConfig
+    parallel: ParallelConfig
     tenants: tuple[AdapterTrainingConfig, ...]
     eval: EvalConfig | None
     source: str
@@ -252,11 +255,13 @@ class RunLayout:
 
 
 def run_sections(**own: Section) -> dict[str, Section]:
-    """A command's one table of sections: ``[run]``, ``[model]``, the command's ``own`` (in
+    """A command's one table of sections: ``[run]``, ``[model]``, ``[parallel]``
+    (:mod:`mizzen_train.run.parallel`; its defaults when absent), the command's ``own`` (in
     order), then ``[eval]`` and its ``[[eval.evaluators]]``."""
     return {
         "run": Section(RunConfig, Presence.REQUIRED),
         "model": Section(ModelConfig, Presence.REQUIRED),
+        "parallel": Section(ParallelConfig, Presence.DEFAULTED),
         **own,
         "eval": Section(EvalConfig, Presence.OPTIONAL),
         "eval.evaluators": Section(EvaluatorConfig, Presence.MANY),

@@ -14,6 +14,11 @@ Invariants:
 - A checkpoint directory is written under a temporary name (``.tmp-step-...``), fsynced and
   renamed: a ``step-*`` directory is complete by construction, so a killed run leaves at worst a
   temporary directory, which the next start removes.  Resume takes the newest ``step-*``.
+- With several ranks (:mod:`mizzen_train.run.parallel`), the writer rank alone creates, commits
+  and prunes checkpoint directories; every rank writes only the slot shards the slot checkpoint
+  elects it for.  A checkpoint records no parallel layout of its own: the slot checkpoints are
+  resharded on restore (:mod:`mizzen_train.checkpoint`), and the data streams and RNG are the
+  same on every rank.
 - A resumed run keeps its run id (``run.json`` is written once, when the run is created); it
   refuses a configuration that changes what was trained (model, data, tenants' LoRA shapes),
   naming the field.
@@ -30,11 +35,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+#: Where slot checkpoints saved at another tensor-parallel size are resharded on restore (a
+#: ``.tmp-`` entry of ``checkpoints/``: a killed start's is removed like a partial checkpoint).
+RESHARD_DIR = ".tmp-reshard"
 FORMAT = "mizzen-sft-run/1"
 CHECKPOINT_FORMAT = "mizzen-sft-checkpoint/1"
 
@@ -219,6 +227,27 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointWorld(Protocol):
+    """What :func:`save_checkpoint` needs of the run's ranks (a
+    :class:`~mizzen_train.run.parallel.RankWorld`)."""
+
+    is_writer: bool
+
+    def share(self, value: Any) -> Any: ...
+
+    def agreed(self, step: Callable[[], Any]) -> Any: ...
+
+
+class _OneRank:
+    is_writer = True
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def agreed(self, step: Callable[[], Any]) -> Any:
+        return step()
+
+
 def save_checkpoint(
     run_dir: Path,
     *,
@@ -228,45 +257,67 @@ def save_checkpoint(
     save_slots: Callable[[Path], None],
     keep: int,
     extra: Mapping[str, Any] | None = None,
+    world: CheckpointWorld | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path."""
-    import torch
+    """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path.
 
+    With several ranks every rank calls it: the writer names the temporary directory, every
+    rank saves its slot shards into it (``save_slots``, collective), then the writer alone adds
+    the RNG and trainer state, fsyncs and renames it (the outcome is agreed by all ranks)."""
+    world = world or _OneRank()
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
-    tmp = root / f".tmp-{checkpoint_name(step)}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = root / world.share(f".tmp-{checkpoint_name(step)}-{uuid.uuid4().hex[:8]}")
+    if world.is_writer:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    world.agreed(lambda: None)  # the directory exists before any rank writes into it
     try:
         save_slots(tmp / "slots")
-        torch.save(rng_state(), tmp / RNG_FILE)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "step": step,
-            "run_id": run_id,
-            "streams": dict(streams),
-            "extra": dict(extra or {}),
-            "saved": time.time(),
-        }
-        with open(tmp / STATE_FILE, "w", encoding="utf-8") as handle:
-            json.dump(state, handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                with open(path, "rb") as handle:
-                    os.fsync(handle.fileno())
-        _fsync_dir(tmp)
-        if final.exists():  # a re-run of a step after a resume from an older checkpoint
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        world.agreed(lambda: _commit_checkpoint(tmp, final, step, run_id, streams, extra)
+                     if world.is_writer else None)  # fmt: skip
     finally:
-        if tmp.exists():
+        if world.is_writer and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    for old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if world.is_writer:
+        for old in complete_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _commit_checkpoint(
+    tmp: Path,
+    final: Path,
+    step: int,
+    run_id: str,
+    streams: Mapping[str, Mapping[str, Any]],
+    extra: Mapping[str, Any] | None,
+) -> None:
+    """The writer's part: RNG and trainer state beside the slots, fsync, rename."""
+    import torch
+
+    torch.save(rng_state(), tmp / RNG_FILE)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "run_id": run_id,
+        "streams": dict(streams),
+        "extra": dict(extra or {}),
+        "saved": time.time(),
+    }
+    with open(tmp / STATE_FILE, "w", encoding="utf-8") as handle:
+        json.dump(state, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # a re-run of a step after a resume from an older checkpoint
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,25 @@ Invariants:
   and RNG states, keeps its run id, evaluates only the points it has no results for (first the
   unsettled points whose snapshots survived), and rewrites nothing it already logged except the
   training records after the checkpoint, which it produces again.
-- The process trains as one rank (:func:`~mizzen_train.run.process.single_rank`), and holds its
-  run directory alone for the whole command (:func:`~mizzen_train.run.lock.hold_run_dir`).
+- The process is one rank of the run's world (:mod:`mizzen_train.run.parallel`: one rank, or
+  torchrun's ranks split by ``[parallel]``).  Every rank builds the model, restores the slots and
+  draws the same global batch (each data-parallel rank trains its rows of it); the writer rank
+  (rank 0) alone holds the run directory for the whole command
+  (:func:`~mizzen_train.run.lock.hold_run_dir`), opens the run, writes the metrics, progress
+  lines, checkpoint metadata and exports, and runs the evaluations.  Under tensor parallelism
+  the other ranks follow the writer's snapshot exports (:meth:`RankWorld.lead`), whose
+  collectives they share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import random
+import shutil
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -52,18 +61,22 @@ from mizzen_train.run.metrics import (
     METRICS_FILE,
     MetricsLog,
     Progress,
+    UnwrittenMetrics,
     format_duration,
     read_metrics,
     rewrite_for_resume,
     settled_eval_keys,
 )
-from mizzen_train.run.process import resolve_device, single_rank
+from mizzen_train.run.parallel import RankWorld, check_split, join_world, one_rank, plan_world
+from mizzen_train.run.process import resolve_device
 from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
 from mizzen_train.run.state import (
+    RESHARD_DIR,
     LoadedCheckpoint,
     RunStateError,
     check_run_dir,
+    checkpoints_dir,
     complete_checkpoints,
     load_checkpoint,
     open_run,
@@ -144,6 +157,13 @@ class Trainer:
         self.progress = Progress(config.run.steps, stream=stream, command=self.command)
         self.run_dir = config.run_dir
         self.eval_points = set(config.eval_points())
+        self.exported: Path | None = None
+        self.world = one_rank()  # until run_trainer joins the run's world
+
+    def join(self, world: RankWorld) -> None:
+        """This trainer is ``world``'s rank: only the writer prints."""
+        self.world = world
+        self.progress.quiet = not world.is_writer
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -178,6 +198,10 @@ class Trainer:
 
     def export_snapshot(self, step: int, tenant: str, directory: Path) -> None:
         """Hook: one tenant's eval snapshot of ``step`` into ``directory``."""
+        raise NotImplementedError
+
+    def step_rows(self) -> tuple[int, int]:
+        """Hook: ``(rows, seq_len)`` of one step's batch (for the parallel split's checks)."""
         raise NotImplementedError
 
     def tenants_at(self, step: int) -> list[str]:
@@ -234,6 +258,13 @@ class Trainer:
             self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
         self.tokenizer = load_tokenizer(config, self.model_dir)
         self.validate_inputs(self.model_spec)
+        if self.world.size > 1:
+            rows, seq_len = self.step_rows()
+            check_split(
+                self.world.plan, self.model_spec, rows=rows, seq_len=seq_len,
+                micro_batch_size=config.run.micro_batch_size, source=config.source,
+                context_supported=_context_parallel_supported(),
+            )  # fmt: skip
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
 
     def _check_plugin_run(self) -> None:
@@ -262,8 +293,13 @@ class Trainer:
     def setup(self) -> None:
         config = self.config
         spec = self._build_model()
+        world = self.world
         # everything is validated: only now does the run directory become a run
-        self.identity = open_run(self.run_dir, config.to_dict(), resume=self.resume)
+        opened = world.agreed(
+            lambda: open_run(self.run_dir, config.to_dict(), resume=self.resume)
+            if world.is_writer else None
+        )  # fmt: skip
+        self.identity = world.share(opened)
         self.metrics_path = self.run_dir / METRICS_FILE
         self.prepare_data()
         self.start_step = self._restore_or_init()
@@ -286,13 +322,14 @@ class Trainer:
             **after_tenants,
             eval_points=config.eval_points(),
             broken_metric_lines=broken,
+            **({"parallel": world.plan.describe()} if world.size > 1 else {}),
         )
         self.progress.print(
             f"{event} run {self.identity.run_id} in {self.run_dir} from step {self.start_step}: "
             f"{len(config.tenants)} tenant(s) on {self.model_dir} ({spec.parameter_count():,} "
             f"parameters, {self.device}, {self.dtype}); {self.engines_text()}"
         )
-        self.dispatcher = self._dispatcher(records) if self.evaluators else None
+        self.dispatcher = self._dispatcher(records) if self.evaluators and world.is_writer else None
         if self.dispatcher is not None:
             self._start_dispatcher()
 
@@ -344,6 +381,9 @@ class Trainer:
         """``metrics.jsonl`` for this run: a resumed run's records up to its checkpoint (and the
         count of broken lines dropped), a fresh run's leftover removed."""
         records, broken = [], 0
+        if not self.world.is_writer:
+            self.metrics = UnwrittenMetrics()
+            return records, broken
         if self.identity.resumed and self.metrics_path.exists():
             records, broken = rewrite_for_resume(self.metrics_path, self.start_step)
         if not self.identity.resumed and self.metrics_path.exists():
@@ -354,17 +394,25 @@ class Trainer:
         return records, broken
 
     def _restore_or_init(self) -> int:
-        removed = remove_partial_checkpoints(self.run_dir)
-        if removed:
-            self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
-        checkpoints = complete_checkpoints(self.run_dir) if self.identity.resumed else []
+        world = self.world
+        if world.is_writer:
+            removed = remove_partial_checkpoints(self.run_dir)
+            if removed:
+                self.progress.print(f"removed partial checkpoint(s) of a killed run: {removed}")
+        resumed = self.identity.resumed and world.is_writer
+        found = complete_checkpoints(self.run_dir) if resumed else []
+        checkpoints = world.share(found)  # the writer's view: the same checkpoint on every rank
         if not checkpoints:
             random.seed(self.config.run.seed)
             torch.manual_seed(self.config.run.seed)
             self.init_slots()
             return 0
-        checkpoint = load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
+        checkpoint = world.agreed(
+            lambda: load_checkpoint(checkpoints[-1], run_id=self.identity.run_id)
+        )
         self.restore(checkpoint)
+        if world.is_writer:  # every rank has read its shards (restore_slot agrees on it)
+            shutil.rmtree(checkpoints_dir(self.run_dir) / RESHARD_DIR, ignore_errors=True)
         set_rng_state(checkpoint.rng)
         self.progress.print(f"resuming from {checkpoint.path} (step {checkpoint.step})")
         return checkpoint.step
@@ -383,13 +431,39 @@ class Trainer:
     def restore_slot(self, name: str, checkpoint: LoadedCheckpoint) -> None:
         """Tenant ``name``'s slot from ``checkpoint``, refused if its LoRA shape changed."""
         tenant, slot = self.tenant_of[name], self.slot_of[name]
-        spec = self.executor.restore_slot(slot, str(checkpoint.path / "slots" / name))
+        directory = self._at_this_layout(checkpoint.path / "slots" / name)
+        spec = self.executor.restore_slot(slot, str(directory))
         if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
             raise ConfigError(
                 f"tenants[{slot}].lora_rank", tenant.lora_rank,
                 f"the checkpoint's slot has rank {spec.rank}, alpha {spec.alpha}",
                 "resume with the original LoRA settings", source=self.config.source,
             )  # fmt: skip
+
+    def _at_this_layout(self, directory: Path) -> Path:
+        """A slot checkpoint at this world's tensor-parallel size: ``directory`` itself, or
+        (saved at another size) a resharded copy the writer makes under the checkpoints'
+        ``.tmp-reshard/`` (removed after the restore, and by the next start if killed)."""
+        from megatron.core import parallel_state
+
+        from mizzen_train.checkpoint import reshard_slot_checkpoint, saved_tp_size
+
+        world = self.world
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        saved = world.agreed(lambda: saved_tp_size(directory) if world.is_writer else None)
+        saved = world.share(saved)
+        if saved == tp_size:
+            return directory
+        target = world.share(
+            checkpoints_dir(self.run_dir) / RESHARD_DIR / f"{directory.name}-{uuid.uuid4().hex}"
+        )
+        world.agreed(
+            lambda: reshard_slot_checkpoint(
+                directory, target, tp_size=tp_size, relayout=_fused_relayout(self.model_spec)
+            ) if world.is_writer else None
+        )  # fmt: skip
+        self.progress.print(f"resharded {directory} from TP={saved} to TP={tp_size}")
+        return target
 
     # -- evaluation points ------------------------------------------------------------------
 
@@ -413,7 +487,7 @@ class Trainer:
         return EvalDispatcher(
             evaluators=self.evaluators,
             tenants=[t.name for t in config.tenants],
-            export=self.export_snapshot,
+            export=self._export_ordered,
             snapshot_root=root,
             snapshot_marker=self.SNAPSHOT_MARKER,
             max_in_flight=evaluation.max_in_flight,
@@ -460,8 +534,31 @@ class Trainer:
             wall_s=outcome.wall_s,
         )
 
+    def _export_ordered(self, step: int, tenant: str, directory: Path) -> None:
+        """The writer's snapshot export, the other ranks following it (its collectives)."""
+        self.world.order(step, tenant)
+        self.export_snapshot(step, tenant, directory)
+
+    def _follow_export(self, step: int, tenant: str) -> None:
+        """A rank other than the writer: its part of the writer's export (it writes nothing)."""
+        assert self.config.snapshot_root is not None
+        self.export_snapshot(step, tenant, self.config.snapshot_root / ".follower-unwritten")
+
+    def led_by_writer(self, work) -> None:
+        """``work`` on the writer (the dispatcher's), its snapshot exports followed by the other
+        ranks when they share its collectives (tensor parallel); nothing without evaluators."""
+        if not self.evaluators:
+            return
+        if self.world.plan.tensor > 1:
+            self.world.lead(work if self.world.is_writer else None, self._follow_export)
+        elif self.world.is_writer:
+            work()
+
     def recover_points(self) -> None:
         """The eval points a resumed run has no results for, up to its checkpoint."""
+        self.led_by_writer(self._recover_points)
+
+    def _recover_points(self) -> None:
         if self.dispatcher is None:
             return
         from mizzen_train.eval_dispatch import point_dir_name
@@ -512,11 +609,15 @@ class Trainer:
         steps = self.config.run.steps
         if step % self.config.run.checkpoint_interval == 0 or step == steps:
             self.checkpoint(step)
-        if self.dispatcher is not None and step in self.eval_points:
-            self.dispatcher.tenants = self.tenants_at(step)
-            state = self.dispatcher.submit(step, final=step == steps)
-            if state == "skipped":
-                self.progress.print(f"eval point {step} skipped (see metrics)")
+        if step in self.eval_points:
+            self.led_by_writer(lambda: self._submit_point(step))
+
+    def _submit_point(self, step: int) -> None:
+        assert self.dispatcher is not None
+        self.dispatcher.tenants = self.tenants_at(step)
+        state = self.dispatcher.submit(step, final=step == self.config.run.steps)
+        if state == "skipped":
+            self.progress.print(f"eval point {step} skipped (see metrics)")
 
     def checkpoint(self, step: int) -> Path:
         names, streams, extra = self.checkpoint_state(step)
@@ -533,6 +634,7 @@ class Trainer:
             save_slots=save_slots,
             keep=self.config.run.keep_checkpoints,
             extra=extra,
+            world=self.world,
         )
         self.metrics.event("checkpoint", step=step, path=str(path), **self.checkpoint_fields())
         return path
@@ -579,16 +681,26 @@ class Trainer:
         )
         for name in names:
             self.restore_slot(name, checkpoint)
+        shutil.rmtree(checkpoints_dir(self.run_dir) / RESHARD_DIR, ignore_errors=True)
         return self.export(checkpoint.step, names, merged=merged)
+
+    def export_final(self) -> Path:
+        """The final export (collective: every rank, once; :meth:`finish` uses it)."""
+        if self.exported is None:
+            final_step = self.config.run.steps
+            self.exported = self.export(
+                final_step, self.tenants_at(final_step), merged=self.config.run.export_merged
+            )
+        return self.exported
 
     def finish(self, wall: float) -> dict[str, Any]:
         """The final export, the ``summary`` record, the curves, and where the run's outputs
-        are."""
+        are (the writer's; the other ranks return an empty record)."""
         config = self.config
         final_step = config.run.steps
-        exported = self.export(
-            final_step, self.tenants_at(final_step), merged=config.run.export_merged
-        )
+        exported = self.export_final()
+        if not self.world.is_writer:
+            return {}
         records, _ = read_metrics(self.metrics_path)
         final = _final_eval(records, final_step)
         summary = self.metrics.write(
@@ -645,16 +757,46 @@ def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, 
     return final
 
 
+def _fused_relayout(spec):
+    """The ``relayout`` of :func:`~mizzen_train.checkpoint.reshard_slot_checkpoint` for this
+    model: a fused factor's joined tensor at one TP size in the fused layout of another (through
+    the Hugging Face modules' tensors, which no TP size changes)."""
+    from mizzen_train.hf.convert import layout_of
+
+    def relayout(name: str, full: torch.Tensor, saved: int, size: int) -> torch.Tensor:
+        if not name.endswith(".lora_B"):  # A factors split along the input: no fused layout
+            return full
+        key = name[: -len(".lora_B")]
+        return layout_of(spec, size).from_hf(key, layout_of(spec, saved).to_hf(key, full))
+
+    return relayout
+
+
+def _context_parallel_supported() -> bool:
+    """Whether the slot executor splits sequences over context-parallel ranks (its
+    ``SUPPORTS_CONTEXT_PARALLEL``; the packed THD attention path sets it)."""
+    from mizzen_train.executor import SlotExecutor
+
+    return bool(getattr(SlotExecutor, "SUPPORTS_CONTEXT_PARALLEL", False))
+
+
 def run_trainer(
     trainer_cls: type[Trainer], config: RunLayout, *, resume: bool, stream: TextIO | None
 ) -> dict[str, Any]:
-    """Run (or ``resume``) ``config`` with ``trainer_cls`` in this process, holding the run
-    directory for the whole command; returns the summary record."""
+    """Run (or ``resume``) ``config`` with ``trainer_cls`` as this process's rank of the run
+    (one rank, or torchrun's), the writer holding the run directory for the whole command;
+    returns the summary record (the writer's; other ranks: empty)."""
+    plan = plan_world(config.parallel, source=config.source)
     device, dtype = resolve_device(config)
     trainer = trainer_cls(config, resume=resume, stream=stream)
-    with hold_run_dir(config.run_dir, resume=resume):
-        trainer.validate(device, dtype)
-        with single_rank(device):
+    with join_world(plan, device) as world, contextlib.ExitStack() as held:
+        trainer.join(world)
+        world.agreed(
+            lambda: held.enter_context(hold_run_dir(config.run_dir, resume=resume))
+            if world.is_writer else None
+        )  # fmt: skip
+        world.agreed(lambda: trainer.validate(device, dtype))
+        with world.model_parallel():
             return trainer.run_to_end()
 
 
@@ -662,10 +804,16 @@ def export_run(
     trainer_cls: type[Trainer], config: RunLayout, *, step: int | None, merged: bool
 ) -> Path:
     """``mizzen-train export``: the checkpoint of ``step`` (None: the newest) of the existing
-    run of ``config``, holding its run directory; returns the export's directory."""
+    run of ``config``, holding its run directory; returns the export's directory.  It runs as
+    one rank with ``[parallel]``'s defaults whatever layout trained the run (the slot
+    checkpoints are resharded on restore)."""
+    from mizzen_train.run.parallel import ParallelConfig
+
+    plan = plan_world(ParallelConfig(timeout_s=config.parallel.timeout_s), {})
     device, dtype = resolve_device(config)
     trainer = trainer_cls(config, resume=True, stream=None)
-    with hold_run_dir(config.run_dir, resume=True):
+    with hold_run_dir(config.run_dir, resume=True), join_world(plan, device) as world:
+        trainer.join(world)
         trainer.validate(device, dtype)
-        with single_rank(device):
+        with world.model_parallel():
             return trainer.export_checkpoint(step, merged=merged)

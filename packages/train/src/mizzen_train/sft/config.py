@@ -7,6 +7,7 @@ a plain string when it is not one).  Sections::
 
     [run]              dir, steps, checkpoint_interval (required), seed, device, dtype, ...
     [model]            path (an HF Llama directory, or "tiny"), tokenizer, [model.tiny]
+    [parallel]         tensor, context (under torchrun; data parallel = the rest), timeout_s
     [data]             seq_len (required), on_overlong
     [[tenants]]        name, data, rows, lr (required), LoRA and AdamW settings, schedule
     [eval]             interval, snapshot_dir (required with [eval]), max_in_flight, overflow,
@@ -35,6 +36,7 @@ from mizzen_train.run.config import (
     opt,
 )
 from mizzen_train.run.engines_needed import EnginesNeeded, engines_needed
+from mizzen_train.run.parallel import ParallelConfig
 from mizzen_train.run.sections import (
     EVALUATOR_KINDS,
     AdapterTrainingConfig,
@@ -77,6 +79,7 @@ class TenantConfig(AdapterTrainingConfig):
 class SftConfig(RunLayout):
     run: RunConfig
     model: ModelConfig
+    parallel: ParallelConfig
     data: DataConfig
     tenants: tuple[TenantConfig, ...]
     eval: EvalConfig | None

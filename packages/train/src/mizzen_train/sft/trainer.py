@@ -27,7 +27,10 @@ Invariants:
   and RNG states, keeps its run id, evaluates only the points it has no results for (and first
   the unsettled points whose snapshots survived), and rewrites nothing it already logged except
   the training records after the checkpoint, which it produces again.
-- One process, one rank (TP = DP = 1); a launch under torchrun with more ranks is refused.
+- One rank, or torchrun's ranks split by ``[parallel]`` (:mod:`mizzen_train.run.parallel`):
+  every rank draws the same global batch from the same streams, and each data-parallel rank
+  trains its contiguous rows of it (:meth:`~mizzen_train.batch.SlotBatch.rows_for`), so the data
+  order, and a resume at the same world size, are those of one rank.
 - Resume, checkpoints and eval points are the run framework's (:mod:`mizzen_train.run`).
 """
 
@@ -162,6 +165,9 @@ class SftTrainer(Trainer):
             tokenizer=self.tokenizer,
         )
 
+    def step_rows(self) -> tuple[int, int]:
+        return sum(t.rows for t in self.config.tenants), self.config.data.seq_len
+
     def checkpoint_state(self, step: int) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
         names = [t.name for t in self.config.tenants]
         return names, {name: stream.state_dict() for name, stream in self.streams.items()}, {}
@@ -224,6 +230,7 @@ class SftTrainer(Trainer):
                 self.progress.step(step, self.last_losses, tokens / step_s, step_s)
             self.end_step(step)
         wall = time.perf_counter() - started
+        self.export_final()  # every rank (collective) before the writer waits for evaluations
         self.drain_evaluations()
         return self.finish(wall)
 
