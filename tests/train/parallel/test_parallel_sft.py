@@ -4,7 +4,8 @@ one rank, checkpoints that reshard, a rank SIGKILLed mid-run, and what rank 0 al
 One module-scoped set of runs serves every test (launches are the cost):
 
 - ``single``: one process, 10 steps (the reference);
-- ``tp2``: ``[parallel] tensor = 2`` on 2 ranks; ``dp2tp2``: tensor 2 on 4 ranks;
+- ``tp2``: ``[parallel] tensor = 2`` on 2 ranks; ``dp2tp2``: tensor 2 on 4 ranks; ``cp2``:
+  ``[parallel] context = 2`` on 2 ranks (each packed stream split load-balanced over them);
 - ``dp2``: 2 ranks of data parallel, launched for 200 steps and SIGKILLed (rank 1) once step 6
   is logged, then resumed (same world) with ``--run.steps 10``;
 - ``tp2_to_tp1``: a copy of ``tp2`` without its step-10 checkpoint, resumed on one rank at
@@ -100,6 +101,7 @@ def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> 
         sft("dp2", 2, "--resume", "--run.steps", str(STEPS)),
         sft("dp2_to_dp1", 1, "--resume", "--run.steps", str(STEPS)),
         sft("dp2tp2", 4, "--parallel.tensor", "2"),
+        sft("cp2", 2, "--parallel.context", "2"),
     ]
     out["codes"] = {"single": pr.finish(single, 600), "tp2": pr.finish(tp2, 600)}
     _copy_run(out["tp2"], root / "tp2_to_tp1", drop=("export", "checkpoints/step-00000010"))
@@ -110,10 +112,10 @@ def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> 
     started_processes.append(export)
     with ThreadPoolExecutor(len(resumes) + 1) as pool:
         codes = list(pool.map(lambda p: pr.finish(p, 600), [*resumes, export]))
-    names = ["dp2", "dp2_to_dp1", "dp2tp2", "tp2_to_tp1", "export_tp1"]
+    names = ["dp2", "dp2_to_dp1", "dp2tp2", "cp2", "tp2_to_tp1", "export_tp1"]
     out["codes"].update(zip(names, codes, strict=True))
     out["wall_s"] = time.monotonic() - started
-    out["records"] = {name: pr.read_metrics(out[name]) for name in [*names[:4], "single", "tp2"]}
+    out["records"] = {name: pr.read_metrics(out[name]) for name in [*names[:5], "single", "tp2"]}
     out["logs"] = {p.stem: p.read_text(errors="replace") for p in root.glob("*.log")}
     print(f"parallel runs: {out['wall_s']:.1f} s wall")
     return out
@@ -130,7 +132,7 @@ def _relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2", "cp2"])
 def test_every_layout_matches_one_rank_step_for_step(parallel_runs, runs, layout):
     _check_exit(runs, "single", layout)
     reference = parallel_runs.losses(runs["records"]["single"])
@@ -152,7 +154,7 @@ def test_every_layout_matches_one_rank_step_for_step(parallel_runs, runs, layout
     assert max(_relative(norms[layout][k], norms["single"][k]) for k in reference) <= PARITY_RTOL
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "dp2tp2", "cp2"])
 def test_every_layout_ends_with_the_same_adapters(runs, layout):
     from safetensors.torch import load_file
 

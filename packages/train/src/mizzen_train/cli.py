@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -290,7 +291,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         code, last_line = _run_command(args, argv)
     finally:
-        finish(show_summary=code != 2)
+        # one summary per command: under torchrun only rank 0 (the run's writer) prints it
+        finish(show_summary=code != 2 and os.environ.get("RANK", "0") == "0")
     if last_line:
         print(last_line, file=sys.stderr)
     return code

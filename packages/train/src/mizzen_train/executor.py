@@ -203,6 +203,9 @@ class PackingReport:
 class SlotExecutor:
     """K LoRA slots on one frozen megatron-core GPT (see the module docstring)."""
 
+    #: Context parallel splits each packed stream over the CP ranks (``_stream_inputs``).
+    SUPPORTS_CONTEXT_PARALLEL = True
+
     def __init__(self, model: torch.nn.Module, config: ExecutorConfig) -> None:
         check_executor_config(config)
         model_config = model.config

@@ -33,6 +33,7 @@ approximated; tensor parallelism is not supported (plain ``nn.Linear`` layers).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -125,7 +126,7 @@ def _rows_cu_seqlens(
     index = token_index.to("cpu", torch.int64)
     bounds = cu_seqlens.to("cpu", torch.int64).tolist()
     cuts = {0, rows * seq, *range(seq, rows * seq, seq)}
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, end in itertools.pairwise(bounds):
         if end == start:
             continue
         first, last = int(index[start]), int(index[end - 1])
