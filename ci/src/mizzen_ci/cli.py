@@ -55,6 +55,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "history": ("mizzen_ci.history", "durations and flake records: record, merge, flakes"),
     "gate": ("mizzen_ci.gate.cli", "the metric gate: check, ingest, untrust, show"),
+    "audit": (
+        "mizzen_ci.audit.cli",
+        "measure the selection against observed execution: recall, misses, mutants",
+    ),
+    "bisect": (
+        "mizzen_ci.bisect.cli",
+        "find the first commit at which a planned job fails (in a scratch clone)",
+    ),
 }
 
 
