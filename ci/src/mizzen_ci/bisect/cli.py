@@ -2,6 +2,7 @@
 
     mizzen-ci bisect --good REV --bad REV --job ID --plan plan.json [--runner pytest|nox]
     mizzen-ci bisect --good REV --bad REV --test FILE::NAME
+    mizzen-ci bisect --failed-jobs HISTORY     the CPU jobs that failed, from duration records
 
 The job's test files come from the plan (``--test`` narrows to one test); each step
 (:mod:`.step`) runs them at one commit.  The default runner is pytest in the commit's tree (the
@@ -63,8 +64,11 @@ class BisectResult:
 
 
 def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--good", required=True, help="a revision where the job passes")
-    parser.add_argument("--bad", required=True, help="a later revision where it fails")
+    parser.add_argument("--good", help="a revision where the job passes")
+    parser.add_argument("--bad", help="a later revision where it fails")
+    parser.add_argument("--failed-jobs", type=Path, metavar="HISTORY",
+                        help="print the CPU jobs with a failed test in these duration records "
+                        "(a file or folder of history stores) and exit")  # fmt: skip
     parser.add_argument("--job", help="the planned job's id (with --plan)")
     parser.add_argument("--plan", type=Path, help="the plan JSON the job belongs to")
     parser.add_argument("--test", help="one test, FILE::NAME (narrows the job, or alone)")
@@ -77,6 +81,10 @@ def run(command: str, args: argparse.Namespace) -> int:
     from ..cli import UsageError
 
     root = args.root.resolve()
+    if args.failed_jobs is not None:
+        return _print_failed_jobs(args.failed_jobs)
+    if not (args.good and args.bad):
+        raise UsageError("give --good REV and --bad REV (or --failed-jobs HISTORY)")
     try:
         lane, tests = _what_to_run(args)
         good, bad = resolve(root, args.good), resolve(root, args.bad)
@@ -93,6 +101,21 @@ def run(command: str, args: argparse.Namespace) -> int:
         with args.markdown.open("a", encoding="utf-8") as f:
             f.write("## Bisect\n\n" + "\n".join(markdown(line) + "  " for line in lines) + "\n")
     return 0 if result.first_bad else 1
+
+
+def _print_failed_jobs(store: Path) -> int:
+    """The ids of the CPU jobs whose recorded outcome is failed or error, one a line, sorted."""
+    from ..history import read_stores
+
+    records, problems = read_stores([store], missing_ok=True)
+    for p in problems[:5]:
+        print(plain(f"warning: dropped {p}"), file=sys.stderr)
+    jobs = {
+        r.job for r in records if r.lane == "cpu" and r.job and r.outcome in ("failed", "error")
+    }
+    for job in sorted(jobs):
+        print(plain(job))
+    return 0
 
 
 def _what_to_run(args) -> tuple[str, list[str]]:
