@@ -241,7 +241,7 @@ def _steps(log: Path) -> list[dict]:
 
 
 def report_lines(result: BisectResult) -> list[str]:
-    runs = (f"{result.runs} runs of the tests; {result.skipped} commits skipped without a run "
+    runs = (f"{result.runs} runs of the tests; {result.skipped} commit(s) skipped without a run "
             "(registry errors) or not judged")  # fmt: skip
     if result.first_bad:
         return [f"first bad commit: {result.first_bad} {result.subject}", f"found in {runs}"]
