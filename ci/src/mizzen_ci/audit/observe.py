@@ -32,6 +32,7 @@ from ..imports import workspace_source_dirs
 from .contexts import AUDIT_DIR_ENV
 
 PLUGIN = "mizzen_ci.audit.contexts"
+TEST_TIMEOUT_S = "900"  # per test, as the CPU lane (pytest-timeout): a hang fails, never stalls
 INSTRUMENT = "mizzen_ci/audit/contexts.py"  # the observer's own plugin: no test's dependency
 
 
@@ -90,7 +91,8 @@ def _run_pytest(root, python, rc, opened, tests, workers, extra_args) -> int:
     )
     command = [
         python, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-p", PLUGIN,
-        "--mizzen-lane", "cpu", "-q", "-p", "no:cacheprovider", *xdist, *extra_args, *tests,
+        "--mizzen-lane", "cpu", "-q", "-p", "no:cacheprovider", "--timeout", TEST_TIMEOUT_S,
+        *xdist, *extra_args, *tests,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
     env |= CPU_TEST_ENV | {AUDIT_DIR_ENV: str(opened), "PYTHONPATH": tree_pythonpath(root)}
