@@ -38,6 +38,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="every file in the per-file table")
     parser.add_argument("--mutants", type=int, default=0, help="seeded mutants to check")
     parser.add_argument("--seed", type=int, default=0, help="the mutants' seed (default 0)")
+    parser.add_argument("--mutate", default="*", metavar="GLOB",
+                        help="mutate only the audited source files matching GLOB (default: all)")  # fmt: skip
     parser.add_argument("--merge", nargs="+", type=Path, metavar="INPUT",
                         help="merge these execution stores into --store and exit")  # fmt: skip
 
@@ -133,13 +135,16 @@ def _report(root: Path, revision: str, rows: list, args) -> int:
 
 
 def _mutants(root: Path, rows: list, index, result, args) -> tuple[str, bool]:
+    from fnmatch import fnmatchcase
+
     from ..output import markdown
     from ..plan.impact import Analyser
     from .mutants import sample, tree_candidates
     from .mutation_check import check
     from .recall import selected_by_change
 
-    sources = [f.source for f in result.files if not f.source.startswith("tests/")]
+    sources = [f.source for f in result.files
+               if not f.source.startswith("tests/") and fnmatchcase(f.source, args.mutate)]  # fmt: skip
     mutants = sample(tree_candidates(root, sources), args.mutants, args.seed)
     analyser = Analyser.of_index(index)
     outcomes = check(root, mutants, rows,
