@@ -5,6 +5,8 @@ the planner, the execution store, and seeded mutants.
   audit runs the test under coverage, stores what it executed, and reports that miss with the
   file pair and why; ``alpha/core.py`` (imported) is no miss.
 - The real repository's audit on a small slice (one fast test file): recall 1.0.
+- Mutants of that repository: the one of ``hidden.py`` is detected only by the unplanned test (a
+  miss, with its diff).
 - Mutants are deterministic for a seed and different for another; each applies to its text only.
 - A hostile execution store: bad rows dropped with ``path:rowid``, a store that is a link or not
   SQLite refused with one line.
@@ -13,6 +15,7 @@ the planner, the execution store, and seeded mutants.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -41,12 +44,24 @@ def test_a_path_the_import_graph_cannot_see_is_a_miss_with_its_file_pair(
     hidden_path_repo, tmp_path
 ):
     store = tmp_path / "execution.sqlite"
-    done = _audit(hidden_path_repo, "--store", str(store), "--markdown", str(tmp_path / "s.md"))
+    done = _audit(hidden_path_repo, "--store", str(store), "--markdown", str(tmp_path / "s.md"),
+                  "--mutants", "3", "--seed", "0")  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert HIDDEN_MISS in done.stdout, done.stdout
     assert "alpha/core.py -> " not in done.stdout  # imported: selected
     assert "recall 0.750 (3/4)" in done.stdout, done.stdout  # __init__, core, hidden, pickle
     assert r"hidden\.py \-\> tests" in (tmp_path / "s.md").read_text()  # Markdown-escaped
+    # the mutants: both functions drawn (3 mutants, 2 functions); one of hidden.py is detected
+    # only by the unplanned test (a miss, with its diff), core.py's by the planned one
+    assert "mutants: 3 (seed 0): " in done.stdout and " 0 no tests" in done.stdout
+    assert re.search(
+        r"^miss: packages/alpha/src/alpha/hidden\.py:\d+ answer \([a-z-]+\) "
+        r"detected only by unplanned tests/alpha/test_core\.py$",
+        done.stdout,
+        re.M,
+    )
+    assert "+++ b/packages/alpha/src/alpha/hidden.py" in done.stdout
+    assert not re.search(r"^miss: packages/alpha/src/alpha/core", done.stdout, re.M)
     rows, problems = read(store)
     assert not problems
     pairs = {(r.test, r.path, r.kind) for r in rows}
