@@ -13,7 +13,9 @@ Invariants:
   sets to the running test's id before the test and clears after it.
 - Files a test opens (kind ``data``) are recorded in this process only, through one audit hook
   (``sys.addaudithook``: ``open`` events of regular paths inside the tree that are not Python
-  sources), written at the end of the session to ``$MIZZEN_AUDIT_DIR/opened-<pid>.json``.
+  sources); a file the test only copies (``shutil.copyfile``'s audit event, which copytree and
+  copy2 raise per file: a test copying a whole tree depends on no file's content) is left out;
+  written at the end of the session to ``$MIZZEN_AUDIT_DIR/opened-<pid>.json``.
 - Importing this module needs neither pytest nor coverage (stdlib only); they are imported in
   ``pytest_configure``.
 """
@@ -30,6 +32,8 @@ AUDIT_DIR_ENV = "MIZZEN_AUDIT_DIR"
 CONFIG_ENV = "COVERAGE_PROCESS_CONFIG"
 SKIPPED_PARTS = frozenset({".git", ".venv", ".nox", "__pycache__", ".ci-artifacts"})
 MAX_OPENED = 200_000  # (context, path) pairs kept per process
+# audit events: ``open`` records a data file; ``shutil.copyfile`` marks one that was only copied
+COUNTED = frozenset({"open", "shutil.copyfile"})
 
 
 def pytest_configure(config) -> None:
@@ -60,6 +64,7 @@ def _contexts_class():
             self.cov, self.root, self.out = cov, root, out
             self.context = ""
             self.opened: set[tuple[str, str]] = set()
+            self.copied: set[tuple[str, str]] = set()
             sys.addaudithook(self._audit)
 
         def _enter(self, context: str) -> None:
@@ -69,13 +74,14 @@ def _contexts_class():
                 os.environ[CONFIG_ENV] = with_context(os.environ[CONFIG_ENV], context)
 
         def _audit(self, event: str, args: tuple) -> None:
-            if event != "open" or not self.context or len(self.opened) >= MAX_OPENED:
+            if event not in COUNTED or not self.context or len(self.opened) >= MAX_OPENED:
                 return
             path = args[0] if args else None
             if isinstance(path, str) and not path.endswith((".py", ".pyc")):
                 rel = self._inside(path)
                 if rel:
-                    self.opened.add((self.context, rel))
+                    seen = self.opened if event == "open" else self.copied
+                    seen.add((self.context, rel))
 
         def _inside(self, path: str) -> str | None:
             try:
@@ -105,6 +111,6 @@ def _contexts_class():
             self.context = ""
             self.out.mkdir(parents=True, exist_ok=True)
             path = self.out / f"opened-{os.getpid()}.json"
-            path.write_text(json.dumps(sorted(self.opened)))
+            path.write_text(json.dumps(sorted(self.opened - self.copied)))
 
     return Contexts
