@@ -77,6 +77,8 @@ def _contexts_class():
             if event not in COUNTED or not self.context or len(self.opened) >= MAX_OPENED:
                 return
             path = args[0] if args else None
+            if isinstance(path, os.PathLike):  # shutil passes Path objects on
+                path = os.fspath(path)
             if isinstance(path, str) and not path.endswith((".py", ".pyc")):
                 rel = self._inside(path)
                 if rel:
