@@ -68,6 +68,8 @@ OWN_ARGUMENT = {
     "lazy-imports": "--static",
     "history": "record",
     "gate": "ingest",
+    "audit": "--mutants",
+    "bisect": "--good",
 }
 
 
