@@ -171,6 +171,27 @@ def _planned_job_args(session: nox.Session) -> list[str]:
 
 
 @nox.session
+def audit(session: nox.Session) -> None:
+    """The selection audit: every CPU test (posargs: paths or `mizzen-ci audit` options) under
+    coverage with per-test contexts, stored under HEAD in the execution store, then recall and
+    precision of the planner's selection and every miss (`mizzen-ci audit`)."""
+    _sync_workspace(session)
+    args = list(session.posargs)
+    if not any(a.startswith("--workers") for a in args):
+        args = ["--workers", os.environ.get("MIZZEN_XDIST", "auto"), *args]
+    session.run("python", "-m", "mizzen_ci", "audit", *args, env=CPU_TEST_ENV)
+
+
+@nox.session
+def bisect(session: nox.Session) -> None:
+    """The first commit at which a planned job fails, in a scratch clone (your tree and branch
+    are untouched): `nox -s bisect -- --job ID --plan plan.json --good REV --bad REV
+    [--test FILE::NAME]`."""
+    _sync_workspace(session)
+    session.run("python", "-m", "mizzen_ci", "bisect", *session.posargs, env=CPU_TEST_ENV)
+
+
+@nox.session
 def packages(session: nox.Session) -> None:
     """Build each member's wheel, install it alone into a fresh venv (its declared dependencies only,
     at the locked versions) and import every module of it.  Posargs pick members (default: all)."""

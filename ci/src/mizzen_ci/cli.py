@@ -91,6 +91,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("mizzen_ci.gate.cli", "the metric gate: check, ingest, untrust, show"),
     "flakes": ("mizzen_ci.flakes.cli", "the flaky-test loop: propose quarantines and re-enables"),
     "report": ("mizzen_ci.report.cli", "the CI health page (static HTML) from the history store"),
+    "audit": (
+        "mizzen_ci.audit.cli",
+        "measure the selection against observed execution: recall, misses, mutants",
+    ),
+    "bisect": (
+        "mizzen_ci.bisect.cli",
+        "find the first commit at which a planned job fails (in a scratch clone)",
+    ),
 }
 
 

@@ -70,6 +70,8 @@ OWN_ARGUMENT = {
     "gate": "ingest",
     "flakes": "propose",
     "report": "--record-plan",
+    "audit": "--mutants",
+    "bisect": "--good",
 }
 
 

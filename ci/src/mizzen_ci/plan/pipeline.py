@@ -2,7 +2,8 @@
 
 :func:`build_plan` runs the pipeline: request (:mod:`.request`) → the tree's index
 (:mod:`.index`: registry and reverse import index, one parse per file, warm from its cache) →
-impact analysis (:mod:`.impact`) → selection (:mod:`.selection`), with the runs the base revision's
+impact analysis (:mod:`.impact`; with ``[tool.mizzen.plan] observed-selection``, united with the
+tests that executed a changed file at the base: :mod:`.observed`) → selection (:mod:`.selection`), with the runs the base revision's
 registrations keep (:mod:`.base_runs`, read from git outside every cache) → estimates
 (:mod:`mizzen_ci.history`) → packing per pool (:mod:`.jobs`) → a :class:`~.model.Plan`.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from .. import history
 from ..fleet import Fleet
 from ..registry.rules import MAX_EST_TIME_SECONDS
-from . import base_runs
+from . import base_runs, observed
 from .base_runs import BaseRuns
 from .change import Change
 from .impact import Analyser, Impact
@@ -75,10 +76,16 @@ def build_plan(
     )
     registry = index.registry
     impact = _impact(index, change, request)
+    observed_warnings = []
+    if observed.enabled(root):  # opt-in: the union with what tests executed at the base
+        observed_warnings = observed.add_observed(
+            impact, change, options.history, (r.path for r in registry.registrations)
+        )
     index.save()  # with the files the impact search parsed
     selected, not_scheduled, selection_warnings = select(
         registry.registrations, registry.violations, pools, request, impact
     )
+    selection_warnings += observed_warnings
     base = BaseRuns([], [], [])
     if base_runs.applies(request, change):
         base_regs, problems = base_runs.base_registrations(root, change, registry, pools)
