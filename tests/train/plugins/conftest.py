@@ -1,7 +1,7 @@
 """Fixtures of the plugin-model tests: a one-rank world in this process and tiny plugin bases.
 
 - ``one_rank`` (module scope): a gloo world of one rank with megatron's parallel state (the run
-  framework's own :func:`mizzen_train.run.process.single_rank`, CPU shim included), so the slot
+  framework's own :func:`mizzen_train.run.parallel.single_rank`, CPU shim included), so the slot
   executor, ``run_sft`` and ``run_rl`` run in the test process (megatron is imported once per
   module, not once per subprocess).
 - ``tiny_base(plugin)`` (session scope): the directory of plugin ``plugin``'s tiny base model
@@ -20,7 +20,7 @@ PLUGINS = ("nemotron_h", "deepseek_v4")
 
 @pytest.fixture(scope="module")
 def one_rank() -> Iterator[None]:
-    from mizzen_train.run.process import single_rank
+    from mizzen_train.run.parallel import single_rank
 
     with single_rank("cpu"):
         yield

@@ -344,6 +344,15 @@ def one_rank() -> RankWorld:
 
 
 @contextlib.contextmanager
+def single_rank(device: str) -> Iterator[RankWorld]:
+    """This process as a world of one rank with megatron's parallel state (TP = CP = 1), whatever
+    torchrun variables the environment holds: for what drives the slot executor in-process
+    without a run's ``[parallel]`` section (the training service, tests)."""
+    with join_world(plan_world(ParallelConfig(), {}), device) as world, world.model_parallel():
+        yield world
+
+
+@contextlib.contextmanager
 def join_world(plan: WorldPlan, device: str) -> Iterator[RankWorld]:
     """The process group of ``plan`` (torchrun's ``env://`` rendezvous; a private file one for
     a single rank), with ``parallel.timeout_s`` on every collective; destroyed on the way out."""

@@ -72,7 +72,7 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def _main(self) -> None:
-        from mizzen_train.run.process import single_rank
+        from mizzen_train.run.parallel import single_rank
 
         try:
             device, dtype = self._device()
