@@ -19,7 +19,10 @@ to its own result file, then exits):
 - ``start="fork"`` (the default for gloo): ranks are forked from the test process, so ``fn``,
   ``setup`` and ``args`` may be anything, closures included, and start in well under a second
   with whatever the test process had imported.  A forked rank leaves through ``os._exit`` (the
-  test process's exit handlers are not its own).
+  test process's exit handlers are not its own).  The test process must hold no other thread and
+  no process group when it forks (a rank would inherit their held locks and hang): the launcher
+  refuses at once, naming them.  Tests whose body starts threads or joins a group carry
+  ``pytest.mark.in_child`` (below): their body runs in a forked child, so they leave none.
 - ``start="spawn"`` (the only way for nccl: CUDA cannot be used after fork): ranks are fresh
   ``python`` processes, with the test process's ``sys.path`` and environment.  They load this
   file by path, then the file defining ``fn`` (and ``setup``) by path, under a private module
@@ -227,6 +230,8 @@ def launch_ranks(
         )
     if backend == "nccl" and start == "fork":
         raise ValueError("run_ranks: nccl needs start='spawn' (CUDA cannot be used after fork)")
+    if start == "fork":
+        _check_fork_is_safe()
     starter = _fork_rank if start == "fork" else _spawn_rank
     job = {
         "world_size": world_size,
@@ -254,6 +259,25 @@ def launch_ranks(
     if problems:
         raise AssertionError("distributed scenario failed:\n" + "\n".join(problems))
     return [results[r.rank][1] for r in ranks]
+
+
+def _check_fork_is_safe() -> None:
+    """Refuse to fork ranks from a process with other threads or a live process group: a forked
+    rank inherits the locks those threads held and hangs until its timeout."""
+    import threading
+
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    dist = sys.modules.get("torch.distributed")
+    grouped = dist is not None and dist.is_available() and dist.is_initialized()
+    if others or grouped:
+        held = (f"threads {others}" if others else "") + (
+            (" and " if others else "") + "a default process group" if grouped else ""
+        )
+        raise RuntimeError(
+            f"run_ranks(start='fork'): this pytest process holds {held}; a forked rank would "
+            "inherit their locks and hang. Fix: run the test that started them with "
+            "`pytest.mark.in_child` (its body then runs in a child process), or pass start='spawn'."
+        )
 
 
 def _fork_rank(rank: int, job: dict[str, Any], tmp: Path) -> _Rank:
@@ -328,16 +352,72 @@ def run_ranks() -> Callable[..., list[Any]]:
     return launch_ranks
 
 
-#: Test files that join a torch.distributed process group (and megatron's parallel state) in the
-#: pytest process itself. A process that has held a gloo group cannot fork ranks safely
-#: afterwards: the forked ranks of a later ``run_ranks`` test hang until their timeout (seen in a
-#: clean .ci/run: tests/train/plugins followed by tests/train/run/test_evaluators.py on one
-#: worker). So these files run after every other file of their worker.
-IN_PROCESS_WORLD_FILES = ("tests/train/plugins/", "tests/train/serve/")
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "in_child(world=None): run the test body in a forked child of the pytest process (with "
+        "world='cpu': inside a one-rank gloo world with megatron's parallel state); for tests "
+        "whose body starts threads or joins a process group (see tests/conftest.py)",
+    )
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """Move the in-process-world files to the end of the collection (a stable sort: every other
-    order is kept), so with ``--dist loadfile`` each worker runs them last."""
-    del config
-    items.sort(key=lambda item: item.nodeid.startswith(IN_PROCESS_WORLD_FILES))
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem) -> bool | None:
+    """The body of an ``in_child`` test runs in a forked child (fixtures stay in this process).
+
+    Why: a process that has had threads (an SDK's event loop, an embedded engine's server) or a
+    process group cannot fork ranks safely afterwards (a forked rank inherits locks held by
+    threads that do not exist in it and hangs), and a library's thread may live as long as its
+    process.  So such bodies run where they cannot outlive themselves: the child's threads and
+    group end with it, and this pytest process stays fit to fork ``run_ranks`` ranks.  The
+    child's exception comes back as text (its traceback); output goes to the captured streams."""
+    marker = pyfuncitem.get_closest_marker("in_child")
+    if marker is None:
+        return None
+    world = marker.kwargs.get("world")
+    funcargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    with tempfile.TemporaryDirectory(prefix="mizzen-in-child-") as tmp:
+        result_file = os.path.join(tmp, "result")
+        pid = os.fork()
+        if pid == 0:  # the child: run the body, write the outcome, leave without exit handlers
+            status, payload = "error", "the test body did not start"
+            try:
+                if "torch" in sys.modules:  # an OpenMP pool of this process hangs in a fork
+                    sys.modules["torch"].set_num_threads(1)
+                with _child_world(world):
+                    pyfuncitem.obj(**funcargs)
+                status, payload = "ok", None
+            except BaseException:
+                status, payload = "error", traceback.format_exc()
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                _write_result(result_file, status, payload)
+            finally:
+                os._exit(0)
+        try:
+            _, code = os.waitpid(pid, 0)
+        finally:  # the timeout (or Ctrl-C) interrupted the wait: the child goes too
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        if not os.path.exists(result_file):
+            pytest.fail(f"the test's child process ended without a result (wait status {code})")
+        with open(result_file, "rb") as f:
+            status, payload = pickle.load(f)
+    if status != "ok":
+        pytest.fail(f"in the test's child process:\n{payload}", pytrace=False)
+    return True
+
+
+def _child_world(world: str | None):
+    """A one-rank world on ``world`` (the run framework's own ``single_rank``), or nothing."""
+    import contextlib
+
+    if world is None:
+        return contextlib.nullcontext()
+    from mizzen_train.run.parallel import single_rank
+
+    return single_rank(world)

@@ -11,6 +11,7 @@ errors for what cannot be done.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +145,51 @@ def test_what_cannot_be_done_is_refused_before_any_rank_starts(run_ranks):
         run_ranks(lambda: None, world_size=1, start="spawn")
     with pytest.raises(TypeError, match=r"setup .* is not a module-level function"):
         run_ranks(_report, world_size=1, setup=lambda: None, start="spawn")
+
+
+def test_forking_ranks_beside_a_live_thread_is_refused_at_once_naming_it(run_ranks):
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="planted-sdk-loop", daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"threads \['planted-sdk-loop'\].*in_child"):
+            run_ranks(_report, world_size=1, args=(1.0,))
+    finally:
+        stop.set()
+        thread.join()
+    (alone,) = run_ranks(_report, world_size=1, args=(1.0,))  # the thread is gone: forks again
+    assert alone["world"] == 1
+
+
+IN_CHILD_TESTS = """
+import threading, time
+import pytest
+
+@pytest.mark.in_child
+def test_a_body_that_leaves_a_thread_running():
+    threading.Thread(target=time.sleep, args=(600,), name="left-running", daemon=True).start()
+
+def test_the_pytest_process_has_no_thread_left_and_forks_ranks(run_ranks):
+    assert [t.name for t in threading.enumerate()] == ["MainThread"]
+    assert run_ranks(_one, world_size=1) == [1]
+
+def _one():
+    return 1
+
+@pytest.mark.in_child
+def test_a_failing_body_reports_its_traceback():
+    assert 1 + 1 == 3, "planted failure in the child"
+"""
+
+
+def test_an_in_child_body_leaves_no_thread_and_its_failure_comes_back(pytester):
+    """The ``in_child`` marker of tests/conftest.py, run by a real pytest on that conftest."""
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(test_in_child=IN_CHILD_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*in the test's child process:*", "*planted failure in the child*"]
+    )

@@ -80,6 +80,11 @@ BAD_INPUTS = [
     (["sft", "--config", "not_utf8.toml"], "not_utf8.toml"),
     (["sft", "--config", "unknown_key.toml"], "model.tiny.sneed"),
     (["sft", "--config", "bad_type.toml"], "run.steps='2': must be an integer"),
+    (["sft", "--config", "no_data.toml"], "no_data.toml: tenants[0].data='"),
+    (
+        ["rl", "--config", "example:rl_tiny", "--set", 'tenants.0.data="nope.jsonl"'],
+        "tenants[0].data='nope.jsonl': no such file",
+    ),
     (["rl", "--config", "bad_type.toml"], "data={'seq_len': 144}: unknown section"),
     (["sft", "--config", "good.toml", "--run.steps", "two"], "run.steps='two'"),
     (["sft", "--config", "good.toml", "--set", "run.nope=1"], "run.nope=1: unknown key in [run]"),
@@ -106,6 +111,18 @@ def test_a_bad_input_is_one_line_with_the_fix(inputs: Path, argv: list[str], nee
     assert len(lines) == 1 and needle in lines[0], out.stderr[-3000:]
     assert "Traceback" not in out.stderr + out.stdout
     assert any(word in lines[0].lower() for word in ("fix", "give", "use", "see", "add")), lines
+
+
+def test_a_missing_data_file_is_refused_before_the_run_dir_or_a_model_is_written(inputs: Path):
+    """Before: the base model was written into the run dir (~10 s) and the error named neither
+    the config file nor where a relative path is read from."""
+    out = _cli("sft", "--config", "no_data.toml", cwd=inputs)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.startswith("mizzen-train sft: error: no_data.toml: tenants[0].data="), (
+        out.stderr
+    )
+    assert f"a relative path is read from {inputs}" in out.stderr
+    assert not (inputs / "r").exists()
 
 
 def test_a_run_shows_one_summary_line_for_third_party_warnings(inputs: Path) -> None:

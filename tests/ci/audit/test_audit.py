@@ -25,7 +25,9 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.audit.mutants import MutantError, sample, tree_candidates
+from mizzen_ci.history import read_kinded
 from mizzen_ci.history_execution import Executed, ExecutionStoreError, read, replace_revision
+from mizzen_ci.report.records import PARSERS, RecordError
 
 register_cpu_ci(est_time=40, labels=["ci"])
 
@@ -45,7 +47,8 @@ def test_a_path_the_import_graph_cannot_see_is_a_miss_with_its_file_pair(
 ):
     store = tmp_path / "execution.sqlite"
     done = _audit(hidden_path_repo, "--store", str(store), "--markdown", str(tmp_path / "s.md"),
-                  "--mutants", "3", "--seed", "0")  # fmt: skip
+                  "--mutants", "3", "--seed", "0",
+                  "--record", str(tmp_path / "records" / "health.jsonl"))  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert HIDDEN_MISS in done.stdout, done.stdout
     assert "alpha/core.py -> " not in done.stdout  # imported: selected
@@ -68,6 +71,12 @@ def test_a_path_the_import_graph_cannot_see_is_a_miss_with_its_file_pair(
     test = "tests/alpha/test_core.py::test_answer_from_a_pickle"
     assert (test, "packages/alpha/src/alpha/hidden.py", "source") in pairs
     assert (test, "tests/alpha/answer.pickle", "data") in pairs  # a data file it opened
+    # the health page's audit record, as the page reads it
+    kinded, problems = read_kinded([tmp_path / "records"], PARSERS, RecordError)
+    assert not problems
+    (audit_run,) = kinded["audit"]
+    assert (audit_run.recall, audit_run.caught, audit_run.failing) == (0.75, 3, 4)
+    assert audit_run.window.startswith("revision ")
     # the stored rows audit the same without running anything
     again = _audit(hidden_path_repo, "--store", str(store), "--no-observe")
     assert again.returncode == 1 and HIDDEN_MISS in again.stdout, again.stdout + again.stderr

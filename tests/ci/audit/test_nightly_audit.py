@@ -31,6 +31,7 @@ def test_the_audit_job_posts_the_table_and_fails_below_full_recall():
     run = _runs(audit)
     assert "python3 -m nox -s audit --" in run
     assert '"--markdown=$GITHUB_STEP_SUMMARY"' in run  # the table into the step summary
+    assert "--record .ci-artifacts/execution/audit.jsonl" in run  # the page's record, uploaded
     assert "|| true" not in run and "continue-on-error" not in str(audit)  # a miss fails the job
     upload = [s for s in audit["steps"] if "upload-artifact@" in s.get("uses", "")]
     assert upload and upload[0]["with"]["name"] == "execution-cpu"
@@ -47,6 +48,10 @@ def test_the_history_job_merges_the_execution_store_into_the_cache():
     downloads = [s["with"].get("pattern") for s in history["steps"] if "download-artifact@" in
                  s.get("uses", "")]  # fmt: skip
     assert "execution-*" in downloads
+    # the audit record reaches the health page's store after the swap (else the swap drops it)
+    carry = run.index(".ci-artifacts/new/execution/*/audit.jsonl")
+    assert carry > run.index("mv .ci-artifacts/merged .ci-artifacts/history")
+    assert ">> .ci-artifacts/history/health.jsonl" in run[carry:]
 
 
 def test_the_bisect_job_runs_for_a_new_failure_on_main_and_writes_the_summary():

@@ -1,16 +1,18 @@
-"""Fixtures of the plugin-model tests: a one-rank world in this process and tiny plugin bases.
+"""Fixtures of the plugin-model tests: tiny plugin bases.
 
-- ``one_rank`` (module scope): a gloo world of one rank with megatron's parallel state (the run
-  framework's own :func:`mizzen_train.run.parallel.single_rank`, CPU shim included), so the slot
-  executor, ``run_sft`` and ``run_rl`` run in the test process (megatron is imported once per
-  module, not once per subprocess).
+The test files that drive the slot executor, ``run_sft`` or ``run_rl`` in-process carry
+``pytest.mark.in_child(world="cpu")`` (tests/conftest.py): each body runs in a forked child of
+the pytest process inside a one-rank gloo world with megatron's parallel state (the run
+framework's own :func:`mizzen_train.run.parallel.single_rank`), so neither the world nor an
+embedded engine's threads outlive the test in the pytest process.
 - ``tiny_base(plugin)`` (session scope): the directory of plugin ``plugin``'s tiny base model
   (:func:`mizzen_train.plugin_models.base.write_tiny_base`, seed 0), written once per session.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,24 +20,20 @@ import pytest
 PLUGINS = ("nemotron_h", "deepseek_v4")
 
 
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[None]:
-    from mizzen_train.run.parallel import single_rank
-
-    with single_rank("cpu"):
-        yield
-
-
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Callable[[str], Path]:
     from mizzen_train.plugin_models.base import write_tiny_base
 
     root = tmp_path_factory.mktemp("plugin-bases")
-    made: dict[str, Path] = {}
 
     def base(plugin: str) -> Path:
-        if plugin not in made:
-            made[plugin] = write_tiny_base(root / plugin, plugin, seed=0)
-        return made[plugin]
+        # Memoised on disk, not in memory: the first caller may be an ``in_child`` body, whose
+        # memory dies with it.  Written beside, then renamed: a base is there whole or not at all.
+        target = root / plugin
+        if not target.exists():
+            scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{plugin}-"))
+            written = write_tiny_base(scratch / plugin, plugin, seed=0)
+            written.rename(target)
+        return target
 
     return base

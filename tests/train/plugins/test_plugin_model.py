@@ -12,6 +12,7 @@ import torch
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=25, labels=["train", "lora", "plugins"])
+pytestmark = pytest.mark.in_child(world="cpu")  # its body's threads/world end with it
 
 #: The LoRA target table, pinned: which linears of each plugin LoRA adapts.
 TARGETS = {
@@ -61,7 +62,7 @@ def random_adapter(executor, rank, seed):
 
 
 @pytest.mark.parametrize("name", PLUGINS)
-def test_lora_wraps_the_plugins_target_table_and_only_adapters_train(name, one_rank, tiny_base):
+def test_lora_wraps_the_plugins_target_table_and_only_adapters_train(name, tiny_base):
     from mizzen_plugins import get
     from mizzen_train.losses import CrossEntropyLoss
     from mizzen_train.specs import AdamParams
@@ -111,7 +112,7 @@ def document_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", PLUGINS)
-def test_dense_masks_and_thd_params_give_the_plugin_models_own_logits(name, one_rank, tiny_base):
+def test_dense_masks_and_thd_params_give_the_plugin_models_own_logits(name, tiny_base):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from mizzen_train.executor import segment_positions
@@ -160,7 +161,7 @@ def test_dense_masks_and_thd_params_give_the_plugin_models_own_logits(name, one_
         assert not torch.allclose(rows, expected, atol=1e-3), "segments must matter"
 
 
-def test_masks_and_positions_a_plugin_cannot_express_are_refused(one_rank, tiny_base):
+def test_masks_and_positions_a_plugin_cannot_express_are_refused(tiny_base):
     from mizzen_train.plugin_models import import_plugin_model
 
     model = import_plugin_model("deepseek_v4", tiny_base("deepseek_v4")).model
@@ -174,7 +175,7 @@ def test_masks_and_positions_a_plugin_cannot_express_are_refused(one_rank, tiny_
 
 
 @pytest.mark.parametrize("name", PLUGINS)
-def test_slotted_rows_equal_their_slots_merged_model(name, one_rank, tiny_base):
+def test_slotted_rows_equal_their_slots_merged_model(name, tiny_base):
     from mizzen_plugins import get
     from mizzen_train.losses import target_logprobs
     from mizzen_train.plugin_models.export import merged_state
@@ -196,7 +197,7 @@ def test_slotted_rows_equal_their_slots_merged_model(name, one_rank, tiny_base):
     torch.testing.assert_close(got[3], base_only[3], rtol=0, atol=0)
 
 
-def test_megatron_gpt_holds_no_plain_linear(one_rank):
+def test_megatron_gpt_holds_no_plain_linear():
     """So extending the wrapper to nn.Linear leaves megatron models wrapped exactly as before."""
     from mizzen_train.gpt import GPTSpec, build_gpt
 
@@ -212,7 +213,7 @@ def test_megatron_gpt_holds_no_plain_linear(one_rank):
         assert not [p for p, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def test_deepseek_v4_policy_gradient_step_moves_logprobs_with_the_advantages(one_rank, tiny_base):
+def test_deepseek_v4_policy_gradient_step_moves_logprobs_with_the_advantages(tiny_base):
     """The RL policy step (clipped policy gradient, old log-probs from the executor) on a plugin
     without an engine: positive-advantage rows gain log-probability, negative ones lose it."""
     from dataclasses import replace
@@ -233,7 +234,7 @@ def test_deepseek_v4_policy_gradient_step_moves_logprobs_with_the_advantages(one
     assert change[0] > 0 and change[2] > 0 and change[1] < 0 and change[3] < 0, change
 
 
-def test_megatrons_schedule_step_drives_plugin_gpt(one_rank, tiny_base):
+def test_megatrons_schedule_step_drives_plugin_gpt(tiny_base):
     """What megatron's no-pipelining schedule (the executor's CUDA path) asks of the model, on a
     CPU: its model type and config, and its ``forward_step`` running the executor-style step."""
     from megatron.core.enums import ModelType

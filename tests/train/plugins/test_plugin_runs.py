@@ -18,6 +18,7 @@ import torch
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=45, labels=["train", "lora", "plugins", "e2e"])
+pytestmark = pytest.mark.in_child(world="cpu")  # its body's threads/world end with it
 
 
 def sft_config(tmp_path, plugin, *, steps=20, **model):
@@ -107,7 +108,7 @@ def peft_vs_merged(plugin, export, ids):
 
 
 @pytest.mark.parametrize("plugin", ["nemotron_h", "deepseek_v4"])
-def test_sft_trains_a_tiny_plugin_model_and_exports_it(plugin, tmp_path, one_rank):
+def test_sft_trains_a_tiny_plugin_model_and_exports_it(plugin, tmp_path):
     from mizzen_train.sft.trainer import run_sft
 
     config = sft_config(tmp_path, plugin)
@@ -126,7 +127,7 @@ def test_sft_trains_a_tiny_plugin_model_and_exports_it(plugin, tmp_path, one_ran
     assert (merged - base).abs().max() > 0.1, "the adapter changes the model"
 
 
-def test_rl_step_on_nemotron_h_through_the_embedded_engine(tmp_path, one_rank):
+def test_rl_step_on_nemotron_h_through_the_embedded_engine(tmp_path):
     """The engine serves the tiny base's Hugging Face NemotronH (transformers) with the trainer's
     published PEFT adapters; its log-probs agree with the plugin model's."""
     from mizzen_train.rl.trainer import run_rl
@@ -142,7 +143,7 @@ def test_rl_step_on_nemotron_h_through_the_embedded_engine(tmp_path, one_rank):
     assert (config.run_dir / "export" / "step-00000001" / "fixed" / "adapter").is_dir()
 
 
-def test_rl_on_embedded_engines_refuses_a_plugin_without_a_hf_architecture(tmp_path, one_rank):
+def test_rl_on_embedded_engines_refuses_a_plugin_without_a_hf_architecture(tmp_path):
     from mizzen_train.rl.trainer import run_rl
     from mizzen_train.run.config import ConfigError
 

@@ -9,6 +9,8 @@
 Invariants:
 - Exit 0: recall 1.0 and no mutant missed; 1: a miss (each listed); 2: bad usage or input.
 - ``--markdown FILE`` appends the Markdown tables (the nightly step summary) to ``FILE``.
+- ``--record STORE`` appends the health page's ``audit`` record (recall, caught, failing) to the
+  JSON-lines ``STORE``; the nightly history job carries it into ``health.jsonl``.
 - The pytest outcome of the observed run is printed; failing tests do not void what they executed.
 """
 
@@ -35,6 +37,8 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
                         help="audit the stored rows of --revision, run nothing")  # fmt: skip
     parser.add_argument("--workers", default="0", help="pytest-xdist workers (default 0: none)")
     parser.add_argument("--markdown", type=Path, help="append the Markdown tables to this file")
+    parser.add_argument("--record", type=Path, metavar="STORE",
+                        help="append the health page's audit record to this .jsonl store")  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="every file in the per-file table")
     parser.add_argument("--mutants", type=int, default=0, help="seeded mutants to check")
     parser.add_argument("--seed", type=int, default=0, help="the mutants' seed (default 0)")
@@ -131,7 +135,25 @@ def _report(root: Path, revision: str, rows: list, args) -> int:
     if args.markdown:
         with args.markdown.open("a", encoding="utf-8") as f:
             f.write(summary)
+    if args.record:
+        _record(args.record, result, revision)
     return 1 if failed else 0
+
+
+def _record(store: Path, result, revision: str) -> None:
+    """One ``audit`` record (:mod:`mizzen_ci.report.records`) appended to ``store``, read back
+    through the page's own parser first: a record the page would drop is never written."""
+    import json
+
+    from ..history import append_jsonl, now_utc
+    from ..report.records import AuditRun, parse_audit
+
+    record = AuditRun(now_utc(), round(result.recall, 6), result.hit_pairs,
+                      result.executed_pairs, f"revision {revision[:12]}")  # fmt: skip
+    line = record.to_json()
+    parse_audit(json.loads(line), "the audit record")
+    append_jsonl(store, [line])
+    print(plain(f"audit record (recall {record.recall:.4f}) appended to {store}"))
 
 
 def _mutants(root: Path, rows: list, index, result, args) -> tuple[str, bool]:

@@ -20,6 +20,10 @@ plan's ``pools`` (nightly.yml's history job, for each trusted run it merges)::
 
 ``recall`` is ``caught / failing`` (failing test runs the selection would have run, over all
 failing test runs the audit saw), from 0 to 1; ``window`` is free text (optional).
+``mizzen-ci audit --record STORE`` writes it: a test that executed a source file is one that
+fails when that file breaks, so ``failing`` counts the (source file, test) pairs the observed run
+executed, ``caught`` those whose test the planner selects for a change to the file, and
+``window`` names the audited revision.
 
 Invariants:
 - Every field is checked and bounded on read (:func:`parse`); a bad line raises
@@ -90,6 +94,10 @@ class AuditRun:
     caught: int
     failing: int
     window: str | None = None
+
+    def to_json(self) -> str:
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps({"kind": "audit", "v": VERSION, **fields}, sort_keys=True)
 
 
 def _field(obj: dict, where: str, name: str, kind: str, *, optional: bool = False):

@@ -197,6 +197,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         return 2
     config = config_cls.load(args.config, [*_field_overrides(args), *args.set])
+    config.check_input_files()  # before torch is imported and the base model is written
     from mizzen_train.run.trainer import run_trainer
 
     try:

@@ -127,7 +127,11 @@ class AlgoConfig:
 @dataclass(frozen=True, kw_only=True)
 class RlTenantConfig(AdapterTrainingConfig):
     name: str = opt(kind="str", help="tenant name (its slot, adapters and metrics)")
-    data: str = opt(kind="str", help="prompts: a JSON-lines file ('prompt', 'label') or example:")
+    data: str = opt(
+        kind="str",
+        input_file=True,
+        help="prompts: a JSON-lines file ('prompt', 'label') or example:",
+    )
     reward: str = opt(kind="str", help="math | f1 | module:function | file.py:function")
     prompts_per_step: int = opt(kind="int", low=1, help="prompts per step")
     n_samples: int = opt(4, kind="int", low=2, help="samples per prompt (one group)")

@@ -49,6 +49,7 @@ __all__ = [
     "build_config",
     "build_section",
     "build_sections",
+    "check_input_files",
     "config_help",
     "flag_sections",
     "opt",
@@ -69,11 +70,22 @@ class ConfigError(ValueError):
 
 
 def opt(
-    default: Any = MISSING, *, kind: str, help: str, choices=None, low=None, high=None, item=None
+    default: Any = MISSING,
+    *,
+    kind: str,
+    help: str,
+    choices=None,
+    low=None,
+    high=None,
+    item=None,
+    input_file: bool = False,
 ):
     """Declare a config field: ``kind`` in int|float|str|bool|list[str]|list[float]|table, or
-    ``tables`` (a list of ``item`` dataclass tables, e.g. ``[[eval.evaluators]]``)."""
+    ``tables`` (a list of ``item`` dataclass tables, e.g. ``[[eval.evaluators]]``).
+    ``input_file``: a ``str`` field naming a file the run reads (or ``example:NAME``), checked by
+    :func:`check_input_files` before anything is built."""
     meta = {"kind": kind, "help": help, "choices": choices, "low": low, "high": high, "item": item}
+    meta["input_file"] = input_file
     if isinstance(default, dict):  # lists are stored as tuples: a config is immutable
         return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -443,3 +455,40 @@ def config_help(sections: Sections) -> str:
                 f"  {spec.name:<20} {meta['kind']:<11} {default:<26} {meta['help']}{choices}"
             )
     return "\n".join(lines)
+
+
+# -- input files --------------------------------------------------------------------------------
+
+EXAMPLE_PREFIX = "example:"  # a data set shipped with the package, resolved by its reader
+
+
+def check_input_files(config: Any, source: str) -> None:
+    """Every ``input_file`` field of ``config`` (sections, tables and lists of tables, derived
+    from the declarations) names a regular file, or ``example:NAME`` (its reader checks the
+    name): a ConfigError naming the source and field otherwise.  A run calls it before it
+    imports torch or writes anything, so a typo'd path costs no model build."""
+    for path, value in _input_files(config, ""):
+        if not value or value.startswith(EXAMPLE_PREFIX):
+            continue
+        if not os.path.isfile(value):
+            what = "is not a regular file" if os.path.exists(value) else "no such file"
+            raise ConfigError(
+                path, value, f"{what} (a relative path is read from {os.getcwd()})",
+                "give a JSON-lines file's path, or example:NAME for a shipped data set",
+                source=source,
+            )  # fmt: skip
+
+
+def _input_files(node: Any, prefix: str):
+    """(field path, value) of every ``input_file`` field below the dataclass ``node``."""
+    for spec in dataclasses.fields(node):
+        value = getattr(node, spec.name)
+        path = f"{prefix}{spec.name}"
+        if spec.metadata.get("input_file") and isinstance(value, str):
+            yield path, value
+        elif dataclasses.is_dataclass(value):
+            yield from _input_files(value, f"{path}.")
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    yield from _input_files(item, f"{path}[{i}].")

@@ -32,6 +32,7 @@ from mizzen_train.run.config import (
     Presence,
     Section,
     build_config,
+    check_input_files,
     config_help,
     opt,
     read_config_source,
@@ -138,7 +139,9 @@ class EvaluatorConfig:
     kind: str = opt(kind="str", choices=EVALUATOR_KINDS, help="generate | loss | python")
     name: str = opt("", kind="str", help="unique name of its results (default: the kind)")
     tenants: tuple = opt((), kind="list[str]", help="tenants it evaluates (default: all)")
-    data: str = opt("", kind="str", help="generate/loss: the eval set (JSON lines or example:)")
+    data: str = opt(
+        "", kind="str", input_file=True, help="generate/loss: the eval set (JSON lines or example:)"
+    )
     limit: int = opt(0, kind="int", low=0, help="generate/loss: first N records (0: all)")
     reward: str = opt("", kind="str", help="generate: math | f1 | module:function")
     max_new_tokens: int = opt(64, kind="int", low=1, help="generate: tokens per answer")
@@ -220,6 +223,11 @@ class RunLayout:
     def check(self) -> None:
         """The command's rules across sections (after each section's own)."""
         raise NotImplementedError
+
+    def check_input_files(self) -> None:
+        """Every data file the run will read exists (before a model is built: a run's first
+        step, not an export's or a service's, which read none)."""
+        check_input_files(self, self.source)
 
     @property
     def evaluators(self) -> tuple[EvaluatorConfig, ...]:

@@ -71,7 +71,9 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class TenantConfig(AdapterTrainingConfig):
     name: str = opt(kind="str", help="tenant name (its slot, snapshots and metrics)")
-    data: str = opt(kind="str", help="training data: a JSON-lines file or example:NAME")
+    data: str = opt(
+        kind="str", input_file=True, help="training data: a JSON-lines file or example:NAME"
+    )
     rows: int = opt(kind="int", low=1, help="packed rows of this tenant per step")
 
 
