@@ -19,10 +19,12 @@ to its own result file, then exits):
 - ``start="fork"`` (the default for gloo): ranks are forked from the test process, so ``fn``,
   ``setup`` and ``args`` may be anything, closures included, and start in well under a second
   with whatever the test process had imported.  A forked rank leaves through ``os._exit`` (the
-  test process's exit handlers are not its own).  The test process must hold no other thread and
-  no process group when it forks (a rank would inherit their held locks and hang): the launcher
-  refuses at once, naming them.  Tests whose body starts threads or joins a group carry
-  ``pytest.mark.in_child`` (below): their body runs in a forked child, so they leave none.
+  test process's exit handlers are not its own).  A rank inherits every lock the test process's
+  other threads held at the fork, without the threads: a rank that hangs is reported with the
+  names of those threads, and a live process group in the test process is refused at once.
+  Tests whose body starts long-lived threads (an SDK's event loop, an embedded engine) or joins a
+  group carry ``pytest.mark.in_child`` (below): their body runs in a forked child, so the threads
+  and the group end with it.
 - ``start="spawn"`` (the only way for nccl: CUDA cannot be used after fork): ranks are fresh
   ``python`` processes, with the test process's ``sys.path`` and environment.  They load this
   file by path, then the file defining ``fn`` (and ``setup``) by path, under a private module
@@ -230,8 +232,7 @@ def launch_ranks(
         )
     if backend == "nccl" and start == "fork":
         raise ValueError("run_ranks: nccl needs start='spawn' (CUDA cannot be used after fork)")
-    if start == "fork":
-        _check_fork_is_safe()
+    threads = _threads_beside_a_fork() if start == "fork" else []
     starter = _fork_rank if start == "fork" else _spawn_rank
     job = {
         "world_size": world_size,
@@ -250,6 +251,12 @@ def launch_ranks(
             for rank in range(world_size):
                 ranks.append(starter(rank, job, Path(tmp)))
             results, problems = _collect(ranks, timeout)
+            if threads and any("no result within" in p for p in problems):
+                problems.append(
+                    f"this pytest process had threads {threads} when it forked the ranks: a "
+                    "rank that hangs may wait for a lock one of them held. Fix: run the test "
+                    "that started them with `pytest.mark.in_child`, or pass start='spawn'"
+                )
         finally:
             # A spawned rank ends with a barrier and destroy_process_group after writing its
             # result: when every rank succeeded it may finish them; otherwise it is killed now.
@@ -261,23 +268,20 @@ def launch_ranks(
     return [results[r.rank][1] for r in ranks]
 
 
-def _check_fork_is_safe() -> None:
-    """Refuse to fork ranks from a process with other threads or a live process group: a forked
-    rank inherits the locks those threads held and hangs until its timeout."""
+def _threads_beside_a_fork() -> list[str]:
+    """The other threads of this process as ranks fork (named when a rank hangs: a forked rank
+    inherits every lock they held, without them); RuntimeError for a live process group (the
+    ranks would inherit it and fail to join their own)."""
     import threading
 
-    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     dist = sys.modules.get("torch.distributed")
-    grouped = dist is not None and dist.is_available() and dist.is_initialized()
-    if others or grouped:
-        held = (f"threads {others}" if others else "") + (
-            (" and " if others else "") + "a default process group" if grouped else ""
-        )
+    if dist is not None and dist.is_available() and dist.is_initialized():
         raise RuntimeError(
-            f"run_ranks(start='fork'): this pytest process holds {held}; a forked rank would "
-            "inherit their locks and hang. Fix: run the test that started them with "
-            "`pytest.mark.in_child` (its body then runs in a child process), or pass start='spawn'."
+            "run_ranks(start='fork'): this pytest process holds a default process group; its "
+            "forked ranks cannot join their own. Fix: run the test that joined it with "
+            "`pytest.mark.in_child` (its body then runs in a child process), or destroy the group"
         )
+    return [t.name for t in threading.enumerate() if t is not threading.main_thread()]
 
 
 def _fork_rank(rank: int, job: dict[str, Any], tmp: Path) -> _Rank:

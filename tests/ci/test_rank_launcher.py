@@ -147,20 +147,48 @@ def test_what_cannot_be_done_is_refused_before_any_rank_starts(run_ranks):
         run_ranks(_report, world_size=1, setup=lambda: None, start="spawn")
 
 
-def test_forking_ranks_beside_a_live_thread_is_refused_at_once_naming_it(run_ranks):
+PLANTED_LOCK = __import__("threading").Lock()
+
+
+def _take_the_planted_lock() -> None:
+    with PLANTED_LOCK:
+        pass
+
+
+def test_a_rank_hung_on_a_lock_a_thread_held_at_the_fork_names_that_thread(run_ranks):
     import threading
 
     stop = threading.Event()
-    thread = threading.Thread(target=stop.wait, name="planted-sdk-loop", daemon=True)
+
+    def hold() -> None:
+        with PLANTED_LOCK:
+            stop.wait()
+
+    thread = threading.Thread(target=hold, name="planted-lock-holder", daemon=True)
     thread.start()
     try:
-        with pytest.raises(RuntimeError, match=r"threads \['planted-sdk-loop'\].*in_child"):
-            run_ranks(_report, world_size=1, args=(1.0,))
+        with pytest.raises(AssertionError) as hung:
+            run_ranks(_take_the_planted_lock, world_size=1, timeout=3)
     finally:
         stop.set()
         thread.join()
-    (alone,) = run_ranks(_report, world_size=1, args=(1.0,))  # the thread is gone: forks again
-    assert alone["world"] == 1
+    message = str(hung.value)
+    assert "no result within 3 s; killed" in message
+    assert "threads ['planted-lock-holder'] when it forked the ranks" in message
+    assert "pytest.mark.in_child" in message
+    assert run_ranks(_take_the_planted_lock, world_size=1) == [None]  # the thread is gone
+
+
+@pytest.mark.in_child  # the group lives and dies in a child: this process forks ranks later
+def test_forking_ranks_beside_a_live_process_group_is_refused_at_once(run_ranks, tmp_path):
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
+    )
+    try:
+        with pytest.raises(RuntimeError, match=r"holds a default process group.*in_child"):
+            run_ranks(_report, world_size=1, args=(1.0,))
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 IN_CHILD_TESTS = """

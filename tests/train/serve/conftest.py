@@ -59,37 +59,63 @@ class ServeKit:
             "initializer_range = 0.2\n"  # logits that can peak: LoRA leaves the unembedding as is
         )
         self.process: subprocess.Popen | None = None
-        self.url = ""
-        self.launches = 0
+        self.started_by = 0  # the pid of the process that started ``process``
+
+    # The server's state lives in files under ``root``, not in this object: the SDK tests' bodies
+    # run in forked children (``pytest.mark.in_child``), and a server one of them restarts must be
+    # the one the next test talks to and the fixture's teardown stops.
+
+    @property
+    def url(self) -> str:
+        return (self.root / "url").read_text().strip()
+
+    @property
+    def launches(self) -> int:
+        return len(list(self.root.glob("server-*.log")))
 
     def start(self, *overrides: str) -> None:
         (self.root / "url").unlink(missing_ok=True)
-        self.launches += 1
+        launch = self.launches + 1
         args = [sys.executable, "-m", "mizzen_train", "serve", "--config", str(self.config)]
         for item in overrides:
             args += ["--set", item]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
-        with open(self.root / f"server-{self.launches}.log", "w") as log:
+        with open(self.root / f"server-{launch}.log", "w") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.started_by = os.getpid()  # a forked test body's copy of this object is not it
+        (self.root / "pid").write_text(str(self.process.pid))
         deadline = time.monotonic() + 240
         while not (self.root / "url").exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"server did not start:\n{self.log()[-4000:]}")
             time.sleep(0.2)
-        self.url = (self.root / "url").read_text().strip()
 
     def log(self) -> str:
         return (self.root / f"server-{self.launches}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """Stop the current server, whichever process started it (SIGINT, then SIGKILL)."""
+        mine = self.process is not None and self.started_by == os.getpid()
+        if mine and self.process.pid == self._current_pid():  # a child of this very process
+            self._stop_child(self.process)
+        elif (pid := self._current_pid()) is not None:  # started by a forked test body
+            _stop_pid(pid)
+        (self.root / "pid").unlink(missing_ok=True)
+
+    def _current_pid(self) -> int | None:
+        path = self.root / "pid"
+        return int(path.read_text()) if path.exists() else None
+
+    @staticmethod
+    def _stop_child(process: subprocess.Popen) -> None:
+        if process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGINT)
         try:
-            self.process.wait(30)
+            process.wait(30)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+            process.kill()
+            process.wait(10)
 
     def restart(self, *overrides: str) -> None:
         self.stop()
@@ -122,6 +148,19 @@ class ServeKit:
                 if done.get("type") != "try_again":
                     assert done.get("type") == "unload_model", done
                     break
+
+
+def _stop_pid(pid: int) -> None:
+    """Stop a server this process did not start (no child of ours: it cannot be waited for)."""
+    try:
+        os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)  # raises once it is gone
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")

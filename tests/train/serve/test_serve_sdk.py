@@ -357,3 +357,50 @@ def test_restart_keeps_saved_state_and_a_full_queue_answers_429(serve_kit):
     assert refused.headers["Retry-After"] == "1"
     # the SDK honours Retry-After: a pipelined client still gets every result
     assert len(sft_steps(restored, data, 3)) == 3
+
+
+def _slots_used(kit) -> int:
+    text = httpx.get(f"{kit.url}/metrics", timeout=30).text
+    (line,) = [x for x in text.splitlines() if x.startswith("mizzen_serve_slots_used ")]
+    return int(line.split()[1])
+
+
+def _wait_for_slots(kit, used: int, within_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while _slots_used(kit) != used:
+        assert time.monotonic() < deadline, f"slots used {_slots_used(kit)}, expected {used}"
+        time.sleep(0.1)
+
+
+def test_a_closed_or_silent_session_ends_and_frees_its_models_slots(serve_kit):
+    """``ServiceClient.close`` (the SDK's session finish) unloads the session's models; a session
+    with no heartbeat for ``server.session_timeout_s`` ends the same way (before: sessions never
+    ended, and their slots stayed taken until a restart)."""
+    import time
+
+    types = _types()
+    before = _slots_used(serve_kit)
+    service = serve_kit.client("carol")
+    training = service.create_lora_training_client(base_model=BASE, rank=4).result()
+    assert _slots_used(serve_kit) == before + 1
+    service.close("success").result()
+    _wait_for_slots(serve_kit, before)
+    step = {"model_id": training.model_id, "seq_id": 99, "adam_params": {"learning_rate": 0.01}}
+    gone = post(serve_kit, "/api/v1/optim_step", "carol", json=step)
+    assert gone.status_code == 404 and "no live model" in gone.text, gone.text
+
+    # a client that stops heartbeating: raw requests, a one-second timeout
+    serve_kit.restart("server.session_timeout_s=1")
+    hello = types.CreateSessionRequest(tags=[], user_metadata={}, sdk_version="0.38.0")
+    session = post(serve_kit, "/api/v1/create_session", "dave", json=hello.model_dump(mode="json"))
+    session_id = session.json()["session_id"]
+    model = types.CreateModelRequest(session_id=session_id, model_seq_id=0, base_model=BASE,
+                                     lora_config=types.LoraConfig(rank=2))  # fmt: skip
+    created = post(serve_kit, "/api/v1/create_model", "dave", json=model.model_dump(mode="json"))
+    assert created.status_code == 200 and _slots_used(serve_kit) == 1, created.text
+    time.sleep(1.5)
+    _wait_for_slots(serve_kit, 0, within_s=10)
+    beat = post(serve_kit, "/api/v1/session_heartbeat", "dave", json={"session_id": session_id})
+    assert beat.status_code == 404 and "expired" in beat.json()["detail"], beat.text

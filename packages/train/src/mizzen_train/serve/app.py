@@ -14,6 +14,11 @@ Invariants:
   ``UntypedAPIFuture``; ``/retrieve_future`` long-polls up to ``server.long_poll_s`` and then
   answers ``try_again``.
 - One log line per operation (tenant, model, request id, outcome); never a key or a body.
+- A session lives from ``create_session`` until the SDK finishes it
+  (``/api/v1/sessions/{id}/finish``, what ``ServiceClient.close`` sends) or until no heartbeat or
+  request names it for ``server.session_timeout_s``; then its live models are unloaded (their
+  slots freed, queued operations first) and the id answers 404 like an unknown one.  Saved
+  checkpoints and published samplers outlive it.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from mizzen_train.serve.operations import Overloaded
 from mizzen_train.serve.state import ModelRecord, check_name
 from mizzen_train.serve.wire import PROTOBUF, WireError, decode_forward_backward, parse_json
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "sweep_sessions"]
 
 log = logging.getLogger("mizzen_train.serve")
 
@@ -45,7 +51,70 @@ class Service:
         self.scheduler = scheduler
         self.sampling = sampling
         self.metrics = metrics
-        self.sessions: dict[str, str] = {}  # session id -> tenant
+        self.sessions: dict[str, SessionRecord] = {}
+
+
+@dataclass
+class SessionRecord:
+    """A live session: its tenant, and when a heartbeat or a request last named it."""
+
+    tenant: str
+    last_seen: float  # time.monotonic()
+
+
+def _session(service: Service, tenant: str, session_id: Any) -> SessionRecord:
+    """The live session ``session_id`` of ``tenant``, marked as seen now; 404 otherwise."""
+    record = service.sessions.get(session_id) if isinstance(session_id, str) else None
+    if record is None or record.tenant != tenant:
+        raise WireError(404, "session_id: no live session of this key (ended, or expired after "
+                             "server.session_timeout_s without a heartbeat). Fix: create_session")  # fmt: skip
+    record.last_seen = time.monotonic()
+    return record
+
+
+def end_session(service: Service, session_id: str, why: str) -> int:
+    """End ``session_id``: forget it and queue an unload of each of its live models (after
+    whatever they have queued); the number of models unloaded."""
+    record = service.sessions.pop(session_id, None)
+    if record is None:
+        return 0
+    prefix = f"{session_id}:train:"
+    models = [m for m in list(service.scheduler.slot_of) if m.startswith(prefix)]
+    try:  # a retry resubmits nothing twice: the unload of a model is keyed by the session's end
+        for model_id in models:
+            service.book.submit(record.tenant, model_id, "unload_model", None, key=("end",))
+    except Overloaded:  # a full queue: the session stays, ended again by the next try
+        record.last_seen = float("-inf")
+        service.sessions[session_id] = record
+        raise
+    log.info("session %s tenant=%s ended (%s); %d model(s) unloaded", session_id,
+             record.tenant, why, len(models))  # fmt: skip
+    return len(models)
+
+
+async def sweep_sessions(service: Service) -> None:
+    """End expired sessions while the server runs (a quarter of the timeout apart, at most every
+    30 s); returns at once when sessions never expire."""
+    timeout = service.config.server.session_timeout_s
+    while timeout > 0:
+        await asyncio.sleep(min(30.0, max(timeout / 4, 0.05)))
+        expire_sessions(service, time.monotonic())
+
+
+def expire_sessions(service: Service, now: float) -> list[str]:
+    """End every session not seen for ``server.session_timeout_s`` (0: none); their ids."""
+    timeout = service.config.server.session_timeout_s
+    if timeout <= 0:
+        return []
+    stale = [sid for sid, r in list(service.sessions.items()) if now - r.last_seen > timeout]
+    ended = []
+    for session_id in stale:
+        try:
+            end_session(service, session_id, "expired")
+            ended.append(session_id)
+        except Overloaded:
+            log.info("session %s expired; its models' queues are full: unloaded later", session_id)
+    return ended
 
 
 def _json(payload: Any, status: int = 200, headers: dict | None = None):
@@ -130,7 +199,7 @@ async def create_session(service, tenant, request):
 
     parse_json(types.CreateSessionRequest, await _body(request, service), "create_session")
     session_id = f"sess-{uuid.uuid4().hex}"
-    service.sessions[session_id] = tenant
+    service.sessions[session_id] = SessionRecord(tenant, time.monotonic())
     log.info("session %s tenant=%s", session_id, tenant)
     return _json({"type": "create_session", "session_id": session_id})
 
@@ -139,9 +208,17 @@ async def session_heartbeat(service, tenant, request):
     from tinker import types
 
     body = parse_json(types.SessionHeartbeatRequest, await _body(request, service), "heartbeat")
-    if service.sessions.get(body.session_id) != tenant:
-        raise WireError(404, "session_id: no session of this key")
+    _session(service, tenant, body.session_id)
     return _json({"type": "session_heartbeat"})
+
+
+async def finish_session(service, tenant, request):
+    """``ServiceClient.close``: the session ends, its live models are unloaded."""
+    await _body(request, service)  # the finish reason: logged as "finished", otherwise unused
+    session_id = request.path_params["session_id"]
+    _session(service, tenant, session_id)
+    end_session(service, session_id, "finished")
+    return _json(None)
 
 
 async def telemetry(service, tenant, request):
@@ -177,8 +254,7 @@ async def create_model(service, tenant, request):
 def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payload=None):
     """A model of the SDK's id ``<session_id>:train:<model_seq_id>`` (the SDK derives it too),
     its slot reserved now; a retry returns the original future."""
-    if service.sessions.get(session_id) != tenant:
-        raise WireError(404, "session_id: no session of this key. Fix: create_session first")
+    _session(service, tenant, session_id)
     model_id = f"{session_id}:train:{model_seq_id}"
     known = service.book.find(tenant, model_id, ("create",))
     if known is not None:
@@ -356,8 +432,7 @@ async def create_sampling_session(service, tenant, request):
     body = parse_json(
         types.CreateSamplingSessionRequest, await _body(request, service), "create_sampling_session"
     )
-    if service.sessions.get(body.session_id) != tenant:
-        raise WireError(404, "session_id: no session of this key")
+    _session(service, tenant, body.session_id)
     session_id = await asyncio.to_thread(
         service.sampling.create_session, tenant, body.model_path, body.base_model
     )
@@ -427,6 +502,7 @@ ROUTES = (
     ("GET", "/api/v1/get_server_capabilities", capabilities, True),
     ("POST", "/api/v1/create_session", create_session, True),
     ("POST", "/api/v1/session_heartbeat", session_heartbeat, True),
+    ("POST", "/api/v1/sessions/{session_id}/finish", finish_session, True),
     ("POST", "/api/v1/telemetry", telemetry, True),
     ("POST", "/api/v1/create_model", create_model, True),
     ("POST", "/api/v1/unload_model", unload_model, True),

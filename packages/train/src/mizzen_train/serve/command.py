@@ -81,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _serve(config, keys, sock: socket.socket) -> int:
     import uvicorn
 
-    from mizzen_train.serve.app import Service, build_app
+    from mizzen_train.serve.app import Service, build_app, sweep_sessions
     from mizzen_train.serve.metrics import ServeMetrics
     from mizzen_train.serve.operations import OperationBook
     from mizzen_train.serve.sampling import Sampling
@@ -116,7 +116,11 @@ def _serve(config, keys, sock: socket.socket) -> int:
                 _write_atomic(config.server.port_file, url)
             print(f"mizzen-train serve: listening on {url} ({config.base_model_name}, "
                   f"{config.model.slots} slots)", flush=True)  # fmt: skip
-            await server.serve(sockets=[sock])
+            sweeper = asyncio.get_running_loop().create_task(sweep_sessions(service))
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sweeper.cancel()
 
         asyncio.run(main())
         return 0

@@ -57,6 +57,10 @@ class ServerSection:
     long_poll_s: float = opt(
         20.0, kind="float", low=0.0, high=40.0, help="how long retrieve_future waits for a result"
     )
+    session_timeout_s: float = opt(
+        600.0, kind="float", low=0.0, high=7 * 86400.0,
+        help="a session without a heartbeat this long ends, its models unloaded (0: never)",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

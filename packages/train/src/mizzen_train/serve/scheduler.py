@@ -271,10 +271,12 @@ class Scheduler:
 
     def _run_unload_model(self, group: list[Operation]) -> None:
         op = group[0]
-        slot = self.slot_of[op.model_id]
-        self.executor.unload_slot(slot)
-        with self.book.cond:
-            del self.slot_of[op.model_id]
+        slot = self.slot_of.get(op.model_id)
+        if slot is not None:  # else unloaded already (the client's unload, then its session's end)
+            if slot in self.executor.loaded_slots:
+                self.executor.unload_slot(slot)
+            with self.book.cond:
+                del self.slot_of[op.model_id]
         op.succeed(JSON, _json({"model_id": op.model_id, "type": "unload_model"}))
 
     def _run_save_weights(self, group: list[Operation]) -> None:
