@@ -37,6 +37,7 @@ from mizzen_rollout.harbor.local_environment import LOCAL_ENVIRONMENT_IMPORT_PAT
 from mizzen_rollout.harbor.redaction import redact_text, redact_url
 from mizzen_rollout.harbor.settings import HarborSettings
 from mizzen_rollout.harbor.trial_config import check_base_url
+from mizzen_rollout.masking import isolated_masks
 
 register_cpu_ci(est_time=15, labels=["rollout", "harbor"])
 
@@ -193,20 +194,21 @@ def test_credential_urls_in_agent_kwargs_never_reach_the_workers(
     leaky: Leaky, name: str, tasks_dir: Path, trials_root: Path, leaked
 ) -> None:
     kwargs = {"llm_kwargs": {name: leaky.url}} if name == "api_base" else {name: [leaky.url]}
-    with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_AGENT_KWARGS") as error:
-        harbor_env_vars(
-            tasks_dir=tasks_dir,
-            trials_dir=trials_root,
-            model_name="m",
-            environment_import_path=LOCAL_ENVIRONMENT_IMPORT_PATH,
-            agent_kwargs=kwargs,
-            echo=lambda line: None,
+    with isolated_masks():  # one example's secrets: the process-wide set would grow with each
+        with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_AGENT_KWARGS") as error:
+            harbor_env_vars(
+                tasks_dir=tasks_dir,
+                trials_dir=trials_root,
+                model_name="m",
+                environment_import_path=LOCAL_ENVIRONMENT_IMPORT_PATH,
+                agent_kwargs=kwargs,
+                echo=lambda line: None,
+            )
+        settings_repr = repr(
+            HarborSettings(
+                tasks_dir=tasks_dir, trials_dir=trials_root, model_name="m", agent_kwargs=kwargs
+            )
         )
-    settings_repr = repr(
-        HarborSettings(
-            tasks_dir=tasks_dir, trials_dir=trials_root, model_name="m", agent_kwargs=kwargs
-        )
-    )
     assert leaked(leaky.chunks, error.value, settings_repr) == []
 
 
