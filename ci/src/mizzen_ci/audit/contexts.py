@@ -10,7 +10,8 @@ Invariants:
   observer drops.
 - Subprocesses a test starts (``python -m …``, servers, workers) record under the same context:
   coverage starts in them from ``COVERAGE_PROCESS_CONFIG``, whose static ``context`` this plugin
-  sets to the running test's id before the test and clears after it.
+  sets to the running test's id before the test and clears after it; they measure with the
+  ``sysmon`` core (this process keeps the tracer that dynamic contexts need).
 - Files a test opens (kind ``data``) are recorded in this process only, through one audit hook
   (``sys.addaudithook``: ``open`` events of regular paths inside the tree that are not Python
   sources); a file the test only copies (``shutil.copyfile``'s audit event, which copytree and
@@ -50,9 +51,13 @@ def pytest_configure(config) -> None:
 
 
 def with_context(serialized: str, context: str | None) -> str:
-    """A serialized coverage config (``CoverageConfig.serialize``) with ``context`` set."""
+    """A serialized coverage config (``CoverageConfig.serialize``) for the subprocesses of a
+    test: ``context`` set, and the ``sysmon`` core (a subprocess records under a static context,
+    which sys.monitoring supports, and code it does not measure -- a Ray worker's or server's
+    own -- then runs untraced: under the C tracer Ray's processes did not come up)."""
     data = json.loads(base64.b64decode(serialized.encode()).decode())
     data["context"] = context or None
+    data["core"] = "sysmon"
     return base64.b64encode(json.dumps(data).encode()).decode()
 
 
