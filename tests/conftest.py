@@ -24,7 +24,8 @@ to its own result file, then exits):
   names of those threads, and a live process group in the test process is refused at once.
   Tests whose body starts long-lived threads (an SDK's event loop, an embedded engine) or joins a
   group carry ``pytest.mark.in_child`` (below): their body runs in a forked child, so the threads
-  and the group end with it.
+  and the group end with it; a fixture may set ``request.node.in_child_setup`` to a factory of
+  the context the child enters around the body (tests/train/plugins: a one-rank world).
 - ``start="spawn"`` (the only way for nccl: CUDA cannot be used after fork): ranks are fresh
   ``python`` processes, with the test process's ``sys.path`` and environment.  They load this
   file by path, then the file defining ``fn`` (and ``setup``) by path, under a private module
@@ -46,6 +47,7 @@ those of packages that must not need torch included); torch is imported when ran
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import multiprocessing
@@ -359,9 +361,9 @@ def run_ranks() -> Callable[..., list[Any]]:
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "in_child(world=None): run the test body in a forked child of the pytest process (with "
-        "world='cpu': inside a one-rank gloo world with megatron's parallel state); for tests "
-        "whose body starts threads or joins a process group (see tests/conftest.py)",
+        "in_child: run the test body in a forked child of the pytest process (inside the "
+        "context an ``in_child_setup`` attribute of the item makes, when a fixture set one); "
+        "for tests whose body starts threads or joins a process group (see tests/conftest.py)",
     )
 
 
@@ -378,7 +380,7 @@ def pytest_pyfunc_call(pyfuncitem) -> bool | None:
     marker = pyfuncitem.get_closest_marker("in_child")
     if marker is None:
         return None
-    world = marker.kwargs.get("world")
+    setup = getattr(pyfuncitem, "in_child_setup", None)  # a fixture's context for the body
     funcargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     with tempfile.TemporaryDirectory(prefix="mizzen-in-child-") as tmp:
         result_file = os.path.join(tmp, "result")
@@ -388,7 +390,7 @@ def pytest_pyfunc_call(pyfuncitem) -> bool | None:
             try:
                 if "torch" in sys.modules:  # an OpenMP pool of this process hangs in a fork
                     sys.modules["torch"].set_num_threads(1)
-                with _child_world(world):
+                with setup() if setup is not None else contextlib.nullcontext():
                     pyfuncitem.obj(**funcargs)
                 status, payload = "ok", None
             except BaseException:
@@ -414,14 +416,3 @@ def pytest_pyfunc_call(pyfuncitem) -> bool | None:
     if status != "ok":
         pytest.fail(f"in the test's child process:\n{payload}", pytrace=False)
     return True
-
-
-def _child_world(world: str | None):
-    """A one-rank world on ``world`` (the run framework's own ``single_rank``), or nothing."""
-    import contextlib
-
-    if world is None:
-        return contextlib.nullcontext()
-    from mizzen_train.run.parallel import single_rank
-
-    return single_rank(world)

@@ -392,7 +392,6 @@ class RlRuns(RunProcesses):
         """The two-tenant toy RL run of the README (``example:rl_tiny``) at e2e size: every
         adapter version kept (the tests compare their bytes), one eval point at the end on both
         tasks."""
-        toy = "mizzen_train.rl.toy"
         tenant = {"prompts_per_step": 4, "n_samples": 8, "lr": 2e-2, "lora_rank": 8,
                   "lora_alpha": 16.0}  # fmt: skip
         return {
@@ -406,18 +405,18 @@ class RlRuns(RunProcesses):
                         "temperature": 1.0, "top_k": 50, "keep_adapters": 0},
             "algo": {"advantage": "grpo"},
             "tenants": [
-                {"name": "fixed", "data": "example:rl_fixed", "reward": f"{toy}:fixed_token",
+                {"name": "fixed", "data": "example:rl_fixed", "reward": "mizzen_train.rl.toy:fixed_token",
                  "max_new_tokens": 1, **tenant},
                 {"name": "format", "data": "example:rl_format",
-                 "reward": f"{toy}:lowercase_format", "data_seed": 1, **tenant},
+                 "reward": "mizzen_train.rl.toy:lowercase_format", "data_seed": 1, **tenant},
             ],
             "eval": {"interval": steps, "snapshot_dir": "snapshots", "max_in_flight": 1,
                      "overflow": "wait", "keep_snapshots": 1},
             "eval.evaluators": [
                 {"kind": "generate", "name": "task_fixed", "data": "example:rl_fixed",
-                 "reward": f"{toy}:fixed_token", "max_new_tokens": 1, "limit": 8},
+                 "reward": "mizzen_train.rl.toy:fixed_token", "max_new_tokens": 1, "limit": 8},
                 {"kind": "generate", "name": "task_format", "data": "example:rl_format",
-                 "reward": f"{toy}:lowercase_format", "max_new_tokens": 3, "limit": 8},
+                 "reward": "mizzen_train.rl.toy:lowercase_format", "max_new_tokens": 3, "limit": 8},
             ],
         }  # fmt: skip
 

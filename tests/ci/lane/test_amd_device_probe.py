@@ -29,7 +29,7 @@ from mizzen_ci.lane.hardware import (
     visible_setting,
 )
 
-register_cpu_ci(est_time=20, labels=["ci", "gpu-lane"])
+register_cpu_ci(est_time=20, labels=["ci", "gpu-lane"], watches=["tests/ci/fixtures/amd_probe/**"])
 
 RECORDED = Path(__file__).parents[1] / "fixtures" / "amd_probe"
 MI300X = RECORDED / "amd-smi-static-asic.mi300x-x8.rocm7.json"

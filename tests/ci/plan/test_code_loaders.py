@@ -10,8 +10,9 @@ resolved, ``runs code the planner cannot resolve: file:line``):
   every pytest session: a change it reaches plans every test; a plugin group's targets are
   dependencies of the code that calls ``entry_points(group=...)``;
 - subprocesses: ``python -c 'import ...'``, ``python -m`` in a shell string, a console script
-  mapped through ``[project.scripts]``, a command built by a helper of the same file; a command
-  the planner cannot evaluate fails open for its file;
+  mapped through ``[project.scripts]``, a command built by a helper of the same file, ``-c`` code
+  a helper takes from its callers; a command the planner cannot evaluate fails open for its file;
+- a module named by a loader spec string (``"pkg.mod:func"``; a bare dotted string is none);
 - ``sys.path`` edits with ``__file__``-relative folders (also one made by a conftest, which holds
   for the whole session); an edit it cannot evaluate fails open; pytest's ``tmp_path`` holds no
   file of the repository;
@@ -140,6 +141,29 @@ FILES = {
         def test_it():
             run("-m", "alpha.deep")
         """,
+    "tests/runs/test_code_helper.py": """\
+        import subprocess
+        import sys
+        import textwrap
+
+        PROBE = '''
+        import json
+        import alpha.by_helper_c
+        '''
+
+
+        def run_python(code, *, flags=()):
+            return subprocess.run([sys.executable, *flags, "-c", textwrap.dedent(code)])
+
+
+        def test_it():
+            run_python(PROBE + "print(json.dumps(1))", flags=("-I",))
+        """,
+    "tests/runs/test_module_spec.py": """\
+        CONFIG = {"reward": "alpha.rewards:score", "data": "data.jsonl"}
+        """,
+    "packages/alpha/src/alpha/by_helper_c.py": "",
+    "packages/alpha/src/alpha/rewards.py": "def score():\n    return 1\n",
     "tests/runs/test_opaque_command.py": """\
         import subprocess
 
@@ -287,6 +311,24 @@ def test_a_console_script_runs_its_module_and_what_it_imports(ws, selected):
 def test_a_command_built_by_a_helper_of_the_same_file(ws, selected):
     got = selected(ws, "packages/alpha/src/alpha/deep.py")
     assert "tests/runs/test_built_command.py" in got
+
+
+def test_python_c_code_a_helper_takes_from_its_callers(ws, selected):
+    """``run_python(code)`` runs ``[sys.executable, *flags, "-c", textwrap.dedent(code)]``: the
+    callers pass the code alone (tests/plugins/test_discovery.py; missed before: the options
+    splice ended the command's reading, and a parameter's code was never looked for)."""
+    got = selected(ws, "packages/alpha/src/alpha/by_helper_c.py")
+    assert got["tests/runs/test_code_helper.py"] == (
+        "reaches alpha.by_helper_c (packages/alpha/src/alpha/by_helper_c.py changed)"
+    )
+
+
+def test_a_module_named_by_a_loader_spec_string(ws, selected):
+    """``"alpha.rewards:score"`` in a run's configuration (the RL toy rewards of the train
+    tests: missed before, no import names the module)."""
+    got = selected(ws, "packages/alpha/src/alpha/rewards.py")
+    assert "tests/runs/test_module_spec.py" in got
+    assert "tests/beta/test_plain.py" not in got  # exact: not every test
 
 
 def test_a_command_the_planner_cannot_evaluate_fails_open_for_its_file(ws, selected):

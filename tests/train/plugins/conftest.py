@@ -1,10 +1,10 @@
 """Fixtures of the plugin-model tests: tiny plugin bases.
 
 The test files that drive the slot executor, ``run_sft`` or ``run_rl`` in-process carry
-``pytest.mark.in_child(world="cpu")`` (tests/conftest.py): each body runs in a forked child of
-the pytest process inside a one-rank gloo world with megatron's parallel state (the run
-framework's own :func:`mizzen_train.run.parallel.single_rank`), so neither the world nor an
-embedded engine's threads outlive the test in the pytest process.
+``pytest.mark.in_child`` (tests/conftest.py): each body runs in a forked child of the pytest
+process, inside the one-rank gloo world with megatron's parallel state that ``one_rank_in_child``
+sets up for it (the run framework's own :func:`mizzen_train.run.parallel.single_rank`), so
+neither the world nor an embedded engine's threads outlive the test in the pytest process.
 - ``tiny_base(plugin)`` (session scope): the directory of plugin ``plugin``'s tiny base model
   (:func:`mizzen_train.plugin_models.base.write_tiny_base`, seed 0), written once per session.
 """
@@ -18,6 +18,18 @@ from pathlib import Path
 import pytest
 
 PLUGINS = ("nemotron_h", "deepseek_v4")
+
+
+@pytest.fixture(autouse=True)
+def one_rank_in_child(request) -> None:
+    """The body of an ``in_child`` test here runs inside a one-rank world (entered in the child)."""
+
+    def one_rank():
+        from mizzen_train.run.parallel import single_rank
+
+        return single_rank("cpu")
+
+    request.node.in_child_setup = one_rank
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import torch
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=25, labels=["train", "lora", "plugins"])
-pytestmark = pytest.mark.in_child(world="cpu")  # its body's threads/world end with it
+pytestmark = pytest.mark.in_child  # its body's threads/world end with it
 
 #: The LoRA target table, pinned: which linears of each plugin LoRA adapts.
 TARGETS = {

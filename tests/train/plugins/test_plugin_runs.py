@@ -18,7 +18,7 @@ import torch
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=45, labels=["train", "lora", "plugins", "e2e"])
-pytestmark = pytest.mark.in_child(world="cpu")  # its body's threads/world end with it
+pytestmark = pytest.mark.in_child  # its body's threads/world end with it
 
 
 def sft_config(tmp_path, plugin, *, steps=20, **model):

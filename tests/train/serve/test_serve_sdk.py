@@ -19,7 +19,7 @@ import pytest
 from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=90, labels=["train", "rollout", "e2e"])
-pytestmark = pytest.mark.in_child()  # its body's threads/world end with it
+pytestmark = pytest.mark.in_child  # its body's threads/world end with it
 
 BASE = "tiny-llama"
 

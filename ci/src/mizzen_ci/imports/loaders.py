@@ -24,7 +24,10 @@ entry-point groups it loads, read from its syntax tree (nothing is run).
   - A program, module, code or script that is a parameter of the enclosing function (or a splice
     of one) comes from the caller: the caller's literal is read where it is written (every list,
     tuple and argument list of a searched file is read for ``-m M``, ``-c CODE`` and a leading
-    program, whether or not it reaches a runner here).
+    program, whether or not it reaches a runner here).  When the *code* of a ``-c`` is a parameter, the callers pass the
+    code alone, with no ``-c`` beside it: then every string constant of the file that spells
+    ``import`` and parses is read as ``-c`` code (its imports run).  A caller in another file is
+    not seen (known limit).
   - Anything else (a computed program or module, a runner passed around as a value, python
     reading its program from stdin) cannot be resolved: ``opaque`` is set to ``"LINE: what"``.
 
@@ -58,6 +61,7 @@ import os.path
 import posixpath
 import re
 import shlex
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,6 +144,7 @@ def spells_loader(source: bytes) -> bool:
 # | ("path",) (a path expression holding a path literal or __file__) | ("opaque",)
 # A sequence item may also be ("splice", "param"|"opaque").
 _OPAQUE = ("opaque",)
+_INDENT_ONLY = frozenset({"textwrap.dedent", "dedent", "inspect.cleandoc", "cleandoc"})
 _PARAM = ("param",)
 
 
@@ -284,6 +289,10 @@ class _Eval:
         if t is ast.Call and _call_name(node.func) in ("str", "fspath", "os.fspath") and node.args:
             inner = self.items(node.args[0], depth + 1)
             return inner if all(i[0] in ("lit", "exe", "param") for i in inner) else [("path",)]
+        if t is ast.Call and _call_name(node.func) in _INDENT_ONLY and len(node.args) == 1:
+            # re-indenting code changes no import it holds: the argument's own value
+            inner = self.items(node.args[0], depth + 1)
+            return [("lit", textwrap.dedent(i[1])) if i[0] == "lit" else i for i in inner]
         if self.path(node, depth) is not None:
             return [("path",)]
         if _holds_path_literal(node):
@@ -599,6 +608,7 @@ class _Commands:
         self.ev = ev
         self.out = out
         self.parse_code = parse_code
+        self.code_from_caller = 0  # the line of a `-c` whose code is a parameter (0: none)
 
     def run(self, seq: list[tuple], line: int, strict: bool, depth: int = 0) -> None:
         """Record what the command ``seq`` runs; ``strict``: it is run here (a runner's
@@ -645,6 +655,9 @@ class _Commands:
                 i += 1
                 continue
             if it[0] != "lit":
+                if it == ("splice", "param") and i + 1 < n:
+                    i += 1  # options from the caller; what follows is still read here
+                    continue
                 if it in (_PARAM, ("splice", "param")):
                     return  # from the caller
                 if it == ("path",):
@@ -685,6 +698,7 @@ class _Commands:
 
     def code(self, code: tuple, line: int, strict: bool, depth: int) -> None:
         if code in (_PARAM, ("splice", "param")):
+            self.code_from_caller = self.code_from_caller or line
             return
         if code[0] != "lit":
             if strict:
@@ -840,6 +854,18 @@ def _walk(tree: ast.Module, out: Loaders, parse_code: Callable[[bytes], Any]) ->
         elif t in (ast.Assign, ast.AugAssign, ast.AnnAssign):
             _syspath_assign(node, ev, sys_alias, out, stored)
             _pytest_plugins(node, ev, out)
+    if commands.code_from_caller:
+        _code_literals(tree, commands)
+
+
+def _code_literals(tree: ast.Module, commands: _Commands) -> None:
+    """A helper runs ``python -c CODE`` with CODE a parameter, and its callers hand it the code
+    itself (``run_python(PROBE + "...")``: no ``-c`` at the call site to read it by): every string
+    constant of the file that spells ``import`` and parses as Python counts as code the file runs
+    (more than the calls pass, never less)."""
+    for node in ast.walk(tree):
+        if type(node) is ast.Constant and type(node.value) is str and "import" in node.value:
+            commands.code(("lit", node.value), node.lineno, strict=False, depth=1)
 
 
 def _scan_sequence(seq: list[tuple], line: int, commands: _Commands) -> None:

@@ -23,6 +23,13 @@ Definitions.
   is a *path literal* when it contains ``/`` or its last segment has an extension (a ``.`` after
   its first character and before its last); one longer than :data:`MAX_LENGTH` characters is kept
   as its longest suffix of whole segments within that length.
+- *Module literals*: a string whose whole value is a loader spec, a dotted name of two
+  identifiers or more and ``:attr`` (``"pkg.mod:func"``: how a run's configuration names a
+  reward or a plugin, not by an import), gives ``":pkg.mod"`` (:data:`MODULE_MARK` and the
+  module).  It names the Python files of that module: ``:a.b.c`` names ``…/a/b/c.py`` and
+  ``…/a/b/c/__init__.py``.  (Simple sources: every quote, spec, quote run of the bytes,
+  docstrings included: a superset again.)  A bare dotted string is no module literal (file
+  names such as ``"engine.py"`` are spelled so).
 - A path literal L *names* a repository path P when ``P == L`` or P ends with ``"/" + L``;
   except that a bare :data:`CONVENTION_NAMES` literal (``"__init__.py"``, ``"__main__.py"``,
   ``"conftest.py"``) names only the file of that name beside the file holding it.  Python and
@@ -64,6 +71,14 @@ OVERFLOW = "*"  # not a path character: never a literal itself
 CONVENTION_NAMES = frozenset({"__init__.py", "__main__.py", "conftest.py"})
 
 _PATH_PUNCTUATION = frozenset("._-+@~/")
+# A whole string that is a loader spec ``"pkg.mod:attr"`` (rewards, entry points): its module,
+# marked (``MODULE_MARK`` is no path character).
+MODULE_MARK = ":"
+_MODULE = re.compile(r"((?:[A-Za-z_][A-Za-z0-9_]*\.)+[A-Za-z_][A-Za-z0-9_]*):[A-Za-z_][\w.]*")
+_QUOTED_MODULE = re.compile(
+    rb"[\"']((?:[A-Za-z_][A-Za-z0-9_]*\.)+[A-Za-z_][A-Za-z0-9_]*):[A-Za-z_][A-Za-z0-9_.]*[\"']"
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # In the *reversed* source: a quote, then the run of path characters that ends at it in the
 # source (holding a "." or "/": a run without one is no path literal), then the character before
 # the run.  Reversed, every match starts with a quote, which the regex engine finds fast.
@@ -122,6 +137,8 @@ def _from_bytes(source: bytes) -> Iterator[str]:
         literal = _literal(run[::-1].decode("ascii"), cut)
         if literal is not None:
             yield literal
+    for module in _QUOTED_MODULE.findall(source):
+        yield MODULE_MARK + module.decode("ascii")
 
 
 def literals_of_tree(tree: ast.Module) -> Iterator[str]:
@@ -136,6 +153,9 @@ def literals_of_tree(tree: ast.Module) -> Iterator[str]:
                 literal = _tail(node.value)
                 if literal is not None:
                     yield literal
+                spec = _MODULE.fullmatch(node.value)
+                if spec is not None:
+                    yield MODULE_MARK + spec.group(1)
             continue
         if t is ast.Expr and type(node.value) in (ast.Constant, ast.JoinedStr):
             continue  # a docstring or a bare string: never used
@@ -205,7 +225,24 @@ def names(literal: str, path: str, beside: str) -> bool:
         return True
     if literal in CONVENTION_NAMES:
         return path == (f"{beside}/{literal}" if beside else literal)
+    if literal.startswith(MODULE_MARK):
+        return path.endswith(".py") and literal in _module_keys(path)
     return path == literal or path.endswith("/" + literal)
+
+
+def _module_keys(path: str) -> list[str]:
+    """The dotted names that name the Python file ``path`` as a module (``a/b/c.py``: ``a.b.c``,
+    ``b.c``; ``a/b/__init__.py``: ``a.b``), of two components or more, identifiers only."""
+    parts = path[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    keys = []
+    for i in range(len(parts) - 1):
+        if not _IDENTIFIER.fullmatch(parts[i]):
+            continue
+        if all(_IDENTIFIER.fullmatch(p) for p in parts[i:]):
+            keys.append(MODULE_MARK + ".".join(parts[i:]))
+    return keys
 
 
 def lookup_keys(path: str, bare: bool = True) -> list[str]:
@@ -219,5 +256,7 @@ def lookup_keys(path: str, bare: bool = True) -> list[str]:
         i = path.find("/", i + 1)
     if not bare and len(keys) > 1:
         keys.pop()
+    if path.endswith(".py"):
+        keys += _module_keys(path)
     keys.append(OVERFLOW)
     return keys
