@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import subprocess
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
@@ -492,3 +493,36 @@ def test_a_planned_file_the_base_runs_runs_though_the_head_disabled_it(tmp_path,
     out = lane(root, "--job", job.id, "--plan", str(overridden))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 file(s) to run" in out.stdout and "PASS tests/gpu/test_disabled.py" in out.stdout
+
+
+RECORDED = """
+def test_reads_its_input():
+    assert json.loads((pathlib.Path(__file__).parent / "input.json").read_text()) == {}
+"""
+
+
+def test_record_execution_stores_what_each_gpu_test_executed(tmp_path, make_repo, lane):
+    """``--record-execution STORE`` (issue 34): the lane's per-file pytest runs under coverage
+    with per-test contexts, and the rows (the test's own source, the data file it read) land
+    under HEAD in the execution store the selection audit reads."""
+    from mizzen_ci.history_execution import read
+
+    files = {
+        "tests/gpu/test_recorded.py": HEAD + cuda(2.0) + RECORDED,
+        "tests/gpu/input.json": "{}",
+    }
+    root = make_repo(tmp_path / "repo", files)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "lane"]):
+        subprocess.run([*git, *step], check=True)
+    store = tmp_path / "execution.sqlite"
+    out = lane(root, "--record-execution", str(store), "--no-history")
+    assert out.returncode == 0, out.stdout + out.stderr
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert f"execution rows stored under {head[:12]} in {store}" in out.stdout, out.stdout
+    rows, problems = read(store)
+    assert problems == []
+    test = "tests/gpu/test_recorded.py::test_reads_its_input"
+    got = {(r.revision, r.test, r.path, r.kind) for r in rows}
+    assert (head.strip(), test, "tests/gpu/test_recorded.py", "source") in got, got
+    assert (head.strip(), test, "tests/gpu/input.json", "data") in got, got

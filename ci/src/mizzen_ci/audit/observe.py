@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -60,6 +61,48 @@ def rcfile_text(root: Path, data_file: Path) -> str:
         "disable_warnings =\n    no-data-collected\n    module-not-measured\n"
         "    module-not-imported\n    couldnt-parse\n    no-ctracer\n"
     )
+
+
+@dataclass(frozen=True)
+class Recording:
+    """Observed execution of test processes started elsewhere (a GPU lane's per-file pytest
+    processes, ``mizzen-ci gpu-lane --record-execution``): the coverage configuration and the
+    folders a run writes into.  :meth:`command` wraps a pytest command line, :meth:`env` adds
+    the contexts plugin's folder, :meth:`rows` reads what every process recorded."""
+
+    root: Path
+    folder: Path  # coverage data and opened-file records go here
+
+    @classmethod
+    def start(cls, root: Path, folder: Path) -> Recording:
+        """A fresh recording in ``folder`` (created; coverage.py must be importable: the
+        ``mizzen-ci[audit]`` extra), else ObserveError saying what to install."""
+        if importlib.util.find_spec("coverage") is None:
+            raise ObserveError(
+                "--record-execution needs coverage.py in this Python: install mizzen-ci[audit] "
+                "(uv sync --all-extras)"
+            )
+        rec = cls(root.resolve(), folder.resolve())
+        (rec.folder / "coverage").mkdir(parents=True, exist_ok=True)
+        (rec.folder / "opened").mkdir(exist_ok=True)
+        rec.rcfile.write_text(rcfile_text(rec.root, rec.folder / "coverage" / ".coverage"))
+        return rec
+
+    @property
+    def rcfile(self) -> Path:
+        return self.folder / "coveragerc"
+
+    def command(self, pytest_command: list[str]) -> list[str]:
+        """``[python, -m, pytest, ARGS…]`` run under coverage with the contexts plugin."""
+        python, _, _, *args = pytest_command
+        return [python, "-m", "coverage", "run", f"--rcfile={self.rcfile}", "-m", "pytest",
+                "-p", PLUGIN, *args]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        return {AUDIT_DIR_ENV: str(self.folder / "opened")}
+
+    def rows(self, revision: str) -> list[Executed]:
+        return rows_of_data(self.root, revision, self.rcfile, self.folder / "opened")
 
 
 def observe(

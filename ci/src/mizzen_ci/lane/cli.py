@@ -22,6 +22,9 @@ Invariants:
 - Files quarantined as flaky on ARCH (:mod:`mizzen_ci.flakes.lane`, ``$MIZZEN_FLAKY``): in
   ``skip`` mode they are listed and not run; in ``record`` mode they run, their results are
   recorded, and their failure does not fail the lane.
+- ``--record-execution STORE``: each file's pytest runs under coverage with per-test contexts
+  (:class:`mizzen_ci.audit.observe.Recording`, the selection audit's own observer); what every
+  test executed is stored under HEAD in STORE after the run, failing tests included.
 - Exit codes: 0 every file passed, 1 something failed, 2 refused or bad input.
 """
 
@@ -162,6 +165,14 @@ def lane_parser() -> argparse.ArgumentParser:
         help=f"flake record to append retries to (default: ROOT/{ARTIFACTS}/flakes.jsonl)",
     )
     parser.add_argument(
+        "--record-execution",
+        type=Path,
+        metavar="STORE",
+        help="run each file under coverage with per-test contexts and store what every test "
+        "executed under HEAD in this execution store (the selection audit's rows for GPU-only "
+        "paths; needs mizzen-ci[audit])",
+    )
+    parser.add_argument(
         "--pytest-arg",
         action="append",
         default=[],
@@ -258,6 +269,15 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
 
+    recording = None
+    if args.record_execution is not None and sel.runnable and not args.collect_only:
+        from ..audit.observe import ObserveError, Recording
+
+        try:
+            recording = Recording.start(root, report_dir / "execution")
+        except ObserveError as e:
+            raise LaneRefusal(str(e)) from None
+
     config = RunnerConfig(
         root=root,
         arch=arch,
@@ -274,6 +294,7 @@ def _run(args: argparse.Namespace) -> int:
         compile_cache=cache,
         gpu_seats=args.gpu_seats,
         collect_only=args.collect_only,
+        recording=recording,
     )
     progress = Progress(total=len(sel.runnable), gpus=len(gpus))
     runner = GpuLaneRunner(config, progress)
@@ -296,4 +317,21 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.no_history or args.collect_only):  # a dry run times nothing real
         history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
     flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
-    return write_reports(outcome, report_dir, flake_path, history_path)
+    code = write_reports(outcome, report_dir, flake_path, history_path)
+    if recording is not None:
+        _store_execution(root, recording, args.record_execution, name)
+    return code
+
+
+def _store_execution(root: Path, recording, store: Path, name: str) -> None:
+    """The recorded rows under HEAD in ``store`` (the rows of the tests run here replace their
+    earlier ones; every other test's are kept: lanes add up)."""
+    from ..bisect.scratch import ScratchError, resolve
+    from ..history_execution import ExecutionStoreError, replace_revision
+
+    try:
+        revision = resolve(root, "HEAD")
+        count = replace_revision(store, revision, recording.rows(revision))
+    except (ScratchError, ExecutionStoreError) as e:
+        raise LaneRefusal(f"--record-execution: {e}") from None
+    print(plain(f"mizzen {name}: {count} execution rows stored under {revision[:12]} in {store}"))

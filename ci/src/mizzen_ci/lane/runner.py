@@ -47,6 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __file__ as _package_init
 from ..fleet import NVIDIA, VENDORS, Vendor, nox_session_name
@@ -59,6 +60,9 @@ from .hardware import Gpu
 from .leases import Lease, LeaseDir
 from .progress import Progress
 from .retry import Classification, classify
+
+if TYPE_CHECKING:
+    from ..audit.observe import Recording
 
 PLUGIN_MODULE = "mizzen_ci.pytest_plugin"
 PLUGIN_MODULES = (PLUGIN_MODULE, "mizzen_ci.flakes.pytest_plugin")  # the flaky quarantine
@@ -102,6 +106,8 @@ class RunnerConfig:
     compile_cache: CompileCache | None = None
     gpu_seats: int = 1  # files that share a GPU, at most, on one GPU (1: no sharing)
     collect_only: bool = False  # a dry run: each file is collected (imported), no test body runs
+    #: observed execution (``--record-execution``): each file's pytest runs under coverage
+    recording: Recording | None = None
 
     def timeout_for(self, est_seconds: float) -> float:
         wanted = max(self.min_timeout_s, est_seconds * self.timeout_factor)
@@ -272,6 +278,10 @@ class GpuLaneRunner:
             *(["--collect-only", "-q"] if self.config.collect_only else []),
             *(["--mizzen-as-planned", lane_file.file] if lane_file.as_planned else []),
         ]  # fmt: skip
+        env = self._child_env(gpus, stats)
+        if self.config.recording is not None:
+            cmd = self.config.recording.command(cmd)
+            env.update(self.config.recording.env())
         with log.open("w") as out:
             pin = self.config.vendor.visible_devices
             out.write(f"$ {pin}={','.join(g.visible_id for g in gpus)} ")
@@ -280,7 +290,7 @@ class GpuLaneRunner:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.config.root,
-                env=self._child_env(gpus, stats),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
