@@ -155,12 +155,21 @@ def _stop_pid(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGINT)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            os.kill(pid, 0)  # raises once it is gone
+        while time.monotonic() < deadline and not _exited(pid):
             time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        if not _exited(pid):
+            os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (it exited; its parent, maybe the pytest process, has not reaped it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(")") + 2] in "ZX"
 
 
 @pytest.fixture(scope="module")
