@@ -194,8 +194,15 @@ def test_credential_urls_in_agent_kwargs_never_reach_the_workers(
     leaky: Leaky, name: str, tasks_dir: Path, trials_root: Path, leaked
 ) -> None:
     kwargs = {"llm_kwargs": {name: leaky.url}} if name == "api_base" else {name: [leaky.url]}
-    with isolated_masks():  # one example's secrets: the process-wide set would grow with each
-        with pytest.raises(ProviderCredentialError, match="MIZZEN_HARBOR_AGENT_KWARGS") as error:
+    shown = _refused_kwargs(kwargs, "MIZZEN_HARBOR_AGENT_KWARGS", tasks_dir, trials_root)
+    assert leaked(leaky.chunks, *shown) == []
+
+
+def _refused_kwargs(kwargs: dict, match: str, tasks_dir: Path, trials_root: Path) -> tuple:
+    """(the refusal, the settings' repr) of ``agent_kwargs=kwargs``, with this example's secrets
+    registered only while it runs (the process-wide mask set would grow with every example)."""
+    with isolated_masks():
+        with pytest.raises(ProviderCredentialError, match=match) as error:
             harbor_env_vars(
                 tasks_dir=tasks_dir,
                 trials_dir=trials_root,
@@ -204,12 +211,10 @@ def test_credential_urls_in_agent_kwargs_never_reach_the_workers(
                 agent_kwargs=kwargs,
                 echo=lambda line: None,
             )
-        settings_repr = repr(
-            HarborSettings(
-                tasks_dir=tasks_dir, trials_dir=trials_root, model_name="m", agent_kwargs=kwargs
-            )
+        settings = HarborSettings(
+            tasks_dir=tasks_dir, trials_dir=trials_root, model_name="m", agent_kwargs=kwargs
         )
-    assert leaked(leaky.chunks, error.value, settings_repr) == []
+        return error.value, repr(settings)
 
 
 def _fullwidth(text: str) -> str:
@@ -247,18 +252,5 @@ def test_text_under_password_like_keys_never_reaches_the_workers(
     case: tuple[dict, str], tasks_dir: Path, trials_root: Path, leaked
 ) -> None:
     kwargs, secret = case
-    with pytest.raises(ProviderCredentialError, match="carries credentials") as error:
-        harbor_env_vars(
-            tasks_dir=tasks_dir,
-            trials_dir=trials_root,
-            model_name="m",
-            environment_import_path=LOCAL_ENVIRONMENT_IMPORT_PATH,
-            agent_kwargs=kwargs,
-            echo=lambda line: None,
-        )
-    settings_repr = repr(
-        HarborSettings(
-            tasks_dir=tasks_dir, trials_dir=trials_root, model_name="m", agent_kwargs=kwargs
-        )
-    )
-    assert leaked(secret, error.value, settings_repr) == []
+    shown = _refused_kwargs(kwargs, "carries credentials", tasks_dir, trials_root)
+    assert leaked(secret, *shown) == []
