@@ -150,6 +150,10 @@ def _owned_model(service: Service, tenant: str, model_id: Any) -> int:
             404, f"model_id {str(model_id)[:80]!r}: no live model of this key. Fix: create_model, "
             "or load a saved checkpoint into a new one (live weights end with a server restart)",
         )  # fmt: skip
+    # a request on a model is a request of its session: it keeps the session alive
+    session = service.sessions.get(model_id.partition(":train:")[0])
+    if session is not None and session.tenant == tenant:
+        session.last_seen = time.monotonic()
     return service.scheduler.slot_of[model_id]
 
 
