@@ -155,3 +155,28 @@ def test_forced_backend_that_cannot_run_is_an_error(fresh_backend_choice):
     fresh_backend_choice.setenv(backend_module.ENV_VAR, "fastest")
     with pytest.raises(ValueError, match=r"'fastest' is not a scan backend"):
         backend_module.scan_backend("cpu")
+
+
+@pytest.mark.in_child  # dynamo's state stays in a child of the pytest process
+def test_the_compiled_scan_is_traced_once_for_every_length():
+    # The compiled scan pads the time axis outside the graph (whole chunks, at least two), so
+    # lengths whose in-graph pad would be 0, 1, other, or a single chunk share one graph: the GPU
+    # lane's plugin runs compiled it up to five times (forward and backward each) cold.
+    # dynamo's eager backend traces exactly what inductor would compile, in milliseconds.
+    torch._dynamo.reset()
+    traced = []
+
+    def counting_backend(graph_module, example_inputs):
+        traced.append(len(example_inputs))
+        return graph_module.forward
+
+    run = backend_module._compiled_scan(counting_backend)
+    for T in (5, 8, 9, 15, 16, 17, 33):  # chunk 8: in-graph pads 3, 0, 7, 1, 0, 7, 7; one chunk
+        x, dt, A, B, C = random_scan_inputs(1, T, 2, 3, 1, 4, seed=T, dtype=torch.float32)
+        seq = torch.tensor([[0] * (T // 2) + [1] * (T - T // 2)])
+        got = run(x, dt, A, B, C, chunk_size=8, seq_idx=seq)
+        torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=seq))
+        unsegmented = run(x, dt, A, B, C, chunk_size=8, seq_idx=None)
+        expected = ssd_chunked(x, dt, A, B, C, chunk_size=8)
+        torch.testing.assert_close(unsegmented, expected)
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 7 lengths"

@@ -99,18 +99,49 @@ def scan_backend(device_type: str) -> ScanBackend:
     return backend
 
 
-def _compiled_scan() -> ScanFn:
-    """:func:`ssd_chunked` through ``torch.compile``; compiled on first call, not on choice."""
+def _compiled_scan(backend: str = "inductor") -> ScanFn:
+    """:func:`ssd_chunked` through ``torch.compile``; compiled on first call, not on choice.
 
-    def run(*args, **kwargs) -> torch.Tensor:
-        return _compiled_ssd_chunked()(*args, **kwargs)
+    The time axis is padded here, outside the compiled region, to a whole number of chunks and
+    at least two (see :func:`pad_to_chunks`): every length then reaches the compiled function
+    as ``n * chunk_size`` with ``n >= 2``, so one dynamic-shape graph serves them all.  Padding
+    inside the graph specialised it on the pad (0, 1 and other pads are separate guards, as is a
+    single chunk): up to five compilations of forward and backward for one training run."""
+
+    def run(x, dt, A, B, C, *, chunk_size: int, seq_idx=None) -> torch.Tensor:
+        length = x.shape[1]
+        x, dt, B, C, seq_idx = pad_to_chunks(x, dt, B, C, seq_idx, chunk_size)
+        y = _compiled_ssd_chunked(backend)(x, dt, A, B, C, chunk_size=chunk_size, seq_idx=seq_idx)
+        return y if y.shape[1] == length else y[:, :length]
 
     return run
 
 
+def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
+    """The scan's inputs with the time axis padded to ``max(ceil(T / Q), 2) * Q`` the way
+    :func:`ssd_chunked` pads internally (``dt = 0``: decay 1, no input; the last token's
+    sequence): padding after the end changes no output of a real token."""
+    b, length = x.shape[:2]
+    padded = max(-(-length // chunk_size), 2) * chunk_size
+    pad = padded - length
+    if seq_idx is None:
+        seq_idx = torch.zeros(b, length, dtype=torch.int64, device=x.device)
+    if pad == 0:
+        return x, dt, B, C, seq_idx
+    seq_idx = seq_idx.to(torch.int64)
+    last = seq_idx[:, -1:] if length else seq_idx.new_zeros(b, 1)
+    return (
+        torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),
+        torch.nn.functional.pad(dt, (0, 0, 0, pad)),
+        torch.nn.functional.pad(B, (0, 0, 0, 0, 0, pad)),
+        torch.nn.functional.pad(C, (0, 0, 0, 0, 0, pad)),
+        torch.cat([seq_idx, last.expand(b, pad)], dim=1),
+    )
+
+
 @functools.cache
-def _compiled_ssd_chunked() -> ScanFn:
-    return torch.compile(ssd_chunked, dynamic=True)
+def _compiled_ssd_chunked(backend: str = "inductor") -> ScanFn:
+    return torch.compile(ssd_chunked, dynamic=True, backend=backend)
 
 
 def _mamba_ssm_scan() -> tuple[ScanFn | None, str]:
