@@ -10,7 +10,9 @@ metrics, checkpoints, the eval dispatcher) with an RL loop:
 2. per step ``t`` and active tenant: draw ``prompts_per_step`` prompts from the tenant's resumable
    cursor, generate ``n_samples`` per prompt through the router with the tenant's published
    adapter, score them with the tenant's reward, and compute group advantages (GRPO by default);
-3. one batch of every tenant's samples (a row per sample, slot-contiguous): old log-probs from
+3. one batch of every tenant's samples (a row per sample, slot-contiguous, each sample its own
+   segment: :mod:`mizzen_train.rl.rows`, so the executor's packed THD attention sees it as one
+   sequence, positions from 0, padding never computed): old log-probs from
    the executor's ``forward_logprobs`` (or the engine's, within ``max_logprob_mismatch``), the
    adapter-free base model's log-probs for the KL term, one ``forward_backward`` with the
    clipped policy-gradient loss and one ``optim_step`` for every tenant;
@@ -36,6 +38,16 @@ Invariants:
   only, so a resumed run (or the same run again) draws exactly the same samples.
 - A resumed run continues from the checkpoint's step with the checkpoint's slots, cursors and
   adapter versions, re-publishes exactly those adapters, and logs every step once.
+- One rank, or torchrun's ranks split by ``[parallel]`` (:mod:`mizzen_train.run.parallel`):
+  the writer (rank 0) alone runs the engines (embedded, URLs or Ray), draws the prompts,
+  rolls out, scores and builds the step's rows, which it broadcasts to every rank
+  (:meth:`RlTrainer._shared_rows`; a failed rollout fails every rank, agreed); every rank then
+  trains its data-parallel share of them (:meth:`~mizzen_train.batch.SlotBatch.rows_for`, as
+  SFT), so the losses are those of one rank on the same batch and a resume at the same world
+  size continues bit for bit.  Every rank exports each published adapter (the export's
+  collectives); the writer alone writes it, loads it into the engines, logs and evaluates.
+  Every step's rows must split over the data-parallel ranks into whole micro-batches, checked
+  before the model is built (:meth:`RlTrainer.step_rows`).
 - Fault drill: ``MIZZEN_RL_INJECT_NAN="<tenant>@<step>[,...]"`` makes that tenant's advantages
   NaN at that step (its gradients become non-finite), to show the skip rule end to end.
 """
@@ -127,6 +139,23 @@ class RlTrainer(Trainer):
                     f"{self.max_positions} positions", "lower it or shorten the prompts",
                     source=config.source,
                 )  # fmt: skip
+        self.width = self._row_width(self.row_width - 1)
+
+    def _row_width(self, positions: int) -> int:
+        """The rows' width: ``positions`` (a sample's longest input), cut whole into context
+        parallel's chunks (the padding is segment -1: never computed)."""
+        from mizzen_train.rl.rows import padded_width
+
+        context = self.world.plan.context
+        width = padded_width(positions, context)
+        if width > self.max_positions:
+            raise ConfigError(
+                "parallel.context", context,
+                f"rows of {positions} positions padded to {width} (a multiple of 2 * context) "
+                f"exceed the model's {self.max_positions} positions",
+                "lower max_new_tokens or parallel.context", source=self.config.source,
+            )  # fmt: skip
+        return width
 
     def _prompt_tokens(self, prompt) -> int:
         """Tokens of a prompt as the engine sees it (an upper bound: one spare for BOS)."""
@@ -210,13 +239,27 @@ class RlTrainer(Trainer):
         )
 
     def step_rows(self) -> tuple[int, int]:
-        """RL trains as one rank: rollouts, publishing and the engines are the writer's alone,
-        and their samples are not yet shared with other ranks."""
-        raise ConfigError(
-            "WORLD_SIZE", self.world.size, "mizzen-train rl runs as one rank in this version",
-            "launch it directly (without torchrun); mizzen-train sft trains on several ranks",
-            source=self.config.source,
-        )  # fmt: skip
+        """``(rows, width)`` of a step's batch, once every step's rows (tenants join and leave)
+        are checked to split over the data-parallel ranks into whole micro-batches."""
+        config, plan = self.config, self.world.plan
+        unit = plan.data * config.run.micro_batch_size
+        largest = 0
+        for step in _membership_steps(config):
+            active = config.active(step)
+            rows = sum(t.prompts_per_step * t.n_samples for t in active)
+            largest = max(largest, rows)
+            if rows % unit:
+                first = config.tenants.index(active[0])
+                raise ConfigError(
+                    f"tenants[{first}].prompts_per_step", active[0].prompts_per_step,
+                    f"step {step} trains {rows} rows (prompts_per_step x n_samples of "
+                    f"{', '.join(t.name for t in active)}), which must be a multiple of the "
+                    f"data-parallel size {plan.data} x run.micro_batch_size "
+                    f"{config.run.micro_batch_size} = {unit} ({plan.describe()})",
+                    "change prompts_per_step or n_samples, or launch another number of ranks",
+                    source=config.source,
+                )  # fmt: skip
+        return largest, self.width
 
     def tenants_at(self, step: int) -> list[str]:
         return [t.name for t in self.config.active(step)]
@@ -241,7 +284,7 @@ class RlTrainer(Trainer):
         from mizzen_rollout.api import launch_embedded
 
         rollout = self.config.rollout
-        if rollout.engines != "embedded":
+        if rollout.engines != "embedded" or not self.world.is_writer:
             return []
         try:
             for _ in range(rollout.num_engines):
@@ -272,7 +315,9 @@ class RlTrainer(Trainer):
         from mizzen_rollout.api import EngineRouter, SGLangClient
 
         rollout = self.config.rollout
-        self.servers, self.manager = [], None
+        self.servers, self.manager, self.dispatch = [], None, None
+        if not self.world.is_writer:  # the engines are the writer's alone
+            return
         if rollout.engines == "urls":
             urls = list(rollout.engine_urls)
         elif rollout.engines == "ray":
@@ -347,22 +392,29 @@ class RlTrainer(Trainer):
         return self.run_dir / ADAPTERS_DIR / tenant / version_dir_name(version)
 
     async def _publish(self, tenant: str) -> None:
-        """Export the tenant's current adapter (its slot's version) and load it everywhere."""
+        """Export the tenant's current adapter (its slot's version) and load it everywhere.
+        Every rank exports (the export's collectives) and records it as published; the writer
+        alone writes it and loads it into the engines."""
         from mizzen_rollout.api import AdapterRef
 
         version = self.versions[tenant]
         directory = self._adapter_dir(tenant, version)
-        if directory.exists():  # left by a killed run: this state's export replaces it
+        if directory.exists() and self.world.is_writer:  # left by a killed run: replaced
             shutil.rmtree(directory)
         self.export_snapshot(version, tenant, directory)
         ref = AdapterRef(tenant, version, str(directory))
+        self.published[tenant] = ref
+        if self.world.is_writer:
+            await self._load_published(tenant, ref)
+
+    async def _load_published(self, tenant: str, ref) -> None:
+        """The writer's engines serve ``ref`` (and the version before it, no older)."""
         await self.dispatch.load_lora_adapter(ref.name, ref.path)
         loaded = self.loaded_refs[tenant]
         # keep the one an in-flight (off-policy) rollout may still use, and the new one
         for old in loaded[:-1]:
             await self.dispatch.unload_lora_adapter(old.name)
         self.loaded_refs[tenant] = [*loaded[-1:], ref]
-        self.published[tenant] = ref
         self._trim_adapter_dirs(tenant)
 
     def _trim_adapter_dirs(self, tenant: str) -> None:
@@ -392,7 +444,7 @@ class RlTrainer(Trainer):
         self.progress.print(f"tenant {tenant.name} serves adapter v{self.versions[tenant.name]}")
 
     async def _leave(self, name: str, step: int) -> None:
-        for ref in self.loaded_refs[name]:
+        for ref in self.loaded_refs[name]:  # none but the writer's
             await self.dispatch.unload_lora_adapter(ref.name)
         self.loaded_refs[name] = []
         self.published.pop(name, None)
@@ -416,8 +468,11 @@ class RlTrainer(Trainer):
     # -- rollout ----------------------------------------------------------------------------
 
     async def _rollout(self, step: int) -> dict[str, Any]:
+        """The writer's rollout of ``step`` (the other ranks: nothing; they receive its rows)."""
         from mizzen_rollout.api import RolloutConfig, SamplingParams, run_rollout
 
+        if not self.world.is_writer:
+            return {"step": step}
         config = self.config
         rollout = config.rollout
         tenants = config.active(step)
@@ -489,13 +544,11 @@ class RlTrainer(Trainer):
         }
         return rows, stats
 
-    def _train_step(self, step: int, rollout: dict[str, Any]) -> dict[str, Any]:
-        """One policy step of every tenant of ``rollout`` (runs in a worker thread)."""
-        from mizzen_train.batch import SlotBatch
-        from mizzen_train.losses import ClippedPolicyGradientLoss
+    def _step_rows(self, step: int, rollout: dict[str, Any]):
+        """The writer's part of a step: the rollout's samples as training rows
+        (:func:`~mizzen_train.rl.rows.tokenise_rows`) with each tenant's rollout statistics."""
+        from mizzen_train.rl.rows import tokenise_rows
 
-        config = self.config
-        t0 = time.perf_counter()
         per_tenant: dict[str, dict[str, Any]] = {}
         all_rows: list[tuple[str, dict[str, Any]]] = []
         for name, (batch, rollout_s) in rollout["batches"].items():
@@ -506,66 +559,46 @@ class RlTrainer(Trainer):
             stats["adapter_version"] = min(v for v in versions if v is not None)
             per_tenant[name] = stats
             all_rows += [(name, row) for row in rows]
-        width = self.row_width - 1
-        longest = max(
-            len(r["sample"].prompt_tokens) + len(r["sample"].response_tokens) for _, r in all_rows
-        )
-        if longest - 1 > width:
-            raise RuntimeError(
-                f"a sample of step {step} is {longest} tokens, more than the {self.row_width} "
-                "the prompts and max_new_tokens allow; the engine tokenises differently from "
-                "the trainer's tokenizer"
-            )
-        n = len(all_rows)
-        input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
-        target_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
-        loss_mask = torch.zeros((n, width), dtype=torch.bool)
-        advantages = torch.zeros((n, width), dtype=torch.float32)
-        engine_logprobs = torch.zeros((n, width), dtype=torch.float32)
-        engine_known = torch.zeros((n, width), dtype=torch.bool)
-        slot_ids = torch.zeros((n, width), dtype=torch.long)
-        for i, (name, row) in enumerate(all_rows):
-            sample = row["sample"]
-            prompt, response = list(sample.prompt_tokens), list(sample.response_tokens)
-            seq = prompt + response
-            length = len(seq) - 1
-            slot_ids[i] = self.slot_of[name]
-            if length < 1:  # nothing generated from nothing: a padding row, no loss
-                continue
-            input_ids[i, :length] = torch.tensor(seq[:-1])
-            target_ids[i, :length] = torch.tensor(seq[1:])
-            start = len(prompt) - 1  # position whose target is the first response token
-            if row["usable"] and response:
-                mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
-                loss_mask[i, start : start + len(response)] = mask
-                value = row["advantage"]
-                if (name, step) in self.nan_plan:
-                    value = float("nan")
-                advantages[i, start : start + len(response)] = value
-                if sample.rollout_logprobs is not None:
-                    engine_logprobs[i, start : start + len(response)] = torch.tensor(
-                        sample.rollout_logprobs, dtype=torch.float32
-                    )
-                    engine_known[i, start : start + len(response)] = True
-        batch = SlotBatch(
-            input_ids=input_ids,
-            target_ids=target_ids,
-            loss_mask=loss_mask,
-            slot_ids=slot_ids,
-            advantages=advantages,
-        )
+        return tokenise_rows(
+            all_rows, slot_of=self.slot_of, width=self.width,
+            pad_id=self.tokenizer.pad_token_id, stats=per_tenant,
+            nan_tenants={name for name in per_tenant if (name, step) in self.nan_plan},
+        )  # fmt: skip
+
+    def _shared_rows(self, step: int, rollout: dict[str, Any] | BaseException):
+        """The step's rows on every rank: built once, by the writer (its rollout; a rollout
+        that failed fails every rank, agreed), and broadcast to the others."""
+        world = self.world
+
+        def build():
+            if not world.is_writer:
+                return None
+            if isinstance(rollout, BaseException):
+                raise rollout
+            return self._step_rows(step, rollout)
+
+        return world.share(world.agreed(build))
+
+    def _train_step(self, step: int, rollout: dict[str, Any] | BaseException) -> dict[str, Any]:
+        """One policy step of every tenant of ``rollout`` (runs in a worker thread, on every
+        rank: each trains its data-parallel share of the writer's rows)."""
+        from mizzen_train.losses import ClippedPolicyGradientLoss
+
+        config = self.config
+        t0 = time.perf_counter()
+        shared = self._shared_rows(step, rollout)
+        batch, per_tenant = shared.batch, shared.stats
         trainer_logprobs = self.executor.forward_logprobs(batch)
         ref_logprobs = self.executor.forward_logprobs(
-            replace(batch, slot_ids=torch.full_like(slot_ids, -1))
+            replace(batch, slot_ids=torch.full_like(batch.slot_ids, -1))
         )
         old = trainer_logprobs
         rollout_cfg = config.rollout
-        row_tenant = [name for name, _ in all_rows]
         for name, stats in per_tenant.items():
-            rows_of = torch.tensor([t == name for t in row_tenant])
-            counted = loss_mask & engine_known & rows_of.unsqueeze(1)
+            rows_of = shared.rows_of(name).unsqueeze(1)
+            counted = batch.loss_mask & shared.engine_known & rows_of
             if bool(counted.any()):
-                mismatch = (engine_logprobs - trainer_logprobs).abs()[counted].mean().item()
+                mismatch = (shared.engine_logprobs - trainer_logprobs).abs()[counted].mean().item()
             else:
                 mismatch = float("nan")
             stats["logprob_mismatch"] = mismatch
@@ -576,7 +609,7 @@ class RlTrainer(Trainer):
             )
             stats["old_logprobs"] = "engine" if use_engine else "trainer"
             if use_engine:
-                old = torch.where(rows_of.unsqueeze(1) & engine_known, engine_logprobs, old)
+                old = torch.where(rows_of & shared.engine_known, shared.engine_logprobs, old)
         batch = replace(batch, old_logprobs=old, ref_logprobs=ref_logprobs)
         loss = ClippedPolicyGradientLoss(
             clip_low=config.algo.clip_low,
@@ -586,14 +619,12 @@ class RlTrainer(Trainer):
         reports = self.executor.forward_backward(batch, loss)
         lrs, step_reports = self.optimizer_step(per_tenant, step)
         step_s = time.perf_counter() - t0
-        tokens = int((input_ids != self.tokenizer.pad_token_id).sum())
+        real = shared.real_tokens()
         for name, stats in per_tenant.items():
             slot = self.slot_of[name]
             report, step_report = reports[slot], step_reports[slot]
-            rows_of = torch.tensor([t == name for t in row_tenant])
-            real = int((input_ids[rows_of] != self.tokenizer.pad_token_id).sum())
             stats.update(
-                packing_efficiency=real / max(int(rows_of.sum()) * width, 1),
+                packing_efficiency=report.packing_efficiency,
                 loss=report.loss,
                 kl=report.metrics.get("kl", 0.0),
                 clip_fraction=report.metrics.get("clip_fraction", 0.0),
@@ -602,10 +633,10 @@ class RlTrainer(Trainer):
                 grad_norm=step_report.grad_norm,
                 stepped=step_report.stepped,
                 version_after=step_report.step,
-                tokens=real,
+                tokens=int(real[shared.rows_of(name)].sum()),
                 loss_tokens=report.num_tokens,
             )
-        return {"tenants": per_tenant, "step_s": step_s, "tokens": tokens}
+        return {"tenants": per_tenant, "step_s": step_s, "tokens": int(real.sum())}
 
     # -- loop -------------------------------------------------------------------------------
 
@@ -628,13 +659,13 @@ class RlTrainer(Trainer):
                 await self._joins(first)
                 pending = asyncio.ensure_future(self._rollout(first))
             for step in range(first, steps + 1):
-                rollout = await pending
-                totals["rollout_s"] += rollout["wall_s"]
+                rollout = await _outcome(pending)  # a failure fails every rank, agreed
                 overlap = config.rollout.off_policy and step < steps
                 if overlap:  # the next rollout runs on the adapters published so far
                     await self._joins(step + 1)
                     pending = asyncio.ensure_future(self._rollout(step + 1))
                 result = await asyncio.to_thread(self._train_step, step, rollout)
+                totals["rollout_s"] += rollout.get("wall_s", 0.0)  # the writer's
                 totals["train_s"] += result["step_s"]
                 totals["tokens"] += result["tokens"]
                 for name, stats in result["tenants"].items():
@@ -660,6 +691,7 @@ class RlTrainer(Trainer):
                     await self._joins(step + 1)
                     pending = asyncio.ensure_future(self._rollout(step + 1))
             wall = time.perf_counter() - started
+            self.export_final()  # every rank (collective) before the writer waits
             self.drain_evaluations()
         finally:
             try:
@@ -742,6 +774,22 @@ class RlTrainer(Trainer):
 
     def final_lines(self, records: list[dict[str, Any]]) -> list[str]:
         return [f"final reward {t}: {r:.4f}" for t, r in _last_rewards(records).items()]
+
+
+def _membership_steps(config: RlConfig) -> list[int]:
+    """The steps at which the set of training tenants may change (the first, every join, the
+    step after every leave), within the run: every step trains the set of one of them."""
+    steps = {1} | {t.join_step for t in config.tenants}
+    steps |= {t.leave_step + 1 for t in config.tenants if t.leave_step}
+    return sorted(s for s in steps if s <= config.run.steps)
+
+
+async def _outcome(pending: asyncio.Future) -> Any:
+    """What ``pending`` returned, or the exception it raised (as a value)."""
+    try:
+        return await pending
+    except Exception as exc:
+        return exc
 
 
 def _last_rewards(records: list[dict[str, Any]]) -> dict[str, float]:
