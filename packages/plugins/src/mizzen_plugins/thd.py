@@ -155,7 +155,7 @@ class PackedLayout:
     @functools.cached_property
     def positions(self) -> torch.Tensor:
         """int64 ``[num_tokens]``: position of each token inside its segment (restarts at 0)."""
-        return self.token_index - self.cu_seqlens[self.segment_ids]
+        return self.token_index - self.cu_seqlens.index_select(0, self.segment_ids)
 
     @functools.cached_property
     def token_index(self) -> torch.Tensor:

@@ -138,7 +138,7 @@ class _ModelInputs:
             return tensor
         flat = tensor.reshape(-1)
         flat = torch.cat([flat, flat.new_full((1,), fill)])
-        return flat[self.gather].view(1, -1)
+        return flat.index_select(0, self.gather).view(1, -1)
 
 
 @dataclass
@@ -173,7 +173,8 @@ def stream_segments(rows: SlotBatch, real: torch.Tensor) -> tuple[torch.Tensor, 
     if rows.segment_ids is None:
         key = row
     else:
-        key = row * (int(rows.segment_ids.max()) + 1) + rows.segment_ids.reshape(-1)[index]
+        segments = rows.segment_ids.reshape(-1).index_select(0, index)
+        key = row * (int(rows.segment_ids.max()) + 1) + segments
     _, counts = torch.unique_consecutive(key, return_counts=True)
     return index, counts.tolist()
 
@@ -588,7 +589,7 @@ class SlotExecutor:
             local = shard.local_token_index
             gather = torch.full_like(local, sentinel)
             is_real = local < layout.num_tokens
-            gather[is_real] = index[local[is_real]]
+            gather[is_real] = index.index_select(0, local[is_real])
             positions = shard.local_positions
             stream_layout = shard.layout
         else:
