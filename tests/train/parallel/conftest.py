@@ -1,6 +1,8 @@
-"""Fixtures of the parallel-run tests: real ``mizzen-train sft`` runs under real ``torchrun``.
+"""Fixtures of the parallel-run tests: real ``mizzen-train sft`` and ``rl`` runs under real
+``torchrun``.
 
-:class:`ParallelRuns` writes a run's TOML, launches it (one process, or ``torchrun --standalone
+:class:`ParallelRuns` writes a run's TOML (:meth:`ParallelRuns.sections` for SFT,
+:meth:`ParallelRuns.rl_sections` for RL), launches it (one process, or ``torchrun --standalone
 --nproc-per-node N``), finds a launched rank's pid, reads ``metrics.jsonl`` and the exports.
 Standard library only (the test process never imports torch for these; the runs do).
 
@@ -36,7 +38,7 @@ def _toml_value(value: Any) -> str:
 
 
 class ParallelRuns:
-    """Launch, watch and read parallel SFT runs (see the module docstring)."""
+    """Launch, watch and read parallel SFT and RL runs (see the module docstring)."""
 
     #: A tiny two-tenant run whose every layout (DP=2, TP=2, DP=2 x TP=2) divides: 4 heads,
     #: 2 query groups, vocabulary 260, FFN 128; 4 rows a step, one row per micro-batch.
@@ -65,6 +67,39 @@ class ParallelRuns:
             "eval.evaluators": [
                 {"kind": "loss", "name": "heldout", "data": "example:colours_eval", "limit": 4,
                  "device": device},
+            ],
+        }  # fmt: skip
+
+    def rl_sections(self, run_dir: Path, *, steps: int = 4) -> dict[str, Any]:
+        """A tiny two-tenant RL run (the toy tasks of ``example:rl_tiny``) whose every layout
+        (DP=2, TP=2) divides: 16 rows a step (2 prompts x 4 samples per tenant), 4 rows per
+        micro-batch, vocabulary 260; one embedded engine, the KL term on (the policy loss alone
+        is ~0 on policy), a checkpoint every 2 steps, one generate evaluator at the end."""
+        tenant = {"prompts_per_step": 2, "n_samples": 4, "lr": 2e-2, "lora_rank": 8,
+                  "lora_alpha": 16.0}  # fmt: skip
+        return {
+            "run": {
+                "dir": str(run_dir), "steps": steps, "checkpoint_interval": 2, "device": "cpu",
+                "dtype": "fp32", "micro_batch_size": 4, "threads": 1, "seed": 0, "plot": False,
+                "keep_checkpoints": 4,
+            },
+            "model": {"path": "tiny", "tokenizer": "model"},
+            "model.tiny": {"seed": 0, "initializer_range": 0.12, "vocab_size": 260},
+            "rollout": {"engines": "embedded", "num_engines": 1, "max_new_tokens": 3,
+                        "temperature": 1.0, "top_k": 50, "keep_adapters": 0},
+            "algo": {"advantage": "grpo", "kl_coef": 0.05},
+            "tenants": [
+                {"name": "fixed", "data": "example:rl_fixed",
+                 "reward": "mizzen_train.rl.toy:fixed_token", "max_new_tokens": 1, **tenant},
+                {"name": "format", "data": "example:rl_format",
+                 "reward": "mizzen_train.rl.toy:lowercase_format", "data_seed": 1, **tenant},
+            ],
+            "eval": {"interval": steps, "snapshot_dir": "snapshots", "max_in_flight": 1,
+                     "overflow": "wait", "keep_snapshots": 1},
+            "eval.evaluators": [
+                {"kind": "generate", "name": "task_format", "data": "example:rl_format",
+                 "reward": "mizzen_train.rl.toy:lowercase_format", "max_new_tokens": 3,
+                 "limit": 4},
             ],
         }  # fmt: skip
 
@@ -177,5 +212,5 @@ class ParallelRuns:
 
 @pytest.fixture(scope="session")
 def parallel_runs() -> ParallelRuns:
-    """Write, launch (``torchrun`` or one process) and read parallel SFT runs."""
+    """Write, launch (``torchrun`` or one process) and read parallel SFT and RL runs."""
     return ParallelRuns()
