@@ -145,3 +145,37 @@ def test_the_shipped_parallel_example_fits_four_ranks():
     check_split(plan, spec, rows=sum(t.rows for t in config.tenants),
                 seq_len=config.data.seq_len, micro_batch_size=config.run.micro_batch_size,
                 source=config.source, context_supported=False)  # fmt: skip
+
+
+def test_every_rl_step_must_split_over_the_data_parallel_ranks():
+    """RL's rows change as tenants join and leave: every step's set of tenants is checked (the
+    error names a tenant field and the step), and context parallel pads the rows' width."""
+    from mizzen_train.rl.config import RlConfig
+    from mizzen_train.rl.rows import padded_width
+    from mizzen_train.rl.trainer import RlTrainer
+    from mizzen_train.run.config import ConfigError
+    from mizzen_train.run.parallel import RankWorld, plan_world
+
+    tenant = {"data": "example:rl_fixed", "reward": "math", "lr": 1e-3, "n_samples": 4}
+    config = RlConfig.parse(
+        {
+            "run": {"dir": "r", "steps": 6, "checkpoint_interval": 2, "micro_batch_size": 4},
+            "model": {"path": "tiny"},
+            "tenants": [
+                {"name": "a", "prompts_per_step": 2, **tenant},
+                {"name": "b", "prompts_per_step": 1, "join_step": 3, "leave_step": 4, **tenant},
+            ],
+        },
+        source="rl.toml",
+    )
+    trainer = RlTrainer(config, resume=False, stream=None)
+    trainer.width = 40
+    trainer.world = RankWorld(plan_world(_parallel(), {**TORCHRUN, "WORLD_SIZE": "2",
+                                                       "RANK": "0"}), "cpu")  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        trainer.step_rows()  # steps 1-2 and 5-6: 8 rows; steps 3-4: 12, not a multiple of 2 x 4
+    assert caught.value.field == "tenants[0].prompts_per_step"
+    assert "step 3 trains 12 rows" in str(caught.value) and "rl.toml" in str(caught.value)
+    trainer.world = RankWorld(plan_world(_parallel(), {}), "cpu")
+    assert trainer.step_rows() == (12, 40)  # one rank: every step's rows fit
+    assert (padded_width(37, 1), padded_width(37, 2), padded_width(40, 4)) == (37, 40, 40)
