@@ -30,8 +30,9 @@ Invariants:
   training records after the checkpoint, which it produces again.
 - The process is one rank of the run's world (:mod:`mizzen_train.run.parallel`: one rank, or
   torchrun's ranks split by ``[parallel]``).  Every rank builds the model, restores the slots and
-  draws the same global batch (each data-parallel rank trains its rows of it); the writer rank
-  (rank 0) alone holds the run directory for the whole command
+  holds the same global batch (SFT draws it from the same streams on every rank; RL's writer
+  rolls it out and broadcasts its rows), each data-parallel rank training its rows of it; the
+  writer rank (rank 0) alone holds the run directory for the whole command
   (:func:`~mizzen_train.run.lock.hold_run_dir`), opens the run, writes the metrics, progress
   lines, checkpoint metadata and exports, and runs the evaluations.  Under tensor parallelism
   the other ranks follow the writer's snapshot exports (:meth:`RankWorld.lead`), whose
