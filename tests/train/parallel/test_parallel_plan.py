@@ -174,7 +174,7 @@ def test_every_rl_step_must_split_over_the_data_parallel_ranks():
                                                        "RANK": "0"}), "cpu")  # fmt: skip
     with pytest.raises(ConfigError) as caught:
         trainer.step_rows()  # steps 1-2 and 5-6: 8 rows; steps 3-4: 12, not a multiple of 2 x 4
-    assert caught.value.field == "tenants[0].prompts_per_step"
+    assert caught.value.field == "tenants[1].prompts_per_step"  # b's 4 rows are the odd ones
     assert "step 3 trains 12 rows" in str(caught.value) and "rl.toml" in str(caught.value)
     trainer.world = RankWorld(plan_world(_parallel(), {}), "cpu")
     assert trainer.step_rows() == (12, 40)  # one rank: every step's rows fit

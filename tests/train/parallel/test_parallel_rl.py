@@ -9,7 +9,9 @@ One module-scoped set of runs serves every test (launches are the cost), each a 
 - ``dp2``: 2 ranks of data parallel; ``tp2``: ``[parallel] tensor = 2`` on 2 ranks (every rank
   takes part in each adapter export's collectives);
 - ``dp2_resumed``: a copy of ``dp2`` without its step-4 checkpoint and export, resumed on 2
-  ranks from step 2.
+  ranks from step 2;
+- ``odd_rows``: 2 ranks whose step of 8 + 4 rows does not split into DP=2 x 4-row micro-batches:
+  refused before the model is built, the field named once, nothing trained.
 
 Tolerances (fp32, measured on this CPU: DP=2 gave the single rank's losses and gradient norms
 bit for bit, TP=2 within 2e-7 relative): per-step loss within 1e-6 absolute (the clipped
@@ -32,7 +34,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=150, labels=["train", "distributed", "rollout", "e2e"])
+register_cpu_ci(est_time=120, labels=["train", "distributed", "rollout", "e2e"])
 
 STEPS = 4
 TENANTS = ("fixed", "format")
@@ -65,7 +67,11 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
 
     started = time.monotonic()
     try:
-        finish(single=rl("single", 1), dp2=rl("dp2", 2))
+        finish(
+            single=rl("single", 1),
+            dp2=rl("dp2", 2),
+            odd_rows=rl("odd_rows", 2, "--set", "tenants.1.prompts_per_step=1"),
+        )
         if out["codes"]["dp2"] == 0:
             resumed = root / "dp2_resumed"
             shutil.copytree(out["dp2"], resumed, symlinks=True)
@@ -169,3 +175,14 @@ def test_a_resume_at_the_same_world_size_continues_bit_for_bit(runs):
     for tenant in TENANTS:  # the adapters it publishes after the resume: the same bytes
         name = f"adapters/{tenant}/v{STEPS:08d}/adapter_model.safetensors"
         assert (runs["dp2_resumed"] / name).read_bytes() == (runs["dp2"] / name).read_bytes()
+
+
+def test_rows_that_do_not_split_over_the_ranks_are_refused_naming_the_field(runs):
+    code, log = runs["codes"]["odd_rows"], runs["logs"]["odd_rows"]
+    assert code != 0, log[-4000:]  # torchrun's exit: a rank failed
+    refusals = [line for line in log.splitlines() if line.startswith("mizzen-train rl: error:")]
+    assert len(refusals) == 1, log[-4000:]  # the writer says why; rank 1 fails quietly
+    assert "tenants[1].prompts_per_step=1: step 1 trains 12 rows" in refusals[0]
+    assert "data-parallel size 2 x run.micro_batch_size 4" in refusals[0]
+    assert "[rank0]: Traceback" not in log and "[rank1]: Traceback" not in log  # no rank crashed
+    assert runs["records"]["odd_rows"] == []  # no run: nothing logged

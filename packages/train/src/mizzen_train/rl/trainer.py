@@ -249,9 +249,10 @@ class RlTrainer(Trainer):
             rows = sum(t.prompts_per_step * t.n_samples for t in active)
             largest = max(largest, rows)
             if rows % unit:
-                first = config.tenants.index(active[0])
+                blamed = _blamed(active, unit)
                 raise ConfigError(
-                    f"tenants[{first}].prompts_per_step", active[0].prompts_per_step,
+                    f"tenants[{config.tenants.index(blamed)}].prompts_per_step",
+                    blamed.prompts_per_step,
                     f"step {step} trains {rows} rows (prompts_per_step x n_samples of "
                     f"{', '.join(t.name for t in active)}), which must be a multiple of the "
                     f"data-parallel size {plan.data} x run.micro_batch_size "
@@ -782,6 +783,13 @@ def _membership_steps(config: RlConfig) -> list[int]:
     steps = {1} | {t.join_step for t in config.tenants}
     steps |= {t.leave_step + 1 for t in config.tenants if t.leave_step}
     return sorted(s for s in steps if s <= config.run.steps)
+
+
+def _blamed(active: list[RlTenantConfig], unit: int) -> RlTenantConfig:
+    """The tenant to name for a step whose rows do not split into ``unit``s: the first whose own
+    rows do not (else the first)."""
+    odd = [t for t in active if (t.prompts_per_step * t.n_samples) % unit]
+    return (odd or active)[0]
 
 
 async def _outcome(pending: asyncio.Future) -> Any:
