@@ -587,6 +587,7 @@ class RlTrainer(Trainer):
 
         config = self.config
         t0 = time.perf_counter()
+        self.world.bind_thread()  # a worker thread: this rank's GPU, not GPU 0
         shared = self._shared_rows(step, rollout)
         batch, per_tenant = shared.batch, shared.stats
         trainer_logprobs = self.executor.forward_logprobs(batch)

@@ -231,6 +231,15 @@ class RankWorld:
     def is_writer(self) -> bool:
         return self.plan.is_writer
 
+    def bind_thread(self) -> None:
+        """The calling thread uses this rank's GPU: CUDA's current device is per host thread,
+        and a worker thread starts on GPU 0, where NCCL's object collectives and megatron's
+        ``current_device()`` allocations would otherwise go (nothing to do on a CPU)."""
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.set_device(self.plan.local_rank)
+
     # -- collectives over the whole world -------------------------------------------------
 
     def share(self, value: T) -> T:
