@@ -238,12 +238,43 @@ def test_auto_prefers_cudnn_ragged_unless_its_padded_statistics_outweigh_the_que
     monkeypatch.setattr(cudnn_ragged, "usable", lambda *tensors: True)  # as on a Hopper GPU
     heads, dim = 16, 128
     balanced = PackedLayout([8192, 4096, 711, 300, 64] * 8)
-    skewed = PackedLayout([8192] + [64] * 1000)  # 1,001 entries padded to 1,024 x 8,192 rows
-    for layout, preferred in ((balanced, True), (skewed, False)):
+    skewed = PackedLayout([8192] + [64] * 1000)  # one group: 1,001 entries x 8,192 rows
+    cases = (
+        # one launch over every segment: the skewed mix's statistics outweigh its queries
+        ("none", balanced, 4 * heads * 64 * 8192, True),
+        ("none", skewed, 4 * heads * 1024 * 8192, False),
+        # the default groups (<= 2048, longer): the short segments get their own short grid
+        (None, balanced, 4 * heads * (32 * 1024 + 16 * 8192), True),
+        (None, skewed, 4 * heads * (1024 * 64 + 1 * 8192), True),
+    )
+    for groups, layout, expected, preferred in cases:
+        if groups is None:
+            monkeypatch.delenv(cudnn_ragged.GROUPS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(cudnn_ragged.GROUPS_ENV, groups)
         q = torch.empty(layout.num_tokens, heads, dim, dtype=torch.bfloat16)
         stats = cudnn_ragged.stats_bytes(layout, heads)
-        assert stats == 4 * heads * 2 ** (len(layout.lengths) - 1).bit_length() * 8192
-        assert causal._cudnn_preferred(q, q, q, layout) is preferred, (stats, q.nbytes)
+        assert stats == expected, (groups, layout)
+        assert causal._cudnn_preferred(q, q, q, layout) is preferred, (groups, stats, q.nbytes)
+
+
+def test_segments_are_grouped_by_length_in_stream_order(monkeypatch):
+    from mizzen_plugins.attention import cudnn_ragged
+
+    lengths = [3000, 5, 2048, 2049, 0, 700]
+    assert cudnn_ragged.segment_groups(lengths, (2048,)) == [[1, 2, 4, 5], [0, 3]]
+    assert cudnn_ragged.segment_groups(lengths, (4, 2048)) == [[4], [1, 2, 5], [0, 3]]
+    assert cudnn_ragged.segment_groups([5, 9], (2048,)) == [[0, 1]]  # empty groups dropped
+    assert cudnn_ragged.segment_groups(lengths, ()) == [[0, 1, 2, 3, 4, 5]]
+    monkeypatch.delenv(cudnn_ragged.GROUPS_ENV, raising=False)
+    assert cudnn_ragged.group_bounds() == cudnn_ragged.DEFAULT_GROUP_BOUNDS == (2048,)
+    for raw, bounds in (("none", ()), ("", ()), (" 2048, 512 ,512", (512, 2048))):
+        monkeypatch.setenv(cudnn_ragged.GROUPS_ENV, raw)
+        assert cudnn_ragged.group_bounds() == bounds
+    for raw in ("0", "-5,100", "big", "1e3"):
+        monkeypatch.setenv(cudnn_ragged.GROUPS_ENV, raw)
+        with pytest.raises(ValueError, match=r"MIZZEN_RAGGED_GROUPS=.*positive segment lengths"):
+            cudnn_ragged.group_bounds()
 
 
 def test_cudnn_is_refused_with_the_fix_where_it_cannot_run():

@@ -155,14 +155,16 @@ def test_auto_without_cudnn_ragged_runs_varlen_then_buckets(monkeypatch):
 
 def test_cudnn_ragged_reuses_a_graph_across_layouts_and_skips_empty_segments():
     """Two layouts of one shape class (same rounded sizes) share built graphs and both match the
-    reference; length-0 segments anywhere in the stream contribute nothing."""
+    reference; length-0 segments anywhere in the stream contribute nothing; a stream holding
+    segments on both sides of a group bound (2,048) runs one launch per group, each writing its
+    own segments' rows."""
     from mizzen_plugins.attention import cudnn_ragged
 
     gen = torch.Generator().manual_seed(SEED)
     dev = torch.device("cuda")
     layouts = [[0, 300, 5, 0, 700, 24], [650, 0, 1, 333, 45, 0]]
     built = []
-    for lengths in layouts:
+    for lengths in [*layouts, [0, 300, 2500, 5, 0, 700], [2100, 7, 0]]:
         layout = PackedLayout(lengths, "cuda")
         t = layout.num_tokens
         q, k, v, w = (torch.randn(t, 4, 64, generator=gen).to(dev, torch.bfloat16) for _ in "qkvw")
@@ -179,3 +181,4 @@ def test_cudnn_ragged_reuses_a_graph_across_layouts_and_skips_empty_segments():
             assert err < 2e-2, f"{lengths}: cudnn {name} relative error {err:.3g} (seed {SEED})"
         built.append(len(cudnn_ragged._GRAPHS))
     assert built[0] == built[1] >= 1, f"graphs built: {built} (the second layout rebuilt)"
+    assert built[2] > built[1], f"graphs built: {built} (the two-group layout built none)"
