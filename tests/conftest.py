@@ -54,6 +54,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -359,6 +360,12 @@ def run_ranks() -> Callable[..., list[Any]]:
 
 
 def pytest_configure(config) -> None:
+    # A suite started in the background by a non-interactive shell (``./.ci/run &``) inherits
+    # SIGINT ignored, and so would every process a test starts: the tests that interrupt a
+    # ``mizzen-ci bisect`` or a training run then wait out their timeout.  The suite's processes
+    # take SIGINT at its default (a child's exec resets a handler, never an ignore).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers",
         "in_child: run the test body in a forked child of the pytest process (inside the "
