@@ -334,7 +334,7 @@ def export_hf_snapshot(
     Collective under tensor parallelism (every rank calls it; global rank 0 writes).  ``dtype``
     defaults to the model's; ``tokenizer`` (anything with ``save_pretrained``) is saved with it,
     else the source directory's tokenizer files are copied.  A plugin model's source
-    (:class:`mizzen_train.plugin_models.base.PluginSource`) writes its own merged model, through
+    (:class:`mizzen_train.plugin_models.export.PluginExportSource`) writes its own merged model, through
     its ``export_hf_snapshot``."""
     if hasattr(source, "export_hf_snapshot"):
         return source.export_hf_snapshot(

@@ -73,7 +73,7 @@ def export_peft_adapter(
 ) -> Path:
     """Write ``slot``'s adapter as a PEFT directory at ``directory`` (see the module docstring).
 
-    A plugin model's source (:class:`mizzen_train.plugin_models.base.PluginSource`) writes its
+    A plugin model's source (:class:`mizzen_train.plugin_models.export.PluginExportSource`) writes its
     own (its module names), through its ``export_peft_adapter``."""
     if hasattr(source, "export_peft_adapter"):
         return source.export_peft_adapter(

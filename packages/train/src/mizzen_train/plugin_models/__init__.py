@@ -9,7 +9,8 @@ it what the slot executor drives in place of megatron-core's ``GPTModel``:
   and :class:`~.base.PluginSpec` describe it.
 - :mod:`.model` -- :class:`~.model.PluginGPT`, GPTModel's call signature over the plugin model.
 - :mod:`.export` -- a slot as a PEFT adapter, and the merged model (Hugging Face layout where the
-  plugin maps to one, the plugin's own layout otherwise).
+  plugin maps to one, the plugin's own layout otherwise); :class:`~.export.PluginExportSource`
+  is the base as the exporters' ``source`` (imports run base <- export <- build, never back).
 - :mod:`.build` -- :func:`~.build.import_plugin_model` (directory -> wrapped model with its LoRA
   targets) and the rules a run with a plugin model follows (:func:`~.build.plugin_run_problems`).
 

@@ -61,9 +61,11 @@ class PluginSpec:
 class PluginSource:
     """A validated plugin base directory: the plugin's name, the raw config dict, the spec.
 
-    It is the ``source`` the trainer hands to the exporters; its two export methods are how
-    :func:`mizzen_train.hf.export_peft_adapter` and :func:`mizzen_train.hf.export_hf_snapshot`
-    serve a plugin model (they dispatch on them), so every export path of SFT and RL works."""
+    What the trainer hands to the exporters is its subclass
+    :class:`mizzen_train.plugin_models.export.PluginExportSource` (made by
+    :func:`~mizzen_train.plugin_models.build.import_plugin_model`), whose two export methods are
+    how :func:`mizzen_train.hf.export_peft_adapter` and :func:`mizzen_train.hf.export_hf_snapshot`
+    serve a plugin model (they dispatch on them)."""
 
     path: Path  # the config.json
     plugin: str
@@ -73,22 +75,6 @@ class PluginSource:
     @property
     def directory(self) -> Path:
         return self.path.parent
-
-    def export_peft_adapter(self, directory, *, executor, slot, base_model_name_or_path=None):
-        from mizzen_train.plugin_models.export import export_plugin_adapter
-
-        return export_plugin_adapter(
-            directory, executor=executor, slot=slot, source=self,
-            base_model_name_or_path=base_model_name_or_path,
-        )  # fmt: skip
-
-    def export_hf_snapshot(self, directory, *, model, executor, slot, dtype, tokenizer):
-        from mizzen_train.plugin_models.export import export_plugin_merged
-
-        return export_plugin_merged(
-            directory, model=model, executor=executor, slot=slot, source=self, dtype=dtype,
-            tokenizer=tokenizer,
-        )  # fmt: skip
 
 
 def load_plugin(name: str):

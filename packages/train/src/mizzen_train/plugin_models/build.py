@@ -25,6 +25,7 @@ from typing import Any
 
 from mizzen_train.errors import HFModelError
 from mizzen_train.plugin_models.base import PluginSource, PluginSpec, load_plugin, read_plugin_base
+from mizzen_train.plugin_models.export import PluginExportSource
 
 __all__ = ["ImportedPluginModel", "import_plugin_model", "plugin_run_problems"]
 
@@ -67,7 +68,8 @@ def import_plugin_model(
         max_sequence_length=source.spec.max_sequence_length,
         dtype=torch_dtype,
     )
-    return ImportedPluginModel(model, source, tuple(load_plugin(name).lora_targets))
+    exportable = PluginExportSource.of(source)
+    return ImportedPluginModel(model, exportable, tuple(load_plugin(name).lora_targets))
 
 
 def plugin_spec(name: str, directory: str | Path) -> PluginSpec:

@@ -26,12 +26,18 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from mizzen_train.plugin_models.base import CONFIG_FILE, WEIGHTS_FILE, PluginSource, load_plugin
 
-__all__ = ["export_plugin_adapter", "export_plugin_merged", "plugin_adapter_state"]
+__all__ = [
+    "PluginExportSource",
+    "export_plugin_adapter",
+    "export_plugin_merged",
+    "plugin_adapter_state",
+]
 
 #: The attribute of :class:`~mizzen_train.plugin_models.model.PluginGPT` holding the plugin model.
 _LM = "lm."
@@ -39,6 +45,29 @@ _LM = "lm."
 
 def _our_path(layer_key: str) -> str:
     return layer_key.removeprefix(_LM)
+
+
+@dataclass(frozen=True)
+class PluginExportSource(PluginSource):
+    """A plugin base as the exporters' ``source``: :func:`mizzen_train.hf.export_peft_adapter`
+    and :func:`mizzen_train.hf.export_hf_snapshot` dispatch on these two methods, so every export
+    path of SFT and RL serves a plugin model."""
+
+    @classmethod
+    def of(cls, source: PluginSource) -> PluginExportSource:
+        return cls(**{f.name: getattr(source, f.name) for f in fields(PluginSource)})
+
+    def export_peft_adapter(self, directory, *, executor, slot, base_model_name_or_path=None):
+        return export_plugin_adapter(
+            directory, executor=executor, slot=slot, source=self,
+            base_model_name_or_path=base_model_name_or_path,
+        )  # fmt: skip
+
+    def export_hf_snapshot(self, directory, *, model, executor, slot, dtype, tokenizer):
+        return export_plugin_merged(
+            directory, model=model, executor=executor, slot=slot, source=self, dtype=dtype,
+            tokenizer=tokenizer,
+        )  # fmt: skip
 
 
 def _modules_of(source: PluginSource, path: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
