@@ -262,10 +262,13 @@ def test_segments_are_grouped_by_length_in_stream_order(monkeypatch):
     from mizzen_plugins.attention import cudnn_ragged
 
     lengths = [3000, 5, 2048, 2049, 0, 700]
-    assert cudnn_ragged.segment_groups(lengths, (2048,)) == [[1, 2, 4, 5], [0, 3]]
-    assert cudnn_ragged.segment_groups(lengths, (4, 2048)) == [[4], [1, 2, 5], [0, 3]]
+    assert cudnn_ragged.segment_groups(lengths, (2048,)) == [[1, 2, 5], [0, 3]]
+    assert cudnn_ragged.segment_groups(lengths, (4, 2048)) == [[1, 2, 5], [0, 3]]
     assert cudnn_ragged.segment_groups([5, 9], (2048,)) == [[0, 1]]  # empty groups dropped
-    assert cudnn_ragged.segment_groups(lengths, ()) == [[0, 1, 2, 3, 4, 5]]
+    assert cudnn_ragged.segment_groups(lengths, ()) == [[0, 1, 2, 3, 5]]
+    # length-0 segments compute and write nothing: never a launch of padding entries only
+    assert cudnn_ragged.segment_groups([3000, 0], (2048,)) == [[0]]
+    assert cudnn_ragged.segment_groups([0, 0, 5000, 4100], (2048,)) == [[2, 3]]
     monkeypatch.delenv(cudnn_ragged.GROUPS_ENV, raising=False)
     assert cudnn_ragged.group_bounds() == cudnn_ragged.DEFAULT_GROUP_BOUNDS == (2048,)
     for raw, bounds in (("none", ()), ("", ()), (" 2048, 512 ,512", (512, 2048))):

@@ -179,4 +179,15 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
         unsegmented = run(x, dt, A, B, C, chunk_size=8, seq_idx=None)
         expected = ssd_chunked(x, dt, A, B, C, chunk_size=8)
         torch.testing.assert_close(unsegmented, expected)
-    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 7 lengths"
+    # int32 segment ids (mamba's usual dtype) on a whole-chunk length: still the same graph
+    x, dt, A, B, C = random_scan_inputs(1, 24, 2, 3, 1, 4, seed=24, dtype=torch.float32)
+    seq32 = torch.tensor([[0] * 10 + [1] * 14], dtype=torch.int32)
+    got = run(x, dt, A, B, C, chunk_size=8, seq_idx=seq32)
+    torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=seq32))
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 8 inputs"
+    # a shape error names the caller's sizes, not the padded ones
+    with pytest.raises(
+        ValueError, match=r"x is \(1, 15, 2, 3\)\): dt \(1, 14, 2\) != \(1, 15, 2\)"
+    ):
+        run(*random_scan_inputs(1, 15, 2, 3, 1, 4, seed=0)[:1], torch.rand(1, 14, 2),
+            *random_scan_inputs(1, 15, 2, 3, 1, 4, seed=0)[2:], chunk_size=8)  # fmt: skip

@@ -284,9 +284,12 @@ def group_bounds() -> tuple[int, ...]:
 
 
 def segment_groups(lengths, bounds: tuple[int, ...]) -> list[list[int]]:
-    """Segment indices per group (stream order inside a group); empty groups dropped."""
+    """Segment indices per group (stream order inside a group); length-0 segments (nothing to
+    compute, nothing to write) and empty groups dropped, so no launch is all padding."""
     groups: list[list[int]] = [[] for _ in range(len(bounds) + 1)]
     for index, n in enumerate(lengths):
+        if n == 0:
+            continue
         groups[next((g for g, b in enumerate(bounds) if n <= b), len(bounds))].append(index)
     return [group for group in groups if group]
 

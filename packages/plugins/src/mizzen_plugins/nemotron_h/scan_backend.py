@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mizzen_plugins.nemotron_h.ssd import ssd_chunked
+from mizzen_plugins.nemotron_h.ssd import check_shapes, ssd_chunked
 
 __all__ = ["BACKENDS", "ENV_VAR", "ScanBackend", "scan_backend", "selective_scan"]
 
@@ -109,6 +109,7 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
     single chunk): up to five compilations of forward and backward for one training run."""
 
     def run(x, dt, A, B, C, *, chunk_size: int, seq_idx=None) -> torch.Tensor:
+        check_shapes(x, dt, A, B, C, seq_idx)  # the caller's shapes in errors, not padded ones
         length = x.shape[1]
         x, dt, B, C, seq_idx = pad_to_chunks(x, dt, B, C, seq_idx, chunk_size)
         y = _compiled_ssd_chunked(backend)(x, dt, A, B, C, chunk_size=chunk_size, seq_idx=seq_idx)
@@ -126,9 +127,9 @@ def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
     pad = padded - length
     if seq_idx is None:
         seq_idx = torch.zeros(b, length, dtype=torch.int64, device=x.device)
+    seq_idx = seq_idx.to(torch.int64)  # one dtype into the graph whatever the pad (no retrace)
     if pad == 0:
         return x, dt, B, C, seq_idx
-    seq_idx = seq_idx.to(torch.int64)
     last = seq_idx[:, -1:] if length else seq_idx.new_zeros(b, 1)
     return (
         torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),

@@ -34,10 +34,12 @@ import torch.nn.functional as F
 
 from mizzen_plugins.nemotron_h.numerics import compute_dtype
 
-__all__ = ["ssd_chunked", "ssd_step_by_step"]
+__all__ = ["check_shapes", "ssd_chunked", "ssd_step_by_step"]
 
 
-def _check_shapes(x, dt, A, B, C, seq_idx) -> None:
+def check_shapes(x, dt, A, B, C, seq_idx) -> None:
+    """The scan's shape contract (``x [b, T, H, P]``, ``dt [b, T, H]``, ``A [H]``, ``B``/``C``
+    ``[b, T, G, N]`` with ``G | H``, ``seq_idx [b, T]``): a ValueError naming every mismatch."""
     b, T, H, _ = x.shape
     G = B.shape[2]
     problems = []
@@ -69,7 +71,7 @@ def ssd_step_by_step(
     seq_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The recurrence, one token at a time (slow; the definition the chunked scan must equal)."""
-    _check_shapes(x, dt, A, B, C, seq_idx)
+    check_shapes(x, dt, A, B, C, seq_idx)
     b, T, H, P = x.shape
     f = compute_dtype(x)
     Bh = _heads_of_groups(B.to(f), H)
@@ -111,7 +113,7 @@ def ssd_chunked(
     seq_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The chunked scan (same result as :func:`ssd_step_by_step`, up to float rounding)."""
-    _check_shapes(x, dt, A, B, C, seq_idx)
+    check_shapes(x, dt, A, B, C, seq_idx)
     b, T, H, P = x.shape
     Q = chunk_size
     pad = (-T) % Q
