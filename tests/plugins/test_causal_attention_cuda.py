@@ -31,6 +31,24 @@ def lognormal_lengths(total, lo, hi, gen):
     return [n for n in out if n > 0]
 
 
+def forward_backward(attend, q, k, v, w, impls) -> dict[str, tuple[torch.Tensor, ...]]:
+    """``(out, dq, dk, dv)`` per implementation of ``attend(q, k, v, impl)`` for the loss
+    ``sum(out * w)``, each from fresh leaf copies of the inputs."""
+    results = {}
+    for which in impls:
+        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
+        out = attend(qq, kk, vv, impl=which)
+        (out.float() * w.float()).sum().backward()
+        results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+    return results
+
+
+def thd(layout):
+    """``attend`` of :func:`forward_backward` for the THD path over ``layout`` (a
+    :class:`PackedLayout` or its ``cu_seqlens``)."""
+    return lambda *qkv, impl: causal_thd_attention(*qkv, layout, impl=impl)
+
+
 def rel_err(a, b):
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
@@ -49,12 +67,7 @@ def test_matches_reference_bf16_forward_backward(impl, hq, hkv, d):
     v = torch.randn(t, hkv, d, generator=gen).to(dev, torch.bfloat16)
     w = torch.randn(t, hq, d, generator=gen).to(dev, torch.bfloat16)
     assert q.abs().sum() > 0 and v.abs().sum() > 0
-    results = {}
-    for which in ("reference", impl):
-        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
-        out = causal_thd_attention(qq, kk, vv, layout.cu_seqlens, impl=which)
-        (out.float() * w.float()).sum().backward()
-        results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+    results = forward_backward(thd(layout.cu_seqlens), q, k, v, w, ("reference", impl))
     ref, got = results["reference"], results[impl]
     assert got[0].dtype == torch.bfloat16 and got[0].shape == (t, hq, d)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref, strict=True):
@@ -93,12 +106,10 @@ def test_fast_bottom_right_pieces_sharing_keys_bf16():
     q = torch.randn(tq, 8, 128, generator=gen).to(dev, torch.bfloat16)
     k, v = (torch.randn(t, 8, 128, generator=gen).to(dev, torch.bfloat16) for _ in range(2))
     w = torch.randn(tq, 8, 128, generator=gen).to(dev)
-    results = {}
-    for which in ("reference", "fast"):
-        qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
-        out = causal_attention_pieces(qq, kk, vv, pieces, impl=which)
-        (out.float() * w).sum().backward()
-        results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+    results = forward_backward(
+        lambda *qkv, impl: causal_attention_pieces(*qkv, pieces, impl=impl),
+        q, k, v, w, ("reference", "fast"),
+    )  # fmt: skip
     pairs = zip(("out", "dq", "dk", "dv"), results["fast"], results["reference"], strict=True)
     for name, a, b in pairs:
         assert rel_err(a, b) < 2e-2, f"pieces {name}: {rel_err(a, b):.3g} (seed {SEED})"
@@ -168,12 +179,7 @@ def test_cudnn_ragged_reuses_a_graph_across_layouts_and_skips_empty_segments():
         layout = PackedLayout(lengths, "cuda")
         t = layout.num_tokens
         q, k, v, w = (torch.randn(t, 4, 64, generator=gen).to(dev, torch.bfloat16) for _ in "qkvw")
-        results = {}
-        for which in ("reference", "cudnn"):
-            qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
-            out = causal_thd_attention(qq, kk, vv, layout, impl=which)
-            (out.float() * w.float()).sum().backward()
-            results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+        results = forward_backward(thd(layout), q, k, v, w, ("reference", "cudnn"))
         for name, a, b in zip(
             ("out", "dq", "dk", "dv"), results["cudnn"], results["reference"], strict=True
         ):
@@ -200,12 +206,7 @@ def test_cudnn_ragged_groups_interleaved_in_the_stream_match_per_segment(heads_k
         t = layout.num_tokens
         q, w = (torch.randn(t, 4, 64, generator=gen).to(dev, torch.bfloat16) for _ in "qw")
         k, v = (torch.randn(t, heads_kv, 64, generator=gen).to(dev, torch.bfloat16) for _ in "kv")
-        results = {}
-        for which in ("reference", "cudnn"):
-            qq, kk, vv = (x.clone().requires_grad_(True) for x in (q, k, v))
-            out = causal_thd_attention(qq, kk, vv, layout, impl=which)
-            (out.float() * w.float()).sum().backward()
-            results[which] = (out.detach(), qq.grad, kk.grad, vv.grad)
+        results = forward_backward(thd(layout), q, k, v, w, ("reference", "cudnn"))
         for start, n in zip(layout.starts, layout.lengths, strict=True):
             if n == 0:
                 continue

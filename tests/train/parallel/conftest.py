@@ -12,13 +12,15 @@ Invariants: every launch is bounded by a timeout and its process group is killed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,32 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
+
+
+@dataclass
+class Launcher:
+    """``launcher(name, ranks, *extra)`` starts one run (see :meth:`ParallelRuns.launches`)."""
+
+    runs: ParallelRuns
+    root: Path
+    command: str
+    config: Path
+    out: dict[str, Any]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __call__(self, name: str, ranks: int, *extra: str) -> subprocess.Popen[bytes]:
+        self.out[name] = self.root / name
+        return self.track(
+            self.runs.start(
+                ranks, self.root / f"{name}.log", self.command, "--config", str(self.config),
+                "--run.dir", str(self.root / name), *extra,
+            )
+        )  # fmt: skip
+
+    def track(self, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        """Kill ``process`` too when the block ends."""
+        self.processes.append(process)
+        return process
 
 
 class ParallelRuns:
@@ -151,6 +179,22 @@ class ParallelRuns:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise AssertionError(f"{process.args} ran past {timeout} s") from None
+
+    @contextlib.contextmanager
+    def launches(
+        self, root: Path, command: str, config: Path, out: dict[str, Any]
+    ) -> Iterator[Launcher]:
+        """A :class:`Launcher` of ``mizzen-train <command> --config <config>`` runs, each in
+        ``root / name`` (recorded as ``out[name]``); every process it started (or was told of)
+        that still runs when the block ends has its session killed, whatever happened."""
+        launcher = Launcher(self, root, command, config, out)
+        try:
+            yield launcher
+        finally:
+            for process in launcher.processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
 
     def run(self, ranks: int, log: Path, *args: str, timeout: float = 300.0) -> int:
         return self.finish(self.start(ranks, log, *args), timeout)

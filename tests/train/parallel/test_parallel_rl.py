@@ -21,9 +21,7 @@ policy-gradient loss is ~1e-8 on policy, plus 0.05 x KL: up to 0.08 here), gradi
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,16 +47,6 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("parallel-rl")
     config = pr.write_config(root / "rl.toml", pr.rl_sections(root / "unused", steps=STEPS))
     out: dict[str, Any] = {"root": root, "codes": {}}
-    started_processes: list[subprocess.Popen[bytes]] = []
-
-    def rl(name: str, ranks: int, *extra: str) -> subprocess.Popen[bytes]:
-        out[name] = root / name
-        process = pr.start(
-            ranks, root / f"{name}.log", "rl", "--config", str(config),
-            "--run.dir", str(root / name), *extra,
-        )  # fmt: skip
-        started_processes.append(process)
-        return process
 
     def finish(**processes: subprocess.Popen[bytes]) -> None:
         with ThreadPoolExecutor(len(processes)) as pool:
@@ -66,7 +54,7 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
         out["codes"].update(zip(processes, codes, strict=True))
 
     started = time.monotonic()
-    try:
+    with pr.launches(root, "rl", config, out) as rl:
         finish(
             single=rl("single", 1),
             dp2=rl("dp2", 2),
@@ -83,11 +71,6 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
             )
         else:
             finish(tp2=rl("tp2", 2, "--parallel.tensor", "2"))
-    finally:
-        for process in started_processes:  # nothing outlives the fixture, whatever happened
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
     out["wall_s"] = time.monotonic() - started
     out["records"] = {name: pr.read_metrics(out[name]) for name in out["codes"]}
     out["logs"] = {p.stem: p.read_text(errors="replace") for p in root.glob("*.log")}

@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,27 +53,11 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("parallel-sft")
     config = pr.write_config(root / "run.toml", pr.sections(root / "unused", steps=STEPS))
     out: dict[str, Any] = {"root": root}
-    started_processes: list[subprocess.Popen[bytes]] = []
-
-    def sft(name: str, ranks: int, *extra: str) -> subprocess.Popen[bytes]:
-        out[name] = root / name
-        process = pr.start(
-            ranks, root / f"{name}.log", "sft", "--config", str(config),
-            "--run.dir", str(root / name), *extra,
-        )  # fmt: skip
-        started_processes.append(process)
-        return process
-
-    try:
-        return _launch_all(pr, root, out, sft, started_processes)
-    finally:
-        for process in started_processes:  # nothing outlives the fixture, whatever happened
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    with pr.launches(root, "sft", config, out) as sft:
+        return _launch_all(pr, root, out, sft)
 
 
-def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> dict[str, Any]:
+def _launch_all(pr, root: Path, out: dict[str, Any], sft) -> dict[str, Any]:
     started = time.monotonic()
     single = sft("single", 1)
     tp2 = sft("tp2", 2, "--parallel.tensor", "2")
@@ -109,7 +92,7 @@ def _launch_all(pr, root: Path, out: dict[str, Any], sft, started_processes) -> 
     out["export_tp1"] = root / "export_tp1"
     resumes.append(sft("tp2_to_tp1", 1, "--resume", "--parallel.tensor", "1"))
     export = pr.start(1, root / "export_tp1.log", "export", str(out["export_tp1"]), "--merged")
-    started_processes.append(export)
+    sft.track(export)
     with ThreadPoolExecutor(len(resumes) + 1) as pool:
         codes = list(pool.map(lambda p: pr.finish(p, 600), [*resumes, export]))
     names = ["dp2", "dp2_to_dp1", "dp2tp2", "cp2", "tp2_to_tp1", "export_tp1"]
