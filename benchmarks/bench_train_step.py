@@ -17,7 +17,8 @@ Steps measured, each a median over ``--steps`` timed steps after ``--warmup`` un
   over the same rows -- the baseline, measured in the same run; when it does not fit in memory,
   on fewer rows (its tokens/s then compared), or reported as not fitting;
 - ``LoRA K=1`` / ``LoRA K=8``: the slot executor (rank 16 on every linear, fp32 masters and Adam)
-  on the same rows, one slot or eight slots (one row each, one micro-batch: the rows path).
+  on the same rows, one slot or eight slots (one row each, one micro-batch: eight runs of one
+  packed stream).
 
 FLOPs counted (stated in the output): ``N`` = parameters of every matmul a token passes (the layers'
 linears and the output layer; not the embedding lookup).  Full SFT: ``6 N T``; LoRA (frozen base:

@@ -1,7 +1,8 @@
 """Packed (THD) attention in the slot executor is the old dense-mask computation, without its mask.
 
-- The executor's packed path (one ``[1, T]`` stream per single-slot micro-batch, and the rows
-  path of a multi-slot micro-batch) gives the losses and LoRA gradients of the old path: megatron's
+- The executor's packed path (one ``[1, T]`` stream per micro-batch, routed per run of slot:
+  single-slot micro-batches, and one holding both slots) gives the losses and LoRA gradients of
+  the old path: megatron's
   dense ``DotProductAttention`` over a block-diagonal ``[b, 1, s, s]`` mask (kept here as the
   reference, built with ``build_gpt(attention="dense")``, LoRA merged functionally).
 - Packed rows and one-sample-per-row padded rows give every sample the same loss.
@@ -91,7 +92,7 @@ def _parity_scenario(kit) -> dict:
     batch = packed_batch(row_slots, seed=1)
     dense = build_gpt(spec, device="cpu", attention="dense")
     out: dict = {"loss": {}, "grad": {}}
-    for mode, micro_batch_size in (("stream", 2), ("rows", 4)):
+    for mode, micro_batch_size in (("one_slot", 2), ("two_slots", 4)):
         executor = kit.tiny_executor(
             num_slots=2, max_rank=8, micro_batch_size=micro_batch_size, gpt=spec
         )

@@ -135,24 +135,13 @@ def test_dense_masks_and_thd_params_give_the_plugin_models_own_logits(name, tiny
         packed = model(ids.reshape(1, -1), segment_positions(segments).reshape(1, -1), None, params)
         torch.testing.assert_close(packed.view(2, 20, -1), expected, rtol=1e-5, atol=1e-5)
 
-        # the executor's rows mode: [b, s] rows, the real tokens' row-major positions and their
-        # sequences; the padding (row 0's last 2 tokens) is a run of its own that no real token
-        # attends to
-        real = torch.tensor([[1] * 18 + [0] * 2, [1] * 20], dtype=torch.bool)
-        index = real.reshape(-1).nonzero().squeeze(1)
-        real_lengths = [7, 9, 2, 3, 17]
-        cu_real = torch.tensor([0, *torch.tensor(real_lengths).cumsum(0).tolist()])
+        # only the packed stream: a rows layout ('sbhd') is refused, naming the format
         rows_params = PackedSeqParams(
-            qkv_format="sbhd", cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real,
+            qkv_format="sbhd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
             max_seqlen_q=17, max_seqlen_kv=17,
         )  # fmt: skip
-        rows_params.token_index = index
-        padded_segments = segments.clone()
-        padded_segments[0, 18:] = 3  # the padding run: a sequence of its own
-        rows_mode = model(ids, segment_positions(padded_segments), None, rows_params)
-        want = segments_alone(model.lm, ids, padded_segments)
-        torch.testing.assert_close(rows_mode[real], want[real], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(rows_mode[real], expected[real], rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="qkv_format='sbhd'"):
+            model(ids, segment_positions(segments), None, rows_params)
 
         causal = torch.ones(20, 20, dtype=torch.bool).triu(1).view(1, 1, 20, 20)
         rows = model(ids, torch.arange(20).expand(2, -1), causal)  # every row one document

@@ -11,14 +11,17 @@ from mizzen_ci import register_cpu_ci
 register_cpu_ci(est_time=45, labels=["lora", "megatron", "distributed"])
 
 
-# slot ids per row ([b, s] with s = 5) and the routing kind they must take
+# slot ids per row ([b, s] with s = 5; the layer sees them row-major as one stream) and the
+# routing kind they must take
 LAYER_CASES = {
     # a row ending in base-only tokens, and a base-only row
-    "rows_with_base_tokens": ([[0] * 5, [1, 1, 1, -1, -1], [-1] * 5], "rows"),
-    # slot 1's rows not contiguous, a base-only row between them
-    "rows_not_contiguous": ([[1] * 5, [0] * 5, [-1] * 5, [1] * 5], "rows"),
-    # equal runs of rows per slot, in slot order: the per-slot sums are one reduction
-    "rows_equal_runs": ([[0] * 5, [0] * 5, [1] * 5, [1] * 5], "rows"),
+    "runs_with_base_tokens": ([[0] * 5, [1, 1, 1, -1, -1], [-1] * 5], "runs"),
+    # slot 1 in two runs (its gradients summed over both), a base-only row between them
+    "runs_not_contiguous": ([[1] * 5, [0] * 5, [-1] * 5, [1] * 5], "runs"),
+    # one run per slot, in slot order
+    "runs_in_slot_order": ([[0] * 5, [0] * 5, [1] * 5, [1] * 5], "runs"),
+    # one slot in a run after base-only tokens
+    "one_slot_after_base_tokens": ([[-1, -1, 0, 0, 0], [0] * 5], "runs"),
     # one slot, every token
     "single": ([[0] * 5, [0] * 5], "single"),
 }
@@ -62,7 +65,8 @@ def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
             lora_b[:, :rank] = torch.randn(lora_b.shape[0], rank)
             factors[slot] = (torch.nn.Parameter(lora_a), torch.nn.Parameter(lora_b))
             layer.attach(slot, *factors[slot])
-        x = torch.randn(5, rows, layer.a_local_shape[1], requires_grad=True)  # [s, b, in]
+        # the packed stream as megatron holds it: [tokens, 1, in], the rows end to end
+        x = torch.randn(rows * 5, 1, layer.a_local_shape[1], requires_grad=True)
         routing = build_routing(slot_ids, scales, dtype=torch.float32, device=torch.device("cpu"))
         assert routing.kind == kind, (routing.kind, kind)
         with routing_state.use(routing):
@@ -79,15 +83,13 @@ def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
             for s, f in factors.items()
         }
         weight = base.weight.detach().double()
-        ref = torch.einsum("sbi,oi->sbo", x64, weight) + base.bias.detach().double()
+        ref = torch.einsum("tbi,oi->tbo", x64, weight) + base.bias.detach().double()
         deltas = torch.zeros_like(ref)
-        for row in range(rows):
-            for pos in range(5):
-                slot = int(slot_ids[row, pos])
-                if slot < 0:
-                    continue
-                lora_a, lora_b = ref_factors[slot]
-                deltas[pos, row] = scales[slot] * (lora_b @ (lora_a @ x64[pos, row]))
+        for token, slot in enumerate(slot_ids.reshape(-1).tolist()):
+            if slot < 0:
+                continue
+            lora_a, lora_b = ref_factors[slot]
+            deltas[token, 0] = scales[slot] * (lora_b @ (lora_a @ x64[token, 0]))
         ref = ref + deltas
         ref.backward(grad_out.double())
         errors[f"{mode}.out"] = (out.double() - ref).abs().max().item()
@@ -109,12 +111,20 @@ def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
     return errors
 
 
-def test_a_row_holding_two_slots_is_refused_by_routing():
-    from mizzen_train.routing import build_routing
+def test_routing_cuts_the_stream_into_runs_of_one_slot():
+    from mizzen_train.routing import TokenRun, build_routing
 
-    slot_ids = torch.tensor([[0, 0, -1], [1, 0, 1]])
-    with pytest.raises(ValueError, match="row 1 holds more than one slot"):
-        build_routing(slot_ids, {0: 1.0, 1: 1.0}, dtype=torch.float32, device="cpu")
+    slot_ids = torch.tensor([[3, 3, -1], [1, 1, 3]])  # slots 1 and 3: blocks 0 and 1
+    routing = build_routing(slot_ids, {1: 0.5, 3: 2.0}, dtype=torch.float32, device="cpu")
+    assert routing.kind == "runs" and routing.slots == (1, 3)
+    assert routing.runs == (
+        TokenRun(0, 2, 1), TokenRun(2, 3, -1), TokenRun(3, 5, 0), TokenRun(5, 6, 1)
+    )  # fmt: skip
+    assert routing.block_runs(1) == (TokenRun(0, 2, 1), TokenRun(5, 6, 1))
+    assert routing.token_scales.view(-1).tolist() == [2.0, 2.0, 0.0, 0.5, 0.5, 2.0]
+    assert build_routing(torch.full((2, 3), -1), {}, dtype=torch.float32, device="cpu") is None
+    single = build_routing(torch.full((2, 3), 3), {3: 2.0}, dtype=torch.float32, device="cpu")
+    assert single.kind == "single" and single.runs is None
 
 
 @pytest.mark.parametrize("case", sorted(LAYER_CASES))
@@ -129,7 +139,7 @@ def test_slotted_layers_match_dense_reference(kit, case):
 
 def _mixed_rows_scenario(kit, row_slots: list[int]) -> dict[str, float]:
     """Gradients of every slot of a mixed micro-batch (accumulated into megatron's main_grad
-    by the rows path) against each slot's rows run alone (one row per micro-batch: the single
+    by the runs path) against each slot's rows run alone (one row per micro-batch: the single
     path, ordinary autograd)."""
     import dataclasses
 
@@ -254,7 +264,7 @@ def test_dp2_equals_dp1(kit):
         assert torch.allclose(result["logprobs"], single["logprobs"], atol=1e-5)
 
 
-# micro-batches of 2 rows hold one slot each (the single path); of 4, both slots (the rows path)
+# micro-batches of 2 rows hold one slot each (the single path); of 4, both slots (the runs path)
 @pytest.mark.parametrize("micro_batch_size", [2, 4], ids=["one_slot_per_micro_batch", "mixed"])
 def test_tp2_equals_tp1(kit, micro_batch_size):
     (single,) = kit.run_ranks(_train_scenario, args=(kit, micro_batch_size))

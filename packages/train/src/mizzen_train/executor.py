@@ -17,20 +17,22 @@ and then serves, on every rank in the same order:
 - :meth:`~SlotExecutor.optim_step` — :func:`~mizzen_train.slot_optimizer.step_slot_optimizers`
   over ``{slot: AdamParams}``.
 
-Model inputs.  A micro-batch holding at most one slot becomes one packed stream: its real tokens
-(segment id >= 0; every token of unsegmented rows), ``input_ids`` ``[1, T]``, positions restarting
-per segment, and a :class:`~mizzen_train.packed_attention.PackedStream` (megatron's
-``PackedSeqParams``, ``qkv_format="thd"``, ``cu_seqlens``) as ``packed_seq_params``; the model's
+Model inputs.  Every micro-batch becomes one packed stream: its real tokens (segment id >= 0; every
+token of unsegmented rows), ``input_ids`` ``[1, T]``, positions restarting per segment, and a
+:class:`~mizzen_train.packed_attention.PackedStream` (megatron's ``PackedSeqParams``,
+``qkv_format="thd"``, ``cu_seqlens``) as ``packed_seq_params``; the model's
 :class:`~mizzen_train.packed_attention.PackedCoreAttention` runs document-causal attention over it.
-A micro-batch holding several slots keeps its ``[b, s]`` rows (per-row LoRA routing) and hands
-attention the same stream through ``token_index``.  No dense mask is built anywhere.
+A micro-batch holding several slots is routed per run of the stream
+(:mod:`mizzen_train.routing`): padding is never computed, whatever the slots.  No dense mask is
+built anywhere.
 
 Context parallel (``parallel_state``'s CP size ``C > 1``): the stream is padded and cut into
 ``2C`` chunks, rank ``r`` holding chunks ``r`` and ``2C-1-r``
 (:func:`mizzen_plugins.context_parallel.shard_packed_stream`, load-balanced); keys and values are
 all-gathered (their gradients returned to their owners), each rank's loss covers its tokens, the
 loss report sums over data-parallel x context-parallel ranks and so do the slots' gradients
-(megatron's DDP reduces over that group); a micro-batch must then hold one slot.
+(megatron's DDP reduces over that group); the routing is built on each rank's share of the
+stream, so a micro-batch may hold several slots under CP too.
 
 Packing: :attr:`SlotLossReport.packing_efficiency` (per slot) and :attr:`SlotExecutor.last_packing`
 (the request) give real tokens over token slots.
@@ -117,16 +119,15 @@ class _LoadedSlot:
 
 @dataclass
 class _ModelInputs:
-    #: ``[1, T]`` (the packed stream of the micro-batch's real tokens, this CP rank's share) or
-    #: ``[b, s]`` (rows: a micro-batch holding several slots, per-row LoRA routing).
+    #: ``[1, T]``: the packed stream of the micro-batch's real tokens (this CP rank's share).
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     target_ids: torch.Tensor
     packed: PackedStream
     routing: SlotRouting | None
     #: Host ``[T]`` index into the micro-batch's flattened ``[b * s + 1]`` tokens (``b * s``: the
-    #: context-parallel pad sentinel) of every stream token; ``None`` in rows mode.
-    gather: torch.Tensor | None
+    #: context-parallel pad sentinel) of every stream token.
+    gather: torch.Tensor
     #: Real (non-padding) tokens of the micro-batch (before any context-parallel split).
     real_tokens: int
     #: Host ``[real_tokens]`` row-major index of the whole stream's tokens into ``[b * s]``.
@@ -134,8 +135,6 @@ class _ModelInputs:
 
     def take(self, tensor: torch.Tensor, fill: float | int | bool = 0) -> torch.Tensor:
         """A host ``[b, s]`` tensor laid out like the model input (pads hold ``fill``)."""
-        if self.gather is None:
-            return tensor
         flat = tensor.reshape(-1)
         flat = torch.cat([flat, flat.new_full((1,), fill)])
         return flat.index_select(0, self.gather).view(1, -1)
@@ -444,7 +443,6 @@ class SlotExecutor:
         )
         slots = sorted({slot for slot in row_slots if slot >= 0})
         losses = resolve_losses(loss_fn, slots, batch)
-        self._check_context_parallel_rows(row_slots)
         with self._mutating("forward_backward"):
             return self._forward_backward(batch, slots, losses)
 
@@ -455,7 +453,7 @@ class SlotExecutor:
         data-parallel rank computes its rows; one all-gather joins them).  Use it for the
         ``old_logprobs`` of a policy-gradient request, or to evaluate."""
         self._check_usable("forward_logprobs")
-        row_slots = check_batch(
+        check_batch(
             batch,
             dp_size=self.dp_size,
             micro_batch_size=self.config.micro_batch_size,
@@ -464,7 +462,6 @@ class SlotExecutor:
             vocab_size=self.model.vocab_size,
             max_sequence_length=self.model.max_sequence_length,
         )
-        self._check_context_parallel_rows(row_slots)
         with self._mutating("forward_logprobs"), torch.no_grad():
             local = batch.rows_for(self.dp_rank, self.dp_size)
             size = self.config.micro_batch_size
@@ -538,32 +535,12 @@ class SlotExecutor:
             )
         return reports
 
-    def _check_context_parallel_rows(self, row_slots: list[int]) -> None:
-        """Under context parallelism every micro-batch must be one packed stream: one slot."""
-        if self.cp_size == 1:
-            return
-        size = self.config.micro_batch_size
-        for start in range(0, len(row_slots), size):
-            present = {s for s in row_slots[start : start + size] if s >= 0}
-            if len(present) > 1:
-                raise SlotConfigError(
-                    "batch.slot_ids",
-                    sorted(present),
-                    f"rows {start}..{start + size - 1} form one micro-batch holding several "
-                    "slots; under context parallelism a micro-batch is one packed stream split "
-                    "over the CP ranks, and a stream runs one slot's adapter",
-                    "give each slot a multiple of micro_batch_size rows (or micro_batch_size=1)",
-                )
-
     def _model_inputs(self, rows: SlotBatch) -> _ModelInputs:
         """The micro-batch as model inputs: one packed stream of its real tokens (``[1, T]``,
-        this CP rank's load-balanced share) when it holds at most one slot, else its rows."""
+        this CP rank's load-balanced share), routed per run of slot."""
         slot_ids = rows.slot_ids.to(torch.int64)
         present = sorted({int(s) for s in torch.unique(slot_ids).tolist() if s >= 0})
-        real = real_token_mask(rows)
-        index, lengths = stream_segments(rows, real)
-        if len(present) > 1:
-            return self._row_inputs(rows, present, index, lengths)
+        index, lengths = stream_segments(rows, real_token_mask(rows))
         return self._stream_inputs(rows, present, index, lengths)
 
     def _slot_routing(self, slot_ids: torch.Tensor, present: list[int]) -> SlotRouting | None:
@@ -600,7 +577,7 @@ class SlotExecutor:
             input_ids=torch.empty(0),
             position_ids=torch.empty(0),
             target_ids=torch.empty(0),
-            packed=self._packed_stream(stream_layout, positions, shard, "thd"),
+            packed=self._packed_stream(stream_layout, positions, shard),
             routing=None,
             gather=gather,
             real_tokens=layout.num_tokens,
@@ -615,39 +592,12 @@ class SlotExecutor:
         inputs.position_ids = position_ids.to(device=device, dtype=torch.int64)
         return inputs
 
-    def _row_inputs(
-        self, rows: SlotBatch, present: list[int], index: torch.Tensor, lengths: list[int]
-    ) -> _ModelInputs:
-        from mizzen_plugins.thd import PackedLayout
-
-        device = self.device
-        layout = PackedLayout.from_lengths(lengths)
-        packed = self._packed_stream(layout, layout.positions, None, "sbhd")
-        packed.token_index = index.to(device)
-        position_ids = rows.position_ids
-        if position_ids is None:
-            segments = rows.segment_ids
-            if segments is None:
-                position_ids = torch.arange(rows.seq_len).unsqueeze(0).expand(rows.rows, -1)
-            else:
-                position_ids = segment_positions(segments)
-        return _ModelInputs(
-            input_ids=rows.input_ids.to(device=device, dtype=torch.int64),
-            position_ids=position_ids.to(device=device, dtype=torch.int64),
-            target_ids=rows.target_ids.to(device=device, dtype=torch.int64),
-            packed=packed,
-            routing=self._slot_routing(rows.slot_ids.to(torch.int64), present),
-            gather=None,
-            real_tokens=layout.num_tokens,
-            stream_index=index,
-        )
-
-    def _packed_stream(self, layout, positions, shard, qkv_format: str) -> PackedStream:
+    def _packed_stream(self, layout, positions, shard) -> PackedStream:
         return packed_stream(
             layout,
             device=self.device,
             positions=positions,
-            qkv_format=qkv_format,
+            qkv_format="thd",
             cp_shard=shard,
             cp_group=parallel_state.get_context_parallel_group() if shard is not None else None,
             impl=self.attention_impl,
@@ -656,8 +606,6 @@ class SlotExecutor:
     def _to_rows(self, values: torch.Tensor, inputs: _ModelInputs, rows: SlotBatch) -> torch.Tensor:
         """Per-token values shaped like the model input back to the micro-batch's ``[b, s]``
         (the whole stream under context parallelism; padding positions hold 0)."""
-        if inputs.gather is None:
-            return values
         flat = values.reshape(-1)
         shard = inputs.packed.cp_shard
         if shard is not None:

@@ -19,27 +19,27 @@ on every TP rank (no extra reduction).
 
 A plain ``torch.nn.Linear`` (the layers of plugin models, :mod:`mizzen_train.plugin_models`) is
 wrapped in ``"local"`` mode: no tensor parallelism (both factors whole), its output a tensor (not
-megatron's ``(output, bias)`` pair), and its input the ``[T, in]`` token stream of the micro-batch's
-``b`` rows laid end to end (row-major ``[b, s]``): the *rows* routing views it as megatron's
-``[s, b, in]`` and runs the same kernels, so the delta and the gradients are the parallel path's.
-megatron-core's local GPT spec holds no plain ``nn.Linear``, so its models wrap exactly as before.  Factors are initialised or imported as *full* tensors from
+megatron's ``(output, bias)`` pair); it reads the same packed stream (``[T, in]``) and runs the
+same kernels as the parallel path.  megatron-core's local GPT spec holds no plain ``nn.Linear``,
+so its models wrap exactly as before.  Factors are initialised or imported as *full* tensors from
 a seeded host generator and then sliced, so a slot is the same adapter at TP=1 and TP=2.
 
 Invariants:
 - The base layer's parameters are untouched; its forward runs unchanged and the delta is added to
   its output (a skipped bias stays skipped).  Without a current routing a slotted layer is exactly
   its base layer.
-- Slot ``k``'s factors see only slot ``k``'s rows (see :mod:`mizzen_train.routing`): each row
-  multiplies by its own slot's factors (:class:`_FactorRows` picks them, one ``bmm`` over rows),
-  and in backward the per-row factor gradients are summed per slot over that slot's rows only,
-  in row order — no atomic scatter-add, so gradients are deterministic and the TP-replicated
-  factors cannot drift apart between ranks through reduction order.
-- A factor with a ``main_grad`` (its slot's megatron DDP buffer) receives its per-slot sum
-  (in fp32) added straight into ``main_grad`` by :class:`_FactorRows`' backward, every slot of
-  the micro-batch in one multi-tensor add, and no ``.grad`` (megatron's own gradient
-  accumulation fusion does the same); this is sound because ``overlap_grad_reduce`` is refused
-  (:mod:`mizzen_train.validation`), so the buffers are reduced only after the whole backward.
-  A factor without one gets an ordinary gradient.
+- Slot ``k``'s factors see only slot ``k``'s tokens (see :mod:`mizzen_train.routing`): each run
+  of the stream multiplies by its own slot's factors (:class:`_RunsDelta`, slices of the stream),
+  and in backward a slot's factor gradients are summed over that slot's runs only, in stream
+  order -- no atomic scatter-add, so gradients are deterministic and the TP-replicated factors
+  cannot drift apart between ranks through reduction order.
+- Under the *runs* kind a factor with a ``main_grad`` (its slot's megatron DDP buffer) receives
+  its per-slot sum (in fp32) added straight into ``main_grad``, every slot of the micro-batch in
+  one multi-tensor add, and no ``.grad`` (megatron's own gradient accumulation fusion does the
+  same); this is sound because ``overlap_grad_reduce`` is refused (:mod:`mizzen_train.validation`),
+  so the buffers are reduced only after the whole backward.  The *single* kind is plain autograd
+  (``.grad``, reduced by DDP's hooks into ``main_grad``).  A factor without one gets an ordinary
+  gradient.
 - Plain ``state_dict`` keys of a wrapped layer gain ``.base``; ``sharded_state_dict`` (megatron
   distributed checkpoints) keeps the base layer's keys.  Load base weights before wrapping.
 """
@@ -191,20 +191,24 @@ class SlottedLoRALinear(torch.nn.Module):
 
     def forward(self, input_: torch.Tensor, *args, **kwargs):
         if self.parallel_mode == "local":
-            return self._forward_local(input_)
+            output = self.base(input_)
+            return self._with_delta(output, input_)
         output, bias = self.base(input_, *args, **kwargs)
+        return self._with_delta(output, input_), bias
+
+    def _with_delta(self, output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The base output plus the routed slots' deltas (the base output alone without a
+        routing).  ``x`` and ``output`` hold the micro-batch's packed stream in any leading shape
+        (megatron's ``[T, 1, h]``, a plugin's ``[T, h]``): tokens are read in row-major order."""
         routing = self._routing.current
         if routing is None:
-            return output, bias
-        if routing.row_blocks is not None and routing.token_mask is None:
-            # rows kind, every token routed: the delta is added into the base output in place
-            factors = [self._adapters[slot] for slot in routing.slots]
-            a = [lora_a for lora_a, _ in factors]
-            b = [lora_b for _, lora_b in factors]
-            return _RowsDelta.apply(output, input_, self, routing, len(a), *a, *b), bias
-        if routing.row_blocks is None:
-            return self._add_single_delta(output, input_, routing), bias
-        return output + self._delta(input_, routing), bias
+            return output
+        if routing.runs is None:
+            return self._add_single_delta(output, x, routing)
+        factors = [self._adapters[slot] for slot in routing.slots]
+        a = [lora_a for lora_a, _ in factors]
+        b = [lora_b for _, lora_b in factors]
+        return _RunsDelta.apply(output, x, self, routing, len(a), *a, *b)
 
     def _add_single_delta(
         self, output: torch.Tensor, x: torch.Tensor, routing: SlotRouting
@@ -219,49 +223,6 @@ class SlottedLoRALinear(torch.nn.Module):
         )
         return summed.view(output.shape)
 
-    def _forward_local(self, x: torch.Tensor) -> torch.Tensor:
-        """A plain linear's output plus the delta; ``x`` is ``[T, in]``, ``T = b * s`` tokens of
-        the routing's ``b`` rows end to end (see the module docstring)."""
-        output = self.base(x)
-        routing = self._routing.current
-        if routing is None:
-            return output
-        if routing.row_blocks is None:  # single kind: every token, no layout needed
-            return self._add_single_delta(output, x, routing)
-        rows = len(routing.row_blocks)
-        if x.dim() != 2 or x.shape[0] % rows:
-            raise ValueError(
-                f"{self.key}: a plain linear under a rows routing takes [b * s, in] tokens of "
-                f"{rows} rows, got {tuple(x.shape)}"
-            )
-        seq = x.shape[0] // rows
-        x_sb = x.view(rows, seq, -1).transpose(0, 1)  # megatron's [s, b, in], a view
-        out_sb = output.view(rows, seq, -1).transpose(0, 1)
-        if routing.token_mask is None:
-            factors = [self._adapters[slot] for slot in routing.slots]
-            a = [lora_a for lora_a, _ in factors]
-            b = [lora_b for _, lora_b in factors]
-            result = _RowsDelta.apply(out_sb, x_sb, self, routing, len(a), *a, *b)
-        else:
-            result = out_sb + self._delta(x_sb, routing)
-        return result.transpose(0, 1).reshape(output.shape)
-
-    def _delta(self, x: torch.Tensor, routing: SlotRouting) -> torch.Tensor:
-        factors = [self._adapters[slot] for slot in routing.slots]
-        if routing.row_blocks is None:  # single kind: one slot, every token
-            (lora_a, lora_b), scale = factors[0], routing.scales[0]
-            hidden = self._tp_region(torch.matmul(x, lora_a.t()))
-            return torch.matmul(hidden * scale, lora_b.t())
-        # rows kind: bmm over megatron's batch axis, activations read in place
-        lora_a = _FactorRows.apply(routing, *(a for a, _ in factors))  # [b, r, in]
-        lora_b = _FactorRows.apply(routing, *(b for _, b in factors))  # [b, out, r]
-        hidden = self._tp_region(torch.bmm(x.transpose(0, 1), lora_a.transpose(1, 2)))
-        hidden = hidden * routing.row_scales.view(-1, 1, 1)
-        delta = torch.bmm(hidden, lora_b.transpose(1, 2)).transpose(0, 1)  # [s, b, out] view
-        if routing.token_mask is not None:
-            delta = torch.where(routing.token_mask, delta, 0.0)
-        return delta
-
     def _tp_region(self, hidden: torch.Tensor) -> torch.Tensor:
         """``h = A x`` across tensor parallelism (see the module docstring's table)."""
         if self.parallel_mode == "local":
@@ -274,122 +235,110 @@ class SlottedLoRALinear(torch.nn.Module):
         return f"key={self.key}, mode={self.parallel_mode}, max_rank={self.max_rank}"
 
 
-class _RowsDelta(torch.autograd.Function):
-    """``output[:, i] += scale_i * (x[:, i] A_i^T) B_i^T`` for every batch row ``i`` of a
-    micro-batch whose tokens are all routed, each row with its own slot's factors.
+class _RunsDelta(torch.autograd.Function):
+    """``output[run] + scale_k * (x[run] A_k^T) B_k^T`` for every run of the stream, each with its
+    own slot's factors; base-only runs pass the base output through.
 
-    One node instead of a chain: the factors of each row are stacked once, ``h = A x`` is one
-    ``bmm`` over the batch axis reading megatron's ``[s, b, in]`` activations in place, and the
-    second is a ``baddbmm`` of the base output writing its ``[s, b, out]`` result directly (no
-    batch-major delta added back through a transposed view, which runs as a slow strided
-    elementwise kernel).  Backward writes the input gradient in ``[s, b, in]`` layout, does the
-    tensor-parallel communication on ``h`` of the module docstring's table, and hands the
-    per-row factor gradients to :func:`_accumulate_factor_grads`.
+    One node: ``h = A x`` is one GEMM per run written into one ``[T, r]`` buffer (so the
+    tensor-parallel communication of the module docstring's table is one collective over all
+    runs), the token scales one multiply, and the second GEMM an ``addmm`` per run writing the
+    result's rows directly.  Backward computes the input gradient run by run into one buffer and
+    each factor's gradient as the fp32 sum over its slot's runs only (see
+    :func:`_deliver_factor_grads`).
     """
 
     @staticmethod
     def forward(ctx, output, x, layer, routing: SlotRouting, count: int, *factors):
         a_factors, b_factors = factors[:count], factors[count:]
-        blocks = routing.row_blocks
-        a_rows = torch.stack([a_factors[block] for block in blocks])  # [b, r, in]
-        b_rows = torch.stack([b_factors[block] for block in blocks])  # [b, out, r]
-        hidden = torch.bmm(x.transpose(0, 1), a_rows.transpose(1, 2))  # [b, s, r]
+        x2 = x.reshape(-1, x.shape[-1])
+        out2 = output.reshape(-1, output.shape[-1])
+        hidden = x2.new_empty(x2.shape[0], a_factors[0].shape[0])
+        for run in routing.runs:
+            rows = slice(run.start, run.stop)
+            if run.block < 0:
+                hidden[rows].zero_()
+            else:
+                torch.mm(x2[rows], a_factors[run.block].t(), out=hidden[rows])
         if layer.parallel_mode == "row" and layer.tp_size > 1:
             torch.distributed.all_reduce(hidden, group=layer.tp_group)
-        scaled = hidden * routing.row_scales.view(-1, 1, 1)
-        result = torch.empty_like(output, memory_format=torch.contiguous_format)
-        torch.baddbmm(
-            output.transpose(0, 1), scaled, b_rows.transpose(1, 2), out=result.transpose(0, 1)
-        )
-        ctx.save_for_backward(x, a_rows, b_rows, scaled)
-        ctx.layer, ctx.routing, ctx.factors = layer, routing, factors
-        return result
+        scaled = hidden * routing.token_scales
+        result = torch.empty_like(out2)
+        for run in routing.runs:
+            rows = slice(run.start, run.stop)
+            if run.block < 0:
+                result[rows].copy_(out2[rows])
+            else:
+                torch.addmm(out2[rows], scaled[rows], b_factors[run.block].t(), out=result[rows])
+        ctx.save_for_backward(x2, scaled)
+        ctx.layer, ctx.routing, ctx.factors, ctx.x_shape = layer, routing, factors, x.shape
+        return result.view(output.shape)
 
     @staticmethod
     def backward(ctx, grad_output):
-        x, a_rows, b_rows, scaled = ctx.saved_tensors
+        x2, scaled = ctx.saved_tensors
         layer, routing, factors = ctx.layer, ctx.routing, ctx.factors
-        grad_t = grad_output.transpose(0, 1)  # [b, s, out] view
-        grad_b_rows = torch.bmm(grad_t.transpose(1, 2), scaled)  # [b, out, r]
-        grad_hidden = torch.bmm(grad_t, b_rows) * routing.row_scales.view(-1, 1, 1)
+        count = len(factors) // 2
+        a_factors, b_factors = factors[:count], factors[count:]
+        grad2 = grad_output.reshape(-1, grad_output.shape[-1])
+        grad_hidden = scaled.new_empty(scaled.shape)
+        for run in routing.runs:
+            rows = slice(run.start, run.stop)
+            if run.block < 0:
+                grad_hidden[rows].zero_()
+            else:
+                torch.mm(grad2[rows], b_factors[run.block], out=grad_hidden[rows])
+        grad_hidden.mul_(routing.token_scales)
         if layer.parallel_mode == "column" and layer.tp_size > 1:
             torch.distributed.all_reduce(grad_hidden, group=layer.tp_group)
-        grad_a_rows = torch.bmm(grad_hidden.transpose(1, 2), x.transpose(0, 1))  # [b, r, in]
         grad_x = None
         if ctx.needs_input_grad[1]:
-            grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
-            torch.bmm(grad_hidden, a_rows, out=grad_x.transpose(0, 1))
-        count = len(factors) // 2
+            grad_x = x2.new_empty(x2.shape)
+            for run in routing.runs:
+                rows = slice(run.start, run.stop)
+                if run.block < 0:
+                    grad_x[rows].zero_()
+                else:
+                    torch.mm(grad_hidden[rows], a_factors[run.block], out=grad_x[rows])
+            grad_x = grad_x.view(ctx.x_shape)
         needs = ctx.needs_input_grad[5:]
-        grads_a = _accumulate_factor_grads(routing, grad_a_rows, factors[:count], needs[:count])
-        grads_b = _accumulate_factor_grads(routing, grad_b_rows, factors[count:], needs[count:])
+        sums_a = _per_slot_sums(routing, needs[:count], lambda r: grad_hidden[r].t() @ x2[r])
+        sums_b = _per_slot_sums(routing, needs[count:], lambda r: grad2[r].t() @ scaled[r])
+        grads_a = _deliver_factor_grads(a_factors, sums_a)
+        grads_b = _deliver_factor_grads(b_factors, sums_b)
         return (grad_output, grad_x, None, None, None, *grads_a, *grads_b)
 
 
-def _accumulate_factor_grads(
-    routing: SlotRouting,
-    row_grads: torch.Tensor,
-    factors: Sequence[torch.Tensor],
-    needs: Sequence[bool],
+def _per_slot_sums(routing: SlotRouting, needs, product) -> list[torch.Tensor | None]:
+    """Per slot, ``product(rows)`` summed over the slot's runs only, in stream order (fp32 when
+    a slot has several runs); None for a factor that needs no gradient."""
+    sums: list[torch.Tensor | None] = []
+    for block, need in enumerate(needs):
+        total = None
+        if need:
+            for run in routing.block_runs(block):
+                part = product(slice(run.start, run.stop))
+                total = part if total is None else total.float() + part
+        sums.append(total)
+    return sums
+
+
+def _deliver_factor_grads(
+    factors: Sequence[torch.Tensor], sums: Sequence[torch.Tensor | None]
 ) -> list[torch.Tensor | None]:
-    """Per-slot sums of per-row factor gradients (see :class:`_FactorRows`): added into each
-    factor's ``main_grad`` in one multi-tensor add, or returned for a factor without one."""
-    wanted = [bool(rows) and need for rows, need in zip(routing.block_rows, needs, strict=True)]
-    sums: list[torch.Tensor | None]
-    if routing.uniform_run is not None and all(wanted):
-        run = routing.uniform_run
-        stacked = row_grads.view(len(factors), run, *row_grads.shape[1:]).sum(
-            1, dtype=torch.float32
-        )
-        sums = list(stacked.unbind(0))
-    else:
-        sums = [
-            _rows_sum(row_grads, rows) if want else None
-            for rows, want in zip(routing.block_rows, wanted, strict=True)
-        ]
+    """Each slot's factor gradient: added (fp32) into its ``main_grad`` when it has one, all of
+    them in one multi-tensor add, else returned as its ``.grad`` (in the factor's dtype)."""
     into_main, into_sums, grads = [], [], []
     for factor, total in zip(factors, sums, strict=True):
         main_grad = getattr(factor, "main_grad", None)
         if total is not None and main_grad is not None:
             into_main.append(main_grad)
-            into_sums.append(total)
+            into_sums.append(total.float())
             grads.append(None)
         else:
             grads.append(None if total is None else total.to(factor.dtype))
     if into_main:
         torch._foreach_add_(into_main, into_sums)
     return grads
-
-
-class _FactorRows(torch.autograd.Function):
-    """``rows[i] = factors[routing.row_blocks[i]]`` (one factor per row of a batch), stacked.
-
-    A row of block ``-1`` (base only, masked out by the caller) borrows factor 0 and sends it no
-    gradient.  Backward sums the row gradients of each factor, in fp32, over exactly the rows
-    that use it, in row order: no scatter-add, so the sums are deterministic and a row of one
-    slot never adds into another slot's gradient; when the blocks are equal runs of rows (the
-    common case) all of them are one reduction.  Sums of factors that have a ``main_grad`` are
-    added into it in one multi-tensor add (see the module docstring); a factor no row uses gets
-    no gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, routing: SlotRouting, *factors):
-        ctx.routing = routing
-        ctx.factors = factors
-        return torch.stack([factors[max(block, 0)] for block in routing.row_blocks])
-
-    @staticmethod
-    def backward(ctx, grad):
-        needs = ctx.needs_input_grad[1:]
-        return (None, *_accumulate_factor_grads(ctx.routing, grad, ctx.factors, needs))
-
-
-def _rows_sum(grad: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
-    """fp32 sum of ``grad`` over ``rows`` (ascending), a view when they are contiguous."""
-    if rows[-1] - rows[0] + 1 == len(rows):
-        return grad[rows[0] : rows[-1] + 1].sum(0, dtype=torch.float32)
-    return grad[list(rows)].sum(0, dtype=torch.float32)
 
 
 def apply_slotted_lora(

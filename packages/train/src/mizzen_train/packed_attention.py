@@ -19,14 +19,14 @@ way are the same function.
 
 :class:`PackedStream` is megatron's ``PackedSeqParams`` (``qkv_format``, ``cu_seqlens_q/kv``,
 ``max_seqlen_q/kv``) plus what the kernels reuse across layers: the host-side
-:class:`~mizzen_plugins.thd.PackedLayout` (bucket plans are cached on it), the stream's token
-index into the ``[b, s]`` rows (padding left out), the rope positions, and the context-parallel
-shard.  A plain ``PackedSeqParams`` works too (layout and positions are derived from
+:class:`~mizzen_plugins.thd.PackedLayout` (bucket plans are cached on it), the rope positions, and
+the context-parallel shard.  A plain ``PackedSeqParams`` works too (layout and positions are derived from
 ``cu_seqlens_q``, one host read).
 
 Invariants:
-- A query attends only to earlier-or-equal tokens of its own segment; tokens outside the stream
-  (padding rows' positions under ``token_index``) get a zero output and send no gradient.
+- A query attends only to earlier-or-equal tokens of its own segment.  Rows
+  (``[s, b, heads, dim]``) are read row-major as one stream whose segments must cover every
+  token (the executor hands the packed stream; rows are for callers without one).
 - Rotary positions restart at 0 at every segment start (under context parallelism: the positions
   of the rank's tokens in the global stream's segments).
 - No dense ``[s, s]`` mask is ever built; ``attention_mask`` must be ``None``.
@@ -57,9 +57,6 @@ class PackedStream(PackedSeqParams):
 
     #: Segments of the stream this rank's attention sees (the global padded stream under CP).
     layout: Any = None
-    #: ``[tokens]`` row-major index of each stream token into the ``[b * s]`` rows when the model
-    #: input is ``[b, s]`` (``None``: the input already is the ``[1, tokens]`` stream).
-    token_index: torch.Tensor | None = None
     #: ``[local tokens]`` rotary position of each token (restarting per segment).
     positions: torch.Tensor | None = None
     #: :class:`mizzen_plugins.context_parallel.CPShard` of this rank, ``None`` without CP.
@@ -108,7 +105,6 @@ def packed_stream(
     device: torch.device | str,
     positions: torch.Tensor | None = None,
     qkv_format: str = "thd",
-    token_index: torch.Tensor | None = None,
     cp_shard: Any = None,
     cp_group: Any = None,
     impl: str | None = None,
@@ -125,7 +121,6 @@ def packed_stream(
         max_seqlen_q=layout.max_seqlen,
         max_seqlen_kv=layout.max_seqlen,
         layout=on_device,
-        token_index=None if token_index is None else token_index.to(device),
         positions=(on_device.positions if positions is None else positions.to(device)),
         cp_shard=cp_shard,
         cp_group=cp_group,
@@ -214,13 +209,20 @@ class PackedCoreAttention(MegatronModule):
         if rows:
             seq_len, batch = query.shape[:2]
             params = packed_seq_params or rows_stream(batch, seq_len)
-            query, key, value = (self._rows_to_stream(t, params) for t in (query, key, value))
+            query, key, value = (self._rows_to_stream(t) for t in (query, key, value))
         else:
             if packed_seq_params is None:
                 raise ValueError("a [tokens, heads, dim] input needs packed_seq_params")
             params = packed_seq_params
         if not isinstance(params, PackedStream):
             params = _as_stream(params)
+        if rows and params.stream_layout().num_tokens != query.shape[0]:
+            raise ValueError(
+                f"packed_seq_params' segments cover {params.stream_layout().num_tokens} tokens "
+                f"but the [s, b] rows hold {query.shape[0]}: rows are one stream, row-major, "
+                "so the segments must cover every token (pack the real tokens into a [1, T] "
+                "stream to leave padding out)"
+            )
         if self.inv_freq is not None:
             if self.inv_freq.device != query.device:
                 self.inv_freq = self.inv_freq.to(query.device)
@@ -228,7 +230,7 @@ class PackedCoreAttention(MegatronModule):
             query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
         out = self._attend(query, key, value, params)
         if rows:
-            return self._stream_to_rows(out, params, seq_len, batch)
+            return self._stream_to_rows(out, seq_len, batch)
         return out.reshape(out.shape[0], -1)
 
     def _attend(self, q, k, v, params: PackedStream) -> torch.Tensor:
@@ -254,23 +256,14 @@ class PackedCoreAttention(MegatronModule):
         return causal_thd_attention(q, k, v, layout, scale=self.softmax_scale, impl=impl)
 
     @staticmethod
-    def _rows_to_stream(t: torch.Tensor, params: PackedStream) -> torch.Tensor:
+    def _rows_to_stream(t: torch.Tensor) -> torch.Tensor:
         seq_len, batch = t.shape[:2]
-        flat = t.transpose(0, 1).reshape(batch * seq_len, *t.shape[2:])
-        if params.token_index is None:
-            return flat
-        return flat.index_select(0, params.token_index.to(t.device))
+        return t.transpose(0, 1).reshape(batch * seq_len, *t.shape[2:])
 
     @staticmethod
-    def _stream_to_rows(
-        out: torch.Tensor, params: PackedStream, seq_len: int, batch: int
-    ) -> torch.Tensor:
+    def _stream_to_rows(out: torch.Tensor, seq_len: int, batch: int) -> torch.Tensor:
         width = out.shape[1] * out.shape[2]
-        out = out.reshape(out.shape[0], width)
-        if params.token_index is not None:
-            full = out.new_zeros(batch * seq_len, width)
-            out = full.index_copy(0, params.token_index.to(out.device), out)
-        return out.view(batch, seq_len, width).transpose(0, 1).contiguous()
+        return out.reshape(batch, seq_len, width).transpose(0, 1).contiguous()
 
 
 def _as_stream(params: PackedSeqParams) -> PackedStream:

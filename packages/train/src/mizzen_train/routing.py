@@ -1,26 +1,28 @@
-"""Per-row slot routing of a micro-batch, so every LoRA layer runs one batched GEMM pair.
+"""Per-token slot routing of a micro-batch's packed stream, so every LoRA layer reads one plan.
 
-The executor's batch rule (:func:`mizzen_train.validation.check_batch`) lets a row hold one slot's
-tokens and base-only tokens (``-1``), never two slots: attention mixes a row's tokens.  So a
-micro-batch's ``slot_ids`` (``[b, s]``) becomes a :class:`SlotRouting` of one of two kinds:
+The executor hands the model one packed stream per micro-batch (its real tokens end to end, see
+:mod:`mizzen_train.executor`), whatever slots it holds; the executor's batch rule
+(:func:`mizzen_train.validation.check_batch`) lets a row hold one slot's tokens and base-only
+tokens (``-1``), never two slots, so a slot's tokens form a few long runs of the stream.  A
+micro-batch's per-token slot ids become a :class:`SlotRouting` of one of two kinds:
 
-- *single*: one slot covers every token; layers multiply the whole input by that slot's factors.
-- *rows*: anything else; each row multiplies by its own slot's factors, one ``bmm`` over the batch
-  axis of megatron's ``[s, b, h]`` activations, read in place (no gather, no scatter), and
-  base-only tokens and rows get their delta replaced by an exact zero.
+- *single*: one slot covers every token; layers multiply the whole stream by its factors.
+- *runs*: anything else; the stream is cut into maximal runs of one slot (or of base-only
+  tokens), and a layer multiplies each run by its own slot's factors (slices of the stream, no
+  gather, no scatter); base-only runs get no delta at all.
 
 Every slotted layer of one forward pass reads the same routing from the shared
 :class:`RoutingState`.
 
 Invariants:
-- A slot's factors see only its own rows, forward and backward: per-row factor gradients are
-  summed per slot over that slot's rows only (:class:`mizzen_train.lora._FactorRows`), and
-  base-only tokens are masked with ``where`` (not a multiply), so a non-finite value of one slot
-  can never reach another slot, and base-only tokens receive an exact zero delta.
-- Built on the host from host tensors (no device synchronisation); the few device tensors are
-  moved once per micro-batch and shared by all layers.
-- A row holding two slots is refused (``ValueError``): the executor validates batches before
-  routing them, so this is a broken caller, not bad user input.
+- A slot's factors see only its own tokens, forward and backward: a run belongs to one slot and
+  the factor gradients of a slot are sums over its runs only (in run order: deterministic, no
+  atomic scatter-add), so a non-finite value of one slot can never reach another slot, and
+  base-only tokens receive no delta (not a delta multiplied by zero).
+- The runs cover the stream exactly once, in order; a slot's scale is in ``token_scales`` at each
+  of its tokens (0 at base-only tokens).
+- Built on the host from host tensors (no device synchronisation); the device tensors are moved
+  once per micro-batch and shared by all layers.
 """
 
 from __future__ import annotations
@@ -33,71 +35,72 @@ import torch
 
 
 @dataclass(frozen=True)
+class TokenRun:
+    """Stream tokens ``start .. stop - 1`` of one slot (``block`` indexes the routing's slots) or
+    base-only (``block == -1``)."""
+
+    start: int
+    stop: int
+    block: int
+
+
+@dataclass(frozen=True)
 class SlotRouting:
     #: The active slots, sorted; a block index names one of them.
     slots: tuple[int, ...]
     #: ``[len(slots)]`` adapter scale ``alpha / rank`` per active slot, in the model dtype.
     scales: torch.Tensor
-    #: *rows* kind: the block of every row, ``-1`` for base-only rows.  ``None``: single kind.
-    row_blocks: tuple[int, ...] | None = None
-    #: *rows* kind: ``[b]`` scale of every row's slot (0 for base-only rows), model dtype.
-    row_scales: torch.Tensor | None = None
-    #: *rows* kind: ``[s, b, 1]`` True for tokens routed to a slot; None: every token is.
-    token_mask: torch.Tensor | None = None
-    #: *rows* kind: the rows of each block, ascending (computed once per micro-batch).
-    block_rows: tuple[tuple[int, ...], ...] = ()
-    #: *rows* kind: ``n`` when block ``k`` is exactly rows ``k*n .. k*n+n-1`` for every block
-    #: (per-block sums are then one reduction over a ``[blocks, n, ...]`` view); else None.
-    uniform_run: int | None = None
+    #: *runs* kind: the stream's runs in order, covering it exactly.  ``None``: single kind.
+    runs: tuple[TokenRun, ...] | None = None
+    #: *runs* kind: ``[tokens, 1]`` the scale of each token's slot (0 at base-only tokens).
+    token_scales: torch.Tensor | None = None
 
     @property
     def kind(self) -> str:
-        return "single" if self.row_blocks is None else "rows"
+        return "single" if self.runs is None else "runs"
+
+    def block_runs(self, block: int) -> tuple[TokenRun, ...]:
+        """The runs of slot ``slots[block]``, in stream order."""
+        return tuple(run for run in self.runs or () if run.block == block)
 
 
 def build_routing(
-    slot_ids: torch.Tensor,
+    token_slots: torch.Tensor,
     scales: Mapping[int, float],
     *,
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> SlotRouting | None:
-    """Routing for one micro-batch; ``None`` when no token uses an adapter.
+    """Routing for one micro-batch's stream; ``None`` when no token uses an adapter.
 
-    ``slot_ids`` is the host tensor ``[b, s]``; ``scales`` maps every slot present to its scale.
+    ``token_slots`` is the host tensor of every stream token's slot (``-1``: base only), any
+    shape (read in row-major order); ``scales`` maps every slot present to its scale.
     """
-    slot_ids = slot_ids.to(torch.int64)
-    slots = tuple(int(s) for s in torch.unique(slot_ids).tolist() if s >= 0)
+    token_slots = token_slots.reshape(-1).to(torch.int64)
+    slots = tuple(int(s) for s in torch.unique(token_slots).tolist() if s >= 0)
     if not slots:
         return None
     scale_tensor = torch.tensor([scales[s] for s in slots], dtype=dtype).to(device)
-    routed = slot_ids >= 0
-    every_token_routed = bool(routed.all())
-    if len(slots) == 1 and every_token_routed:
+    if len(slots) == 1 and bool((token_slots >= 0).all()):
         return SlotRouting(slots, scale_tensor)
-
-    row_slot = slot_ids.max(dim=1).values  # the row's slot, or -1 for a base-only row
-    mixed = routed & (slot_ids != row_slot.unsqueeze(1))
-    if bool(mixed.any()):
-        row = int(mixed.any(dim=1).nonzero()[0])
-        raise ValueError(f"row {row} holds more than one slot: validate batches before routing")
     block_of = {slot: block for block, slot in enumerate(slots)}
-    per_row = [int(s) for s in row_slot.tolist()]
-    row_scales = torch.tensor([scales[s] if s >= 0 else 0.0 for s in per_row], dtype=dtype)
-    row_blocks = tuple(block_of.get(s, -1) for s in per_row)
-    block_rows = tuple(
-        tuple(row for row, b in enumerate(row_blocks) if b == block) for block in range(len(slots))
+    cuts = (token_slots[1:] != token_slots[:-1]).nonzero().view(-1) + 1
+    bounds = [0, *cuts.tolist(), token_slots.numel()]
+    firsts = token_slots.index_select(0, torch.tensor(bounds[:-1], dtype=torch.int64)).tolist()
+    runs = tuple(
+        TokenRun(start, stop, block_of.get(int(slot), -1))
+        for start, stop, slot in zip(bounds[:-1], bounds[1:], firsts, strict=True)
     )
-    run = len(row_blocks) // len(slots)
-    uniform = row_blocks == tuple(block for block in range(len(slots)) for _ in range(run))
+    # per token: 1 + its slot's block (0 for base-only tokens), indexing [0, scale of each slot]
+    lookup = torch.tensor([0.0, *(scales[s] for s in slots)], dtype=dtype)
+    token_blocks = torch.tensor([run.block + 1 for run in runs], dtype=torch.int64)
+    lengths = torch.tensor([run.stop - run.start for run in runs], dtype=torch.int64)
+    token_scales = lookup.index_select(0, token_blocks.repeat_interleave(lengths))
     return SlotRouting(
         slots=slots,
         scales=scale_tensor,
-        row_blocks=row_blocks,
-        row_scales=row_scales.to(device),
-        token_mask=None if every_token_routed else routed.t().unsqueeze(2).to(device),
-        block_rows=block_rows,
-        uniform_run=run if uniform else None,
+        runs=runs,
+        token_scales=token_scales.view(-1, 1).to(device),
     )
 
 

@@ -14,11 +14,6 @@ Which sequences a batch holds:
 
 - ``packed_seq_params`` (megatron's ``PackedSeqParams``, ``qkv_format="thd"``): ``input_ids`` is
   ``[1, T]`` and ``cu_seqlens_q_padded`` (else ``cu_seqlens_q``) delimits the sequences;
-- ``packed_seq_params`` with ``qkv_format="sbhd"`` and a ``token_index`` (the executor's rows mode,
-  several slots in one micro-batch): ``input_ids`` is ``[b, s]``, ``token_index`` the row-major
-  positions of the real tokens and ``cu_seqlens_q`` their sequences; every other run of positions
-  (padding) and every row boundary ends a sequence, so padding is a sequence of its own whose
-  logits nothing reads;
 - otherwise the dense mask (``[b or 1, 1, s, s]``, True = masked): a token starts a sequence when it
   may not see the token before it; the mask must then be exactly the document-causal mask of
   those sequences (causal inside a sequence, nothing across), else the call is refused -- a plugin
@@ -33,7 +28,6 @@ approximated; tensor parallelism is not supported (plain ``nn.Linear`` layers).
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -99,11 +93,9 @@ class PluginGPT(nn.Module):
 
 def _packed_cu_seqlens(params: Any, rows: int, seq: int) -> torch.Tensor:
     qkv_format = getattr(params, "qkv_format", "thd")
-    if qkv_format == "sbhd" and getattr(params, "token_index", None) is not None:
-        return _rows_cu_seqlens(params.token_index, params.cu_seqlens_q, rows, seq)
     if qkv_format != "thd":
         raise ValueError(
-            f"packed_seq_params.qkv_format={qkv_format!r}: only 'thd', or 'sbhd' with a token_index"
+            f"packed_seq_params.qkv_format={qkv_format!r}: only 'thd' (a [1, T] packed stream)"
         )
     if rows != 1:
         raise ValueError(f"packed (THD) input_ids must be [1, T], got [{rows}, {seq}]")
@@ -115,28 +107,6 @@ def _packed_cu_seqlens(params: Any, rows: int, seq: int) -> torch.Tensor:
             f"but input_ids holds {seq} tokens"
         )
     return cu_seqlens.to(torch.int64)
-
-
-def _rows_cu_seqlens(
-    token_index: torch.Tensor, cu_seqlens: torch.Tensor, rows: int, seq: int
-) -> torch.Tensor:
-    """``cu_seqlens`` over all ``rows * seq`` row-major positions: the real sequences (their
-    tokens at ``token_index``, delimited by ``cu_seqlens``), every gap between them and every row
-    boundary as sequence ends."""
-    index = token_index.to("cpu", torch.int64)
-    bounds = cu_seqlens.to("cpu", torch.int64).tolist()
-    cuts = {0, rows * seq, *range(seq, rows * seq, seq)}
-    for start, end in itertools.pairwise(bounds):
-        if end == start:
-            continue
-        first, last = int(index[start]), int(index[end - 1])
-        if last - first + 1 != end - start or first // seq != last // seq:
-            raise ValueError(
-                f"packed_seq_params.token_index: sequence {start}..{end} is not one contiguous run "
-                "of one row; a plugin model attends over whole runs only"
-            )
-        cuts.update((first, last + 1))
-    return torch.tensor(sorted(cuts), dtype=torch.int64, device=token_index.device)
 
 
 def cu_seqlens_from_mask(mask: torch.Tensor | None, rows: int, seq: int) -> torch.Tensor:
