@@ -105,11 +105,13 @@ def test_context_parallel_two_ranks_train_like_one(kit):
                 assert error < 1e-4, f"step {step} slot {slot}: {two[slot]} vs {one[slot]}"
         for slot, factors in single["weights"].items():
             for name, value in factors.items():
-                # Adam's first steps divide by sqrt(v): float noise in the gradient moves a
-                # weight by up to ~lr * 1e-3; the factors themselves are ~1e-1
+                # Adam's first steps divide by sqrt(v): float noise in the gradient (a CP
+                # rank's share of a slot is several runs of its stream, their gradients summed
+                # in another order than one rank's) moves a weight by up to ~lr * 1e-2; the
+                # factors themselves are ~1e-1
                 drift = (rank["weights"][slot][name] - value).abs().max().item()
                 worst_weight = max(worst_weight, drift / value.abs().max().item())
-                torch.testing.assert_close(rank["weights"][slot][name], value, rtol=1e-3, atol=1e-4)
+                torch.testing.assert_close(rank["weights"][slot][name], value, rtol=1e-3, atol=3e-4)
         # the same weights give the same log-probs; after training, the weights' float drift
         torch.testing.assert_close(rank["logprobs_before"], single["logprobs_before"])
         torch.testing.assert_close(

@@ -27,22 +27,24 @@ LAYER_CASES = {
 }
 
 
-def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
+def _layer_scenario(
+    slot_rows: list[list[int]], kind: str, small: int = 24, large: int = 40
+) -> dict[str, float]:
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    from mizzen_train.lora import SlottedLoRALinear
+    from mizzen_train.lora import SlottedLoRALinear, _grouped_gemms_apply
     from mizzen_train.routing import RoutingState, build_routing
 
     torch.manual_seed(0)
     config = ModelParallelConfig(use_cpu_initialization=True, params_dtype=torch.float32)
     bases = {
         "column": ColumnParallelLinear(
-            24, 40, config=config, init_method=torch.nn.init.normal_, bias=True
+            small, large, config=config, init_method=torch.nn.init.normal_, bias=True
         ),
         "row": RowParallelLinear(
-            40,
-            24,
+            large,
+            small,
             config=config,
             init_method=torch.nn.init.normal_,
             bias=True,
@@ -71,6 +73,9 @@ def _layer_scenario(slot_rows: list[list[int]], kind: str) -> dict[str, float]:
         assert routing.kind == kind, (routing.kind, kind)
         with routing_state.use(routing):
             out, bias = layer(x)
+        errors[f"{mode}.grouped_gemms"] = float(
+            _grouped_gemms_apply(x, out) != (small * 4 % 16 == 0 and large * 4 % 16 == 0)
+        )
         if bias is not None:
             out = out + bias
         grad_out = torch.randn_like(out)
@@ -129,7 +134,12 @@ def test_routing_cuts_the_stream_into_runs_of_one_slot():
 
 @pytest.mark.parametrize("case", sorted(LAYER_CASES))
 def test_slotted_layers_match_dense_reference(kit, case):
+    """Aligned widths take the grouped GEMMs (runs kind), odd ones one GEMM per run."""
     (errors,) = kit.run_ranks(_layer_scenario, args=LAYER_CASES[case])
+    assert errors, "scenario produced no comparisons"
+    for name, error in errors.items():
+        assert error < 1e-4, f"{name}: max error {error}"
+    (errors,) = kit.run_ranks(_layer_scenario, args=(*LAYER_CASES[case], 21, 35))
     assert errors, "scenario produced no comparisons"
     for name, error in errors.items():
         assert error < 1e-4, f"{name}: max error {error}"

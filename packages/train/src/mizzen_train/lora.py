@@ -205,10 +205,51 @@ class SlottedLoRALinear(torch.nn.Module):
             return output
         if routing.runs is None:
             return self._add_single_delta(output, x, routing)
+        if _grouped_gemms_apply(x, output):
+            return self._add_grouped_runs_delta(output, x, routing)
         factors = [self._adapters[slot] for slot in routing.slots]
         a = [lora_a for lora_a, _ in factors]
         b = [lora_b for _, lora_b in factors]
         return _RunsDelta.apply(output, x, self, routing, len(a), *a, *b)
+
+    def _add_grouped_runs_delta(
+        self, output: torch.Tensor, x: torch.Tensor, routing: SlotRouting
+    ) -> torch.Tensor:
+        """The runs kind as two grouped GEMMs (one group per run, each with its own slot's
+        factors; a base-only run's factors are zeros), the rank padded to a multiple of
+        :data:`RANK_ALIGNMENT` with zeros; autograd gives the backward."""
+        from torch.nn.functional import grouped_mm
+
+        rank = -(-self.max_rank // RANK_ALIGNMENT) * RANK_ALIGNMENT
+        pad = rank - self.max_rank
+        padded = {
+            slot: (
+                torch.nn.functional.pad(lora_a.t(), (0, pad)),  # [in, rank]
+                torch.nn.functional.pad(lora_b.t(), (0, 0, 0, pad)),  # [rank, out]
+            )
+            for slot, (lora_a, lora_b) in self._adapters.items()
+            if slot in routing.slots
+        }
+        zeros = None
+        a_runs, b_runs = [], []
+        for run in routing.runs:
+            if run.block < 0:
+                if zeros is None:
+                    zeros = (
+                        x.new_zeros(x.shape[-1], rank),
+                        x.new_zeros(rank, output.shape[-1]),
+                    )
+                a_run, b_run = zeros
+            else:
+                a_run, b_run = padded[routing.slots[run.block]]
+            a_runs.append(a_run)
+            b_runs.append(b_run)
+        x2 = x.reshape(-1, x.shape[-1])
+        out2 = output.reshape(-1, output.shape[-1])
+        hidden = grouped_mm(x2, torch.stack(a_runs), offs=routing.run_stops)  # [T, rank]
+        hidden = self._tp_region(hidden) * routing.token_scales
+        delta = grouped_mm(hidden, torch.stack(b_runs), offs=routing.run_stops)  # [T, out]
+        return (out2 + delta).view(output.shape)
 
     def _add_single_delta(
         self, output: torch.Tensor, x: torch.Tensor, routing: SlotRouting
@@ -233,6 +274,22 @@ class SlottedLoRALinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"key={self.key}, mode={self.parallel_mode}, max_rank={self.max_rank}"
+
+
+#: The grouped GEMMs read factors padded to a rank that is a multiple of this (16-byte rows).
+RANK_ALIGNMENT = 8
+
+
+def _grouped_gemms_apply(x: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether the runs kind takes :meth:`SlottedLoRALinear._add_grouped_runs_delta`: rows of
+    the stream's activations 16-byte aligned (the grouped GEMM's rule), and bf16 on CUDA (the
+    only dtype with a grouped kernel there; others would loop over the groups after a
+    device-to-host read of the offsets).  Else :class:`_RunsDelta` (one GEMM per run)."""
+    size = x.element_size()
+    aligned = (x.shape[-1] * size) % 16 == 0 and (output.shape[-1] * size) % 16 == 0
+    if not aligned or x.dtype != output.dtype:
+        return False
+    return x.device.type == "cpu" or x.dtype == torch.bfloat16
 
 
 class _RunsDelta(torch.autograd.Function):

@@ -54,6 +54,8 @@ class SlotRouting:
     runs: tuple[TokenRun, ...] | None = None
     #: *runs* kind: ``[tokens, 1]`` the scale of each token's slot (0 at base-only tokens).
     token_scales: torch.Tensor | None = None
+    #: *runs* kind: ``[len(runs)]`` int32, each run's ``stop`` (the grouped GEMMs' offsets).
+    run_stops: torch.Tensor | None = None
 
     @property
     def kind(self) -> str:
@@ -101,6 +103,7 @@ def build_routing(
         scales=scale_tensor,
         runs=runs,
         token_scales=token_scales.view(-1, 1).to(device),
+        run_stops=torch.tensor(bounds[1:], dtype=torch.int32).to(device),
     )
 
 
