@@ -298,3 +298,20 @@ def test_tp2_equals_tp1(kit, micro_batch_size):
         assert single["grads"][slot]["decoder.layers.0.mlp.linear_fc1.lora_B"].abs().sum() > 0
     for result in pair:
         assert torch.allclose(result["logprobs"], single["logprobs"], atol=1e-5)
+
+
+def test_a_stream_its_routing_does_not_cover_is_refused_naming_the_layer():
+    from mizzen_train.lora import SlottedLoRALinear
+    from mizzen_train.routing import RoutingState, build_routing
+
+    state = RoutingState()
+    layer = SlottedLoRALinear(torch.nn.Linear(16, 16), key="proj", max_rank=8, routing=state)
+    for slot in (0, 1):
+        layer.attach(
+            slot, torch.nn.Parameter(torch.zeros(8, 16)), torch.nn.Parameter(torch.zeros(16, 8))
+        )
+    routing = build_routing(
+        torch.tensor([0, 0, 1, 1, 1]), {0: 1.0, 1: 1.0}, dtype=torch.float32, device="cpu"
+    )
+    with state.use(routing), pytest.raises(ValueError, match="proj: the routing covers 5 stream"):
+        layer(torch.randn(3, 16))

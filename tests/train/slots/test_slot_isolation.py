@@ -66,7 +66,7 @@ def _nan_scenario(kit, base_tokens: bool) -> dict:
     rows = _batch(kit, 0, base_tokens).slot_ids[:3]  # rank 0's micro-batch
     routing = build_routing(rows, {0: 1.0, 1: 1.0}, dtype=torch.float32, device="cpu")
     return {
-        "masks_tokens": any(run.block < 0 for run in routing.runs),
+        "has_base_only_run": any(run.block < 0 for run in routing.runs),
         "clean": _run(kit, poison_slot1=False, base_tokens=base_tokens),
         "poisoned": _run(kit, poison_slot1=True, base_tokens=base_tokens),
     }
@@ -75,7 +75,7 @@ def _nan_scenario(kit, base_tokens: bool) -> dict:
 @pytest.mark.parametrize("base_tokens", [False, True], ids=["slot_rows", "base_tokens_in_row"])
 def test_nan_in_one_slot_leaves_the_other_bitwise_unchanged(kit, base_tokens):
     results = kit.run_ranks(_nan_scenario, world_size=2, args=(kit, base_tokens))  # DP=2
-    assert results[0]["masks_tokens"] == base_tokens
+    assert results[0]["has_base_only_run"] == base_tokens
     for rank, result in enumerate(results):
         clean, poisoned = result["clean"], result["poisoned"]
         assert poisoned["failed"] is None, "a non-finite gradient must not fail the executor"

@@ -29,17 +29,23 @@ Invariants:
   its output (a skipped bias stays skipped).  Without a current routing a slotted layer is exactly
   its base layer.
 - Slot ``k``'s factors see only slot ``k``'s tokens (see :mod:`mizzen_train.routing`): each run
-  of the stream multiplies by its own slot's factors (:class:`_RunsDelta`, slices of the stream),
-  and in backward a slot's factor gradients are summed over that slot's runs only, in stream
-  order -- no atomic scatter-add, so gradients are deterministic and the TP-replicated factors
-  cannot drift apart between ranks through reduction order.
-- Under the *runs* kind a factor with a ``main_grad`` (its slot's megatron DDP buffer) receives
-  its per-slot sum (in fp32) added straight into ``main_grad``, every slot of the micro-batch in
-  one multi-tensor add, and no ``.grad`` (megatron's own gradient accumulation fusion does the
-  same); this is sound because ``overlap_grad_reduce`` is refused (:mod:`mizzen_train.validation`),
-  so the buffers are reduced only after the whole backward.  The *single* kind is plain autograd
-  (``.grad``, reduced by DDP's hooks into ``main_grad``).  A factor without one gets an ordinary
+  of the stream multiplies by its own slot's factors -- one group of a grouped GEMM per run
+  (:meth:`SlottedLoRALinear._add_grouped_runs_delta`, a base-only run's group multiplies by zero
+  factors, so its tokens get an exact-zero delta unless their own activations are non-finite)
+  or one GEMM per run (:class:`_RunsDelta`, where the grouped kernel does not apply) -- and in
+  backward a slot's factor gradients are summed over that slot's runs only, in stream order: no
+  atomic scatter-add, so gradients are deterministic and the TP-replicated factors cannot drift
+  apart between ranks through reduction order.
+- Gradient delivery: the *single* kind and the grouped runs path are plain autograd (``.grad``,
+  a slot's runs summed in the factor's dtype, reduced by DDP's hooks into ``main_grad``).
+  :class:`_RunsDelta` sums a slot's runs in fp32 and adds the sum straight into the factor's
+  ``main_grad`` when it has one (no ``.grad``; megatron's gradient accumulation fusion does the
+  same), every slot of the micro-batch in one multi-tensor add; this is sound because
+  ``overlap_grad_reduce`` is refused (:mod:`mizzen_train.validation`), so the buffers are
+  reduced only after the whole backward.  A factor without ``main_grad`` gets an ordinary
   gradient.
+- The runs kind refuses activations whose token count is not the routing's (``ValueError``
+  naming the layer): the stream and its routing come from the same micro-batch.
 - Plain ``state_dict`` keys of a wrapped layer gain ``.base``; ``sharded_state_dict`` (megatron
   distributed checkpoints) keeps the base layer's keys.  Load base weights before wrapping.
 """
@@ -205,6 +211,13 @@ class SlottedLoRALinear(torch.nn.Module):
             return output
         if routing.runs is None:
             return self._add_single_delta(output, x, routing)
+        tokens = x.numel() // x.shape[-1]
+        if tokens != routing.runs[-1].stop:
+            raise ValueError(
+                f"{self.key}: the routing covers {routing.runs[-1].stop} stream tokens but the "
+                f"layer got {tokens} (input shape {tuple(x.shape)}); route the micro-batch the "
+                "model runs on"
+            )
         if _grouped_gemms_apply(x, output):
             return self._add_grouped_runs_delta(output, x, routing)
         factors = [self._adapters[slot] for slot in routing.slots]

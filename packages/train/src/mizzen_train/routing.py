@@ -8,8 +8,8 @@ micro-batch's per-token slot ids become a :class:`SlotRouting` of one of two kin
 
 - *single*: one slot covers every token; layers multiply the whole stream by its factors.
 - *runs*: anything else; the stream is cut into maximal runs of one slot (or of base-only
-  tokens), and a layer multiplies each run by its own slot's factors (slices of the stream, no
-  gather, no scatter); base-only runs get no delta at all.
+  tokens), and a layer multiplies each run by its own slot's factors (slices of the stream or
+  groups of a grouped GEMM, no gather, no scatter); base-only runs get an exact-zero delta.
 
 Every slotted layer of one forward pass reads the same routing from the shared
 :class:`RoutingState`.
@@ -18,7 +18,8 @@ Invariants:
 - A slot's factors see only its own tokens, forward and backward: a run belongs to one slot and
   the factor gradients of a slot are sums over its runs only (in run order: deterministic, no
   atomic scatter-add), so a non-finite value of one slot can never reach another slot, and
-  base-only tokens receive no delta (not a delta multiplied by zero).
+  base-only tokens receive an exact-zero delta (a non-finite activation of one of them stays in
+  that token's own row).
 - The runs cover the stream exactly once, in order; a slot's scale is in ``token_scales`` at each
   of its tokens (0 at base-only tokens).
 - Built on the host from host tensors (no device synchronisation); the device tensors are moved
