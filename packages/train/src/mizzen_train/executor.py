@@ -151,6 +151,9 @@ class _MicroBatch:
     losses: list[tuple[TokenLoss, torch.Tensor]]
     fields: dict[str, torch.Tensor]
     num_tokens: torch.Tensor
+    #: Whether any real token of the whole micro-batch (every CP rank's share) is a slot's: the
+    #: same answer on every CP rank, so they all run it or all skip it.
+    trains: bool
 
 
 def real_token_mask(rows: SlotBatch) -> torch.Tensor:
@@ -234,6 +237,8 @@ class SlotExecutor:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_size = parallel_state.get_context_parallel_world_size()
+        if self.cp_size > 1:
+            _activations_always_require_grad(model)
         #: Packing of the last forward_backward request (all its rows).
         self.last_packing: PackingReport | None = None
         #: Attention kernel (:data:`mizzen_train.packed_attention.IMPLS`); None = by device:
@@ -506,9 +511,7 @@ class SlotExecutor:
         # Safe to differ across data-parallel ranks: a forward/backward only talks within TP,
         # whose ranks share their rows.
         # So is one without real tokens; every CP rank of a DP rank holds the same rows.
-        micro_batches = [
-            mb for mb in micro_batches if mb.inputs.routing is not None and mb.inputs.real_tokens
-        ]
+        micro_batches = [mb for mb in micro_batches if mb.trains]
         loss_fn = functools.partial(self._micro_batch_loss, slots=slots, metric_names=metric_names)
         if not micro_batches:
             sums = []
@@ -653,6 +656,7 @@ class SlotExecutor:
             losses=[(loss, selector.to(device)) for loss, selector in by_loss.items()],
             fields=fields,
             num_tokens=torch.tensor(int((weights > 0).sum()), dtype=torch.int, device=device),
+            trains=bool(counted.any()),
         )
 
     def _forward(self, model: torch.nn.Module, inputs: _ModelInputs) -> torch.Tensor:
@@ -671,7 +675,9 @@ class SlotExecutor:
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """megatron's 3-tuple loss contract: (loss to backprop, token count, reduced metrics)."""
         logprobs = target_logprobs(logits, micro_batch.inputs.target_ids)
-        per_token = torch.zeros_like(logprobs)
+        # exact zeros still tied to the graph: a CP rank whose share holds no slot token runs
+        # the backward (and its collectives) like its peers, sending zero gradients
+        per_token = torch.where(torch.zeros_like(logprobs, dtype=torch.bool), logprobs, 0.0)
         metric_values = {name: torch.zeros_like(logprobs) for name in metric_names[1:]}
         for loss, selector in micro_batch.losses:
             values, metrics = loss.per_token(logprobs, micro_batch.fields)
@@ -787,6 +793,24 @@ class SlotExecutor:
             )
             self._slots[slot] = record
             return shard.spec
+
+
+def _activations_always_require_grad(model: torch.nn.Module) -> None:
+    """Under context parallelism: the embedding's output requires grad while grad is enabled
+    (detached first: the base is frozen), so every CP rank runs every collective of the backward
+    (the key/value all-gathers' gradient reduction) even when its share of the stream holds no
+    slot token and so no LoRA delta -- else that rank would skip the collective its peers wait
+    in."""
+    embedding = getattr(model, "embedding", None)
+    if embedding is None:
+        return
+
+    def require_grad(_module, _inputs, output):
+        if torch.is_grad_enabled() and not output.requires_grad:
+            return output.detach().requires_grad_(True)
+        return output
+
+    embedding.register_forward_hook(require_grad)
 
 
 def _check_packed_attention(model: torch.nn.Module) -> None:
