@@ -1,7 +1,8 @@
 """The eval dispatcher with real threads and real directories: results land at the snapshot's
 step whatever order points finish in, the in-flight limit skips or waits, the final point is never
 skipped, each snapshot is deleted exactly once (also when the evaluator raises or the export
-fails), a resumed run's results are never redone, and drain() waits for everything."""
+fails), a resumed run's results are never redone, drain() waits for everything, and close()
+closes every evaluator (one that raises does not keep the others open) and reports its events."""
 
 from __future__ import annotations
 
@@ -252,3 +253,42 @@ def test_user_evaluators_load_from_an_import_path(tmp_path):
         load_evaluator("no_colon_here")
     with pytest.raises(EvalSpecError, match="importing 'no_such_module_xyz' failed"):
         load_evaluator("no_such_module_xyz:make")
+
+
+class Keeper(Recorder):
+    """A Recorder that keeps something between points and says so when closed."""
+
+    def __init__(self, name, fail_close=False):
+        super().__init__(name=name)
+        self.fail_close, self.closes, self.kept = fail_close, 0, True
+
+    def evaluate(self, snapshot):
+        assert snapshot.root == snapshot.path.parent.parent, "the root of every point's snapshot"
+        return super().evaluate(snapshot)
+
+    def close(self):
+        self.closes += 1
+        if self.fail_close:
+            raise RuntimeError("cannot close")
+        events = [{"event": "released", "time": time.time(), "seen": self.finished[-1:]}]
+        was, self.kept = self.kept, False
+        return events if was else []
+
+
+def test_close_closes_every_evaluator_and_reports_their_events(tmp_path, capsys):
+    broken, keeper = Keeper("broken", fail_close=True), Keeper("keeper")
+    plain = Recorder(name="plain")  # no close(): nothing to do
+    events = []
+    dispatcher, _, records, _ = make_dispatcher(
+        tmp_path, [broken, plain, keeper], tenants=("a",), keep_snapshots=0,
+        on_event=lambda evaluator, event: events.append((evaluator, event)),
+    )  # fmt: skip
+    dispatcher.submit(10, final=True)
+    dispatcher.drain(timeout_s=10)
+    assert keeper.closes == 0 and events == [], "nothing is closed before close()"
+    dispatcher.close()
+    dispatcher.close()  # again (the run's teardown after drain): each close() is called again
+    assert (broken.closes, keeper.closes) == (2, 2)
+    assert [(name, e["event"], e["seen"]) for name, e in events] == [("keeper", "released", [10])]
+    assert "closing evaluator 'broken' failed" in capsys.readouterr().err
+    assert all(r.status == "ok" for r in records)

@@ -1,6 +1,7 @@
 """The eval dispatcher's Ray runner: each evaluation runs as a Ray task in another process (a
-user evaluator shipped by value), its notes come back with its result, a task that raises skips
-only its own evaluation, and close() shuts down the Ray it started."""
+user evaluator shipped by value), the task closes its copy of the evaluator when the evaluation
+ends, its notes (the close's too) come back with its result, a task that raises skips only its
+own evaluation, and close() shuts down the Ray it started."""
 
 from __future__ import annotations
 
@@ -25,7 +26,13 @@ class WhereAmI:
         if snapshot.tenant == "broken":
             raise ValueError("no model here")
         snapshot.note("ran", pid=os.getpid())
+        self.held = snapshot.step  # what a task's copy keeps: released when its task ends
         return {"pid": float(os.getpid()), "step": float(snapshot.step)}
+
+    def close(self):
+        held = getattr(self, "held", None)
+        self.held = None
+        return [] if held is None else [{"event": "released", "step": held, "pid": os.getpid()}]
 """
 
 
@@ -67,7 +74,8 @@ def test_evaluations_run_as_ray_tasks(tmp_path):
     ok = [r for r in records if r.status == "ok"]
     assert sorted(r.metrics["step"] for r in ok) == [10.0, 20.0]
     assert all(r.metrics["pid"] != os.getpid() for r in ok), "ran in a Ray worker"
-    assert all(r.events[0]["event"] == "ran" for r in ok)
+    assert all([e["event"] for e in r.events] == ["ran", "released"] for r in ok)
+    assert all(r.events[1]["pid"] == r.metrics["pid"] for r in ok), "closed in its task"
     broken = [r for r in records if r.tenant == "broken"]
     assert all("ValueError: no model here" in r.reason for r in broken)
     assert not list((tmp_path / "snapshots").iterdir())

@@ -13,7 +13,9 @@ calls :meth:`EvalDispatcher.submit` with the step; the dispatcher
 
 Evaluators are a small protocol (:class:`Evaluator`): ``name``, ``needs_engine``,
 ``evaluate(snapshot) -> {metric: number}`` and optionally ``tenants`` (the tenants it applies to;
-all when absent or empty); :func:`load_evaluator` builds a user's from an import path.  An
+all when absent or empty) and ``close() -> [event]`` (releases what it keeps from one point to the
+next, e.g. engines, and returns the events to log: dicts with ``event``, ``time`` and fields, as
+:meth:`Snapshot.note` makes them); :func:`load_evaluator` builds a user's from an import path.  An
 evaluator may raise :class:`EvalSkip` to skip a snapshot with a reason.
 
 Invariants:
@@ -28,12 +30,18 @@ Invariants:
 - Results are keyed by ``(step, tenant, evaluator)``: a key in ``settled`` (a resumed run's
   results) is never evaluated again, and a point whose keys are all settled is not even exported.
 - :meth:`drain` returns once every submitted point has settled.
+- :meth:`close` closes every evaluator (each one's ``close``, once per call; an evaluator's
+  ``close`` is idempotent), whatever the others' do, reporting their events through ``on_event``;
+  the trainer calls it however the run ends.  Under the Ray runner each task closes its own copy
+  of the evaluator when its evaluation ends (its events come back with the result): nothing is
+  kept from one point to the next there.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+import sys
 import threading
 import time
 import traceback
@@ -82,6 +90,9 @@ class Snapshot:
     path: Path
     #: Events an evaluator notes (e.g. an engine it started), logged with its result.
     events: list[dict[str, Any]] = field(default_factory=list)
+    #: The directory every snapshot of the run lies under (the dispatcher's snapshot root; None
+    #: for a snapshot given alone).
+    root: Path | None = None
 
     def note(self, event: str, **fields: Any) -> None:
         self.events.append({"event": event, "time": time.time(), **fields})
@@ -149,7 +160,8 @@ class EvalDispatcher:
 
     ``export(step, tenant, directory)`` writes one tenant's snapshot (atomically) or raises;
     ``on_record`` / ``on_point`` receive every :class:`EvalRecord` and :class:`PointOutcome`
-    (from worker threads, one call at a time).
+    (from worker threads, one call at a time); ``on_event(evaluator, event)`` every event an
+    evaluator's ``close`` returns.
     """
 
     def __init__(
@@ -165,6 +177,7 @@ class EvalDispatcher:
         runner: str = "thread",
         on_record: Callable[[EvalRecord], None] | None = None,
         on_point: Callable[[PointOutcome], None] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
         settled: Collection[tuple[int, str, str]] = (),
         retained: Iterable[tuple[int, Path]] = (),
         ray_options: Mapping[str, Any] | None = None,
@@ -197,6 +210,7 @@ class EvalDispatcher:
         self._ray_options = dict(ray_options or {})
         self._on_record = on_record or (lambda record: None)
         self._on_point = on_point or (lambda outcome: None)
+        self._on_event = on_event or (lambda evaluator, event: None)
         self._settled_keys = set(settled)
         self._lock = threading.Condition()
         self._report_lock = threading.Lock()
@@ -311,7 +325,7 @@ class EvalDispatcher:
             self._export(point.step, tenant, path)
             if not path.is_dir():
                 raise RuntimeError(f"the export wrote no directory at {path}")
-            point.snapshots.append(Snapshot(point.step, tenant, path))
+            point.snapshots.append(Snapshot(point.step, tenant, path, root=self.snapshot_root))
 
     def recover(self, step: int, *, final: bool = False) -> str:
         """Dispatch a point whose snapshots a previous (killed) run already exported."""
@@ -333,7 +347,9 @@ class EvalDispatcher:
             while len(self._in_flight) >= self.max_in_flight:
                 self._lock.wait()
             point = _Point(step, final, directory)
-            point.snapshots = [Snapshot(step, t, directory / t) for t in self.tenants]
+            point.snapshots = [
+                Snapshot(step, t, directory / t, root=self.snapshot_root) for t in self.tenants
+            ]
             self._in_flight[step] = point
         try:
             self._start_ray()
@@ -370,7 +386,7 @@ class EvalDispatcher:
 
     def _evaluate(self, evaluator: Evaluator, snapshot: Snapshot) -> EvalRecord:
         started = time.monotonic()
-        fresh = Snapshot(snapshot.step, snapshot.tenant, snapshot.path)
+        fresh = Snapshot(snapshot.step, snapshot.tenant, snapshot.path, root=snapshot.root)
         status, metrics, reason = "ok", {}, None
         try:
             if self.runner == "ray":
@@ -497,12 +513,34 @@ class EvalDispatcher:
     # -- end ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release what the runner holds (shuts Ray down if this dispatcher started it)."""
-        if self._ray_owned:
-            import ray
+        """Close every evaluator (see the module docstring), then release what the runner holds
+        (shuts Ray down if this dispatcher started it).  Waits for no point in flight."""
+        try:
+            for evaluator in self.evaluators:
+                self._close_evaluator(evaluator)
+        finally:
+            if self._ray_owned:
+                import ray
 
-            ray.shutdown()
-            self._ray_owned = False
+                ray.shutdown()
+                self._ray_owned = False
+
+    def _close_evaluator(self, evaluator: Evaluator) -> None:
+        close = getattr(evaluator, "close", None)
+        if close is None:
+            return
+        try:
+            events = list(close() or ())
+        except Exception:  # one evaluator's failure must not leave the others' engines running
+            print(f"closing evaluator {evaluator.name!r} failed:", file=sys.stderr)
+            traceback.print_exc()
+            return
+        with self._report_lock:
+            for event in events:
+                try:
+                    self._on_event(evaluator.name, dict(event))
+                except Exception:
+                    traceback.print_exc()
 
     def drain(self, timeout_s: float | None = None) -> list[PointOutcome]:
         """Wait until every submitted point has settled; outcomes in step order."""
@@ -534,7 +572,14 @@ def _check_metrics(raw: Any, name: str) -> dict[str, float]:
 
 
 def _ray_evaluate(evaluator: Evaluator, snapshot: Snapshot):
-    result = evaluator.evaluate(snapshot)
+    """One evaluation in a Ray task, on the task's own copy of the evaluator: closed when the
+    evaluation ends (nothing it keeps outlives the task), its events noted on the snapshot."""
+    try:
+        result = evaluator.evaluate(snapshot)
+    finally:
+        close = getattr(evaluator, "close", None)
+        if close is not None:
+            snapshot.events.extend(dict(event) for event in close() or ())
     return dict(result) if isinstance(result, Mapping) else result, snapshot.events
 
 
