@@ -279,15 +279,28 @@ class SftRuns(RunProcesses):
             "early_engines": early_engines,
         }
 
+    def by_process(self, records: Sequence[Record]) -> list[list[Record]]:
+        """The records in file order, split at each ``run_started`` / ``resumed`` event: those
+        of each process of the run (an interrupted run and its resumption: two)."""
+        processes: list[list[Record]] = []
+        for record in records:
+            if record.get("event") in ("run_started", "resumed") or not processes:
+                processes.append([])
+            processes[-1].append(record)
+        return processes
+
     def check_protocol(
         self, records: list[Record], *, steps: int, points: Sequence[int]
     ) -> dict[str, Any]:
         """The SFT e2e protocol on a finished run's metrics: every record has its schema; the run
         needed engines for eval only; each step trained once; exactly ``points`` were evaluated
         (the last one forced, flagged final), every evaluation succeeded, and the eval score and
-        held-out loss improved from the first point to the last; every engine was started for an
-        eval point after its step trained, and stopped.  Returns the score and held-out loss of
-        each point and the summary."""
+        held-out loss improved from the first point to the last; each process of the run started
+        one eval engine (``engine_lifetime = "run"``), at the first point it evaluated and after
+        that step trained, and pointed it at each later point's snapshot; the process that
+        finished stopped its engine once, after its last point (a SIGKILLed one cannot say so:
+        the orphan checks see its engine exit).  Returns the score and held-out loss of each
+        point and the summary."""
         for record in records:
             if record["kind"] in self.RECORD_KEYS:
                 assert set(record) == self.RECORD_KEYS[record["kind"]], record
@@ -304,12 +317,21 @@ class SftRuns(RunProcesses):
         assert score[points[-1]] > score[points[0]], score
         assert heldout[points[-1]] < heldout[points[0]], heldout
         trained_at = {r["step"]: r["time"] for r in records if r["kind"] == "train"}
-        starts = [r for r in records if r.get("event") == "engine_started"]
-        assert sorted(e["step"] for e in starts) == list(points)
-        for event in starts:
-            assert event["purpose"] == "eval" and event["time"] >= trained_at[event["step"]]
-        stopped = {e["pid"] for e in records if e.get("event") == "engine_stopped"}
-        assert stopped == {e["pid"] for e in starts}
+        processes = self.by_process(records)
+        for process in processes:
+            evaluated = sorted({r["step"] for r in process if r["kind"] == "eval"})
+            starts = [r for r in process if r.get("event") == "engine_started"]
+            assert [e["step"] for e in starts] == evaluated[:1], ("one engine", evaluated, starts)
+            for event in starts:
+                assert event["purpose"] == "eval" and event["time"] >= trained_at[event["step"]]
+            updated = [r["step"] for r in process if r.get("event") == "engine_weights_updated"]
+            assert updated == evaluated[1:], ("kept and pointed at each snapshot", updated)
+        last = processes[-1]
+        started = [e["pid"] for e in last if e.get("event") == "engine_started"]
+        stops = [e for e in last if e.get("event") == "engine_stopped"]
+        assert sorted(e["pid"] for e in stops) == sorted(started), stops
+        last_eval = max(r["time"] for r in last if r["kind"] == "eval")
+        assert all(e["time"] >= last_eval for e in stops), "stopped after the last point"
         summary = records[-1]
         assert summary["kind"] == "summary" and summary["eval_points"] == list(points)
         final = summary["final_eval"]["colours"]

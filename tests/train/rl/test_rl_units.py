@@ -115,7 +115,8 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
         assert "t.toml" in str(caught.value) and "Fix:" in str(caught.value), key
     generate = {"kind": "generate", "data": "example:rl_fixed", "reward": "math"}
     for field, value in [("device", "cuda"), ("num_engines", 2), ("engine_threads", 4),
-                         ("engine_urls", ["http://127.0.0.1:1"])]:  # fmt: skip
+                         ("engine_urls", ["http://127.0.0.1:1"]),
+                         ("engine_lifetime", "point")]:  # fmt: skip
         raw = _config(tmp_path)
         raw["eval"] = {
             "interval": 5,

@@ -1,12 +1,16 @@
 """The built-in evaluators on real components: the generation evaluator scores what the snapshot
-generates, through an embedded engine it starts (and stops) on the snapshot or through a running
-server it points at the snapshot over HTTP; an engine that cannot start skips the point with the
-reason; the held-out loss equals the slotted executor's own loss on the same tokens."""
+generates, through an embedded engine it starts (and stops) on the snapshot for the point, an
+engine it keeps from point to point (pointed at each snapshot, replaced when it died, stopped by
+close(); after close a point stops what it starts) or a running server it points at the snapshot
+over HTTP; an engine that cannot start skips the point with the reason; the held-out loss equals
+the slotted executor's own loss on the same tokens."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,7 +18,7 @@ import torch
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=55, labels=["train", "engine"])
+register_cpu_ci(est_time=75, labels=["train", "engine"])
 
 
 REWARD = """
@@ -92,7 +96,7 @@ def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
 
     # a fleet of embedded engines (sized by the evaluator's own num_engines) started on the
     # snapshot for this point and stopped afterwards
-    evaluator = _generation_evaluator(reward, num_engines=2)
+    evaluator = _generation_evaluator(reward, num_engines=2, engine_lifetime="point")
     evaluator = pickle.loads(pickle.dumps(evaluator))  # the Ray runner ships evaluators
     snapshot = Snapshot(20, "t", Path(made["b"]["path"]))
     metrics = evaluator.evaluate(snapshot)
@@ -101,9 +105,7 @@ def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
     started = [e["pid"] for e in snapshot.events if e["event"] == "engine_started"]
     stopped = [e["pid"] for e in snapshot.events if e["event"] == "engine_stopped"]
     assert len(set(started)) == 2 and sorted(stopped) == sorted(started)
-    for pid in started:
-        stat = Path(f"/proc/{pid}/stat")
-        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert not any(_running(pid) for pid in started)
 
     # a running server (as SGLang would be), pointed at each snapshot over HTTP
     with embedded_server(model_path=made["a"]["path"]) as server:
@@ -129,6 +131,70 @@ def test_generation_evaluator_scores_the_snapshot_it_is_given(kit, tmp_path):
     on_gpu = _generation_evaluator(reward, device="cuda", startup_timeout_s=60)
     with pytest.raises(EvalSkip, match=r"(?s)the eval engine did not start.*no CUDA device"):
         on_gpu.evaluate(Snapshot(80, "t", Path(made["b"]["path"])))
+
+
+def test_a_kept_engine_serves_every_point_until_close_and_a_dead_one_is_replaced(kit, tmp_path):
+    from mizzen_train.eval_dispatch import Snapshot
+
+    (tmp_path / "rewards.py").write_text(REWARD)
+    reward = f"{tmp_path / 'rewards.py'}:fingerprint"
+    (made,) = kit.run_ranks(_models, args=(str(tmp_path),))
+    evaluator = pickle.loads(pickle.dumps(_generation_evaluator(reward)))  # lifetime "run"
+
+    # three points, one engine: started at the first on its snapshot, then pointed at each next
+    # snapshot; every score is the one a fresh engine on that snapshot gives (the reference)
+    points = [(20, "b"), (40, "a"), (60, "b")]
+    snapshots = [Snapshot(s, "t", Path(made[m]["path"]), root=tmp_path) for s, m in points]
+    for snapshot, (_, model) in zip(snapshots, points, strict=True):
+        assert evaluator.evaluate(snapshot)["score"] == pytest.approx(made[model]["score"])
+    first, *later = ([e["event"] for e in s.events] for s in snapshots)
+    assert first == ["engine_started"]
+    assert later == [["engine_weights_updated"]] * 2
+    (pid,) = [e["pid"] for e in snapshots[0].events]
+    assert _running(pid), "kept between points"
+    assert pickle.loads(pickle.dumps(evaluator)).close() == [], "a copy holds no engine"
+
+    # killed between points (the next point comes at once: the engine may still be dying):
+    # that point stops what is left of it and starts a fresh engine
+    os.kill(pid, signal.SIGKILL)
+    snapshot = Snapshot(80, "t", Path(made["a"]["path"]), root=tmp_path)
+    assert evaluator.evaluate(snapshot)["score"] == pytest.approx(made["a"]["score"])
+    events = [(e["event"], e["pid"]) for e in snapshot.events]
+    (replacement,) = [p for event, p in events if event == "engine_started"]
+    assert events == [
+        ("engine_dead", pid),
+        ("engine_stopped", pid),
+        ("engine_started", replacement),
+    ]
+    assert snapshot.events[0]["returncode"] == -signal.SIGKILL
+
+    # close() stops it once, naming the last point it served; then a point stops what it starts
+    closed = evaluator.close()
+    assert [(e["event"], e["pid"], e["step"]) for e in closed] == [
+        ("engine_stopped", replacement, 80)
+    ]
+    assert not _running(replacement) and evaluator.close() == []
+    after = Snapshot(100, "t", Path(made["b"]["path"]), root=tmp_path)
+    assert evaluator.evaluate(after)["score"] == pytest.approx(made["b"]["score"])
+    assert [e["event"] for e in after.events] == ["engine_started", "engine_stopped"]
+    assert not _running(after.events[0]["pid"]) and evaluator.close() == []
+
+
+def _running(pid: int) -> bool:
+    """Whether any thread of the process runs (the process is not gone, nor a zombie waiting
+    for its parent: a killed process's main thread is a zombie before its others end)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # that thread ended meanwhile
+            continue
+        if state not in ("Z", "X"):
+            return True
+    return False
 
 
 async def _healthy(url: str) -> bool:

@@ -94,6 +94,19 @@ def test_evaluation_rules_name_the_field_and_the_fix():
     )
     assert "names no tenant 'b'" in refused(patch={"eval.evaluators.0.tenants": ["b"]})
     assert "is not an http(s) URL" in refused(patch={"eval.evaluators.0.engine_urls": ["host:1"]})
+    # the generate evaluator's own engines live for the run unless told "point"
+    assert parse().evaluators[0].engine_lifetime == "run"
+    assert parse({"eval.evaluators.0.engine_lifetime": "point"}).evaluators[0].engine_lifetime == (
+        "point"
+    )
+    assert "eval.evaluators[0].engine_lifetime='step': must be one of ['run', 'point']" in refused(
+        patch={"eval.evaluators.0.engine_lifetime": "step"}
+    )
+    message = refused(
+        patch={"eval.evaluators.0.engine_lifetime": "point",
+               "eval.evaluators.0.engine_urls": ["http://127.0.0.1:1"]}
+    )  # fmt: skip
+    assert "eval.evaluators[0].engine_lifetime='point'" in message and "it starts none" in message
     assert "eval.overflow='drop': must be one of ['skip', 'wait']" in refused(
         patch={"eval.overflow": "drop"}
     )

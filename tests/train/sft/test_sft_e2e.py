@@ -1,7 +1,8 @@
 """e2e: ``mizzen-train sft`` trains a tiny Llama on the shipped colours task for 60 steps with
 evaluation every 20: exactly three eval points (20, 40 and 60, the last one forced), the eval
-score and the held-out loss improve, no engine runs before the first eval point and every engine
-started serves an eval point, snapshots and curves are where the run says.
+score and the held-out loss improve, no engine runs before the first eval point, one eval engine
+started at point 20 serves all three (pointed at each snapshot) and is stopped once, at the end of
+the run; snapshots and curves are where the run says.
 
 It records the eval score and the held-out loss of every eval point for the metric gate
 (``mizzen-ci gate check``), which holds the final ones to their trusted history."""
@@ -13,7 +14,7 @@ import json
 from mizzen_ci import register_ci_gate, register_cpu_ci
 from mizzen_ci.metrics import record
 
-register_cpu_ci(est_time=75, labels=["e2e", "train"])
+register_cpu_ci(est_time=50, labels=["e2e", "train"])
 # The final eval point against the trusted history (median and MAD of the last 20 runs): the
 # score may not drop by more than 10 % of its reference (at least 0.05), the held-out loss may not
 # rise by more than 10 % (at least 0.02).

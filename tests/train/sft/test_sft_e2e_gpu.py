@@ -8,8 +8,11 @@ before the first point.  Beside it, at the same time on the same GPU (``sft.side
 run is mostly process and engine start-up, the GPU idle most of the time), a second run is
 SIGKILLed after step 30 and resumed: it continues from the step-30 checkpoint and evaluates 40 and
 60 only.  Both evaluators run on the GPU: the loss evaluator in the eval thread, the generate
-evaluator's embedded engine (started per point on the snapshot) with ``device = "cuda"``,
-generating the 16 eval prompts as one batched ``/generate``.  The
+evaluator's embedded engine with ``device = "cuda"``, generating the 16 eval prompts as one
+batched ``/generate``: each process starts one engine, at the first point it evaluates, and keeps
+it for its later points (each loads its snapshot by ``/update_weights_from_disk``; the engine
+holds its GPU memory between points) until the run ends (``sft.check_protocol`` counts the
+``engine_started`` events of each process and the finished one's ``engine_stopped``).  The
 uninterrupted run's wall time and tokens/s are printed (and recorded as junit
 properties); both are measured while the other run shares the GPU, so the tokens/s may be lower
 and the wall time longer than for a run alone on it.  Needs no matplotlib, ray or console scripts.

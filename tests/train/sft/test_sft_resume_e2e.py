@@ -1,8 +1,9 @@
 """e2e: a real ``mizzen-train sft`` process is SIGKILLed after step 30 (once eval point 20 has
 settled) and ``--resume`` continues it: same run id, training again from the step-30 checkpoint,
 every step logged once, point 20 never evaluated again, 40 and 60 evaluated by the resumed
-process, no half-written checkpoint or orphaned engine left by the kill, and the same metrics keys
-as an uninterrupted run."""
+process (one eval engine, started at 40 and kept for 60), no half-written checkpoint or orphaned
+engine left by the kill (the killed process's eval engine, kept after point 20, exits on its own),
+and the same metrics keys as an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import Counter
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=75, labels=["e2e", "train"])
+register_cpu_ci(est_time=65, labels=["e2e", "train"])
 
 
 def test_killed_run_resumes_from_its_checkpoint_without_re_evaluating(sft, tmp_path):

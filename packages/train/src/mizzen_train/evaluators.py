@@ -2,16 +2,20 @@
 
 - :class:`GenerationEvaluator` (``kind = "generate"``, needs an engine): generates on the eval
   set with a rollout engine serving the snapshot and scores the answers with a reward function
-  (:func:`mizzen_rollout.api.load_reward`).  The engines are either embedded engines it starts on
-  the snapshot directory for the point and stops afterwards (``num_engines`` of them, on
+  (:func:`mizzen_rollout.api.load_reward`).  The engines are either embedded engines it starts
+  itself (:class:`~mizzen_train.eval_engines.EvalEngines`: ``num_engines`` of them, on
   ``device``: the eval fleet is sized and placed here, from the eval configuration, never from a
-  training rollout fleet), or
-  running SGLang (or embedded) servers given by URL, which it points at the snapshot with
-  ``/update_weights_from_disk`` (the servers must be able to read the snapshot directory).
+  training rollout fleet), or running SGLang (or embedded) servers given by URL.  Its own engines
+  are started at the first point on the snapshot directory and, with ``engine_lifetime = "run"``
+  (the default), kept until :meth:`GenerationEvaluator.close` -- the end of the run -- each later
+  point pointing them at its snapshot as it would servers given by URL; with ``"point"`` they are
+  started for each point and stopped after it.  Servers given by URL are pointed at the snapshot
+  with ``/update_weights_from_disk`` (the servers must be able to read the snapshot directory).
   An *adapter snapshot* (a PEFT directory, an RL run's) is served as an adapter instead: loaded
   into the servers under a name of its own (``/load_lora_adapter``), generated with it, unloaded
-  afterwards -- the servers keep their base weights and whatever else they serve; without URLs
-  an embedded engine is started on the adapter's base model for it.
+  afterwards -- the servers keep their base weights and whatever else they serve; its own engines
+  serve the adapter's base model for it.  Its own engines read snapshots only from under the
+  snapshot's ``root`` (the dispatcher's snapshot root: every point's snapshot).
 - :class:`LossEvaluator` (``kind = "loss"``, no engine): the held-out loss and perplexity of the
   snapshot on the eval set's response tokens, computed with ``transformers`` on the snapshot
   directory (so it also checks that the snapshot loads).
@@ -21,8 +25,13 @@ Invariants:
   step 0; ``evaluate`` only reads the snapshot.  They are picklable (the Ray runner ships them).
 - Greedy decoding by default (``temperature = 0``), so a point's score is a function of the
   snapshot alone.
-- Every engine started is stopped before ``evaluate`` returns, and noted on the snapshot
-  (``engine_started`` / ``engine_stopped`` events with the process id), whatever happens.
+- Every engine it starts is stopped, whatever happens, and both are noted with the process id
+  (``engine_started`` / ``engine_stopped`` events): before ``evaluate`` returns
+  (``engine_lifetime = "point"``), or at the latest by :meth:`GenerationEvaluator.close`, whose
+  events say so (``"run"``; the run's teardown calls it however the run ends).  A kept engine
+  found dead at a point (exited, or not answering ``/health``) is replaced for that point.  See
+  :mod:`mizzen_train.eval_engines`.
+- Scores do not depend on the lifetime: a kept engine loads each snapshot as a fresh one would.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 from mizzen_rollout.api import PromptRecord
 from mizzen_train.data import SftExample, SftTokenizer
 from mizzen_train.eval_dispatch import EvalSkip, Snapshot
+from mizzen_train.eval_engines import EvalEngines
 
 __all__ = ["GenerationEvaluator", "LossEvaluator"]
 
@@ -68,6 +78,7 @@ class GenerationEvaluator:
     request_timeout_s: float = 300.0
     concurrency: int = 64
     batch_size: int = 8  # prompts per engine call (one batched /generate)
+    engine_lifetime: str = "run"  # its own engines: kept from the first point ("run") or not
     needs_engine: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
@@ -76,10 +87,18 @@ class GenerationEvaluator:
         self._reward_fn = load_reward(self.reward)  # raises RewardSpecError before step 0
         if self._reward_fn is None:
             raise ValueError(f"evaluator {self.name!r}: reward='none' leaves nothing to score")
+        self._engines = EvalEngines(
+            num_engines=self.num_engines,
+            threads=self.engine_threads,
+            device=self.device,
+            startup_timeout_s=self.startup_timeout_s,
+            lifetime=self.engine_lifetime,
+        )  # starts nothing before the first point
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_reward_fn", None)  # rebuilt from the spec where it is unpickled
+        state.pop("_engines", None)  # a copy holds no engines
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -95,37 +114,31 @@ class GenerationEvaluator:
                 return asyncio.run(self._on_urls(snapshot, list(self.engine_urls)))
         return self._on_embedded(snapshot, adapter)
 
-    def _on_embedded(self, snapshot: Snapshot, adapter=None) -> dict[str, float]:
-        from mizzen_rollout.api import LaunchError, launch_embedded, read_adapter_config
+    def close(self) -> list[dict[str, Any]]:
+        """Stop the engines it keeps (idempotent; the run's teardown calls it, through
+        :meth:`EvalDispatcher.close`); returns their ``engine_stopped`` events."""
+        return self._engines.close()
 
-        model_path = str(snapshot.path)
+    def _on_embedded(self, snapshot: Snapshot, adapter=None) -> dict[str, float]:
+        from mizzen_rollout.api import read_adapter_config
+
+        # every point's snapshot lies under the root: the engines may read all of them
+        load_dirs = [str(snapshot.root if snapshot.root is not None else snapshot.path.parent)]
         if adapter is not None:
-            model_path = read_adapter_config(snapshot.path).base_model_name_or_path
-        servers = []
-        try:
-            for _ in range(self.num_engines):
-                server = launch_embedded(
-                    model_path=model_path,
-                    num_threads=self.engine_threads,
-                    deadline_s=self.startup_timeout_s,
-                    device=self.device,
-                    wait=False,
-                )
-                servers.append(server)
-                snapshot.note("engine_started", purpose="eval", pid=server.pid, engine="embedded")
-            for server in servers:
-                server.wait_healthy(self.startup_timeout_s)
-            urls = [s.url for s in servers]
+            base = read_adapter_config(snapshot.path).base_model_name_or_path
+            lease = self._engines.lease(
+                snapshot, key=("adapter", base), model_path=base, load_dirs=load_dirs
+            )
+        else:
+            lease = self._engines.lease(
+                snapshot, key=("weights",), model_path=str(snapshot.path), load_dirs=load_dirs
+            )
+        with lease as engines:
             if adapter is not None:
-                return asyncio.run(self._on_urls(snapshot, urls, adapter))
-            return asyncio.run(self._generate(snapshot, urls))
-        except LaunchError as exc:
-            raise EvalSkip(f"the eval engine did not start: {str(exc)[:600]}") from None
-        finally:
-            for server in servers:
-                server.stop()
-                server.cleanup_logs()
-                snapshot.note("engine_stopped", purpose="eval", pid=server.pid)
+                return asyncio.run(self._on_urls(snapshot, engines.urls, adapter))
+            if engines.fresh:  # started on this snapshot
+                return asyncio.run(self._generate(snapshot, engines.urls))
+            return asyncio.run(self._on_urls(snapshot, engines.urls))  # pointed at it first
 
     async def _on_urls(self, snapshot: Snapshot, urls: list[str], adapter=None) -> dict[str, float]:
         from mizzen_rollout.api import EngineError, SGLangClient

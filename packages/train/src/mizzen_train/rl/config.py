@@ -62,12 +62,13 @@ __all__ = [
 
 ENGINE_KINDS = ("embedded", "urls", "ray")
 #: The engine fields of a generate evaluator (in SFT it starts its own engines) that RL refuses,
-#: since RL evaluates on the run's engines, and what sets them there.
+#: since RL evaluates on the run's engines, and what to do instead.
 RL_EVAL_ENGINE_FIELDS = {
-    "engine_urls": "[rollout] engines and engine_urls",
-    "num_engines": "rollout.num_engines",
-    "engine_threads": "rollout.engine_threads",
-    "device": "rollout.engine_device",
+    "engine_urls": "set [rollout] engines and engine_urls instead",
+    "num_engines": "set rollout.num_engines instead",
+    "engine_threads": "set rollout.engine_threads instead",
+    "device": "set rollout.engine_device instead",
+    "engine_lifetime": "the run's engines serve every point",
 }
 
 #: RL evaluators: generation on the tenant's adapter snapshot, or a user's.
@@ -251,5 +252,5 @@ def _check(config: RlConfig) -> None:
                     f"eval.evaluators[{i}].{name}",
                     list(value) if isinstance(value, tuple) else value,
                     "RL evaluates adapter snapshots on the run's own engines",
-                    f"remove {name} (set {instead} instead)",
+                    f"remove {name} ({instead})",
                 )  # fmt: skip

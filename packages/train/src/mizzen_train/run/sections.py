@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from mizzen_rollout.api import ENGINE_MAX_BATCH, MIN_SECRET_LENGTH, SecretError, register_url
+from mizzen_train.eval_engines import ENGINE_LIFETIMES
 from mizzen_train.run.config import (
     ConfigError,
     Presence,
@@ -159,6 +160,11 @@ class EvaluatorConfig:
     device: str = opt(
         "cpu", kind="str", choices=("cpu", "cuda"),
         help="generate: where its embedded engines run; loss: where it runs",
+    )  # fmt: skip
+    engine_lifetime: str = opt(
+        "run", kind="str", choices=ENGINE_LIFETIMES,
+        help="generate: its embedded engines kept from the first point to the run's end (run; "
+        "they hold their memory between points) or started and stopped at each point (point)",
     )  # fmt: skip
     factory: str = opt("", kind="str", help="python: module:factory building the evaluator")
     options: Mapping = opt({}, kind="table", help="python: keyword arguments of the factory")
@@ -419,6 +425,11 @@ def check_eval(
         if ev.kind != "python" and (ev.factory or ev.options):
             raise fail(f"{where}.factory", ev.factory, f"applies to kind = 'python', not {ev.kind!r}",
                        "remove factory/options")  # fmt: skip
+        if ev.engine_urls and ev.engine_lifetime != "run":
+            raise fail(f"{where}.engine_lifetime", ev.engine_lifetime,
+                       "applies to the embedded engines the evaluator starts, and with "
+                       "engine_urls it starts none",
+                       "remove engine_lifetime or engine_urls")  # fmt: skip
         for url in ev.engine_urls:
             register_engine_url(url, f"{where}.engine_urls", fail)
             if not url.startswith(("http://", "https://")):

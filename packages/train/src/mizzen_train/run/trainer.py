@@ -37,6 +37,9 @@ Invariants:
   lines, checkpoint metadata and exports, and runs the evaluations.  Under tensor parallelism
   the other ranks follow the writer's snapshot exports (:meth:`RankWorld.lead`), whose
   collectives they share.
+- However the command ends -- finished, failed or interrupted -- :func:`run_trainer` closes the
+  eval dispatcher last (:meth:`Trainer.close_evaluations`), so no engine an evaluator keeps from
+  point to point outlives it (a SIGKILLed process's engines exit on their own: they watch it).
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ def generation_evaluator(ev: EvaluatorConfig, prompts: list, **engines: Any):
         batch_size=ev.batch_size,
         startup_timeout_s=ev.startup_timeout_s,
         request_timeout_s=ev.request_timeout_s,
+        engine_lifetime=ev.engine_lifetime,
         **engines,
     )
 
@@ -160,6 +164,7 @@ class Trainer:
         self.eval_points = set(config.eval_points())
         self.exported: Path | None = None
         self.world = one_rank()  # until run_trainer joins the run's world
+        self.dispatcher = None  # the writer's EvalDispatcher, from setup on
 
     def join(self, world: RankWorld) -> None:
         """This trainer is ``world``'s rank: only the writer prints."""
@@ -497,6 +502,7 @@ class Trainer:
             runner=evaluation.runner,
             on_record=self._on_eval_record,
             on_point=self._on_eval_point,
+            on_event=self._on_evaluator_event,
             settled=settled_eval_keys(records),
             retained=retained,
             ray_options={"address": evaluation.ray_address or None},
@@ -522,6 +528,11 @@ class Trainer:
         shown = " ".join(f"{k}={v:.4g}" for k, v in record.metrics.items())
         text = shown if record.status == "ok" else f"skipped: {record.reason}"
         self.progress.print(f"eval step {record.step} {record.tenant}/{record.evaluator}: {text}")
+
+    def _on_evaluator_event(self, evaluator: str, event: dict[str, Any]) -> None:
+        """An event of an evaluator's ``close`` (e.g. the engines it kept, stopped)."""
+        fields = {k: v for k, v in event.items() if k != "event"}
+        self.metrics.event(event["event"], evaluator=evaluator, **fields)
 
     def _on_eval_point(self, outcome) -> None:
         if outcome.status == "already":
@@ -583,13 +594,21 @@ class Trainer:
             self.progress.print(f"eval point {step} of the previous run: {state}")
 
     def drain_evaluations(self) -> None:
-        """Wait for the eval points in flight, then close the dispatcher."""
+        """Wait for the eval points in flight, then close the dispatcher (its evaluators' kept
+        engines stop, logged before the summary)."""
         if self.dispatcher is None:
             return
         self.progress.print("waiting for the evaluations in flight...")
         try:
             self.dispatcher.drain()
         finally:
+            self.dispatcher.close()
+
+    def close_evaluations(self) -> None:
+        """However the run ends (:func:`run_trainer` calls it last): close the dispatcher --
+        the evaluators stop the engines they keep -- without waiting for points in flight.
+        After :meth:`drain_evaluations` it finds nothing left to stop."""
+        if self.dispatcher is not None:
             self.dispatcher.close()
 
     # -- 3. steps ---------------------------------------------------------------------------
@@ -797,8 +816,11 @@ def run_trainer(
             if world.is_writer else None
         )  # fmt: skip
         world.agreed(lambda: trainer.validate(device, dtype))
-        with world.model_parallel():
-            return trainer.run_to_end()
+        try:
+            with world.model_parallel():
+                return trainer.run_to_end()
+        finally:  # failed or interrupted too: no eval engine outlives the run
+            trainer.close_evaluations()
 
 
 def export_run(

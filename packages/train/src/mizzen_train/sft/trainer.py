@@ -22,7 +22,9 @@ whose step is SFT's:
 
 Invariants:
 - Training never starts a rollout engine: :attr:`SftConfig.engines_needed` is ``none`` or
-  ``eval-only``, and eval engines are started by the generation evaluator for an eval point only.
+  ``eval-only``, and eval engines are started by the generation evaluator at the first eval point
+  (never before), kept for the later points until the run ends (``engine_lifetime = "run"``, the
+  default) or started and stopped at each point (``"point"``).
 - A resumed run continues from the checkpoint's step with the checkpoint's slots, data position
   and RNG states, keeps its run id, evaluates only the points it has no results for (and first
   the unsettled points whose snapshots survived), and rewrites nothing it already logged except
@@ -111,7 +113,7 @@ class SftTrainer(Trainer):
                 batch_size=ev.batch_size,
                 device=ev.device,
             )
-        return generation_evaluator(  # it starts its own engines for an eval point
+        return generation_evaluator(  # it starts its own engines, at the first eval point
             ev,
             generation_prompts(self.tokenizer, dataset.examples),
             engine_urls=tuple(ev.engine_urls),
