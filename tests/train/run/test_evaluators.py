@@ -1,6 +1,7 @@
 """The built-in evaluators on real components: the generation evaluator scores what the snapshot
 generates, through an embedded engine it starts (and stops) on the snapshot for the point, an
-engine it keeps from point to point (pointed at each snapshot, replaced when it died, stopped by
+engine it keeps from point to point (pointed at each full-weight snapshot, or serving the base of
+adapter snapshots that it loads by name; replaced when it died or serves another model; stopped by
 close(); after close a point stops what it starts) or a running server it points at the snapshot
 over HTTP; an engine that cannot start skips the point with the reason; the held-out loss equals
 the slotted executor's own loss on the same tokens."""
@@ -18,7 +19,7 @@ import torch
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=75, labels=["train", "engine"])
+register_cpu_ci(est_time=85, labels=["train", "engine"])
 
 
 REWARD = """
@@ -37,7 +38,9 @@ def _fingerprint(text: str) -> float:
 
 
 def _models(tmp: str) -> dict:
-    """Two tiny Llamas and what greedy decoding answers on the first eval prompts."""
+    """Two tiny Llamas, two PEFT LoRA adapters of "a" (saved by the real peft package), and what
+    greedy decoding answers on the first eval prompts with each."""
+    import peft
     import transformers
 
     from mizzen_train.data import SftTokenizer, load_sft_dataset
@@ -47,10 +50,8 @@ def _models(tmp: str) -> dict:
     examples = load_sft_dataset(
         "example:colours_eval", tokenizer, field="eval", seq_len=200, limit=3
     ).examples
-    out = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        directory = write_tiny_llama(Path(tmp) / name, seed=seed, initializer_range=0.2)
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
+    def answers(model) -> list[float]:
         scores = []
         for example in examples:
             ids = tokenizer.prompt_ids(example.record)
@@ -60,7 +61,25 @@ def _models(tmp: str) -> dict:
             )  # fmt: skip
             text = tokenizer.hf.decode(generated[0, len(ids) :], skip_special_tokens=True)
             scores.append(_fingerprint(text))
+        return scores
+
+    out = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        directory = write_tiny_llama(Path(tmp) / name, seed=seed, initializer_range=0.2)
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        scores = answers(model)
         out[name] = {"path": str(directory), "score": sum(scores) / len(scores), "texts": scores}
+    for name, seed in (("x", 5), ("y", 6)):
+        torch.manual_seed(seed)
+        base = transformers.AutoModelForCausalLM.from_pretrained(
+            out["a"]["path"], dtype=torch.float32
+        )
+        lora = peft.get_peft_model(
+            base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
+        lora.save_pretrained(Path(tmp) / f"lora-{name}")
+        scores = answers(lora)
+        out[name] = {"path": str(Path(tmp) / f"lora-{name}"), "score": sum(scores) / len(scores)}
     return out
 
 
@@ -168,12 +187,28 @@ def test_a_kept_engine_serves_every_point_until_close_and_a_dead_one_is_replaced
     ]
     assert snapshot.events[0]["returncode"] == -signal.SIGKILL
 
+    # adapter snapshots (of "a"): the engine serving full weights is replaced by one serving
+    # their base model, kept for both; each adapter is loaded under its own name, then unloaded
+    assert made["x"]["score"] != made["y"]["score"], "the two adapters must answer differently"
+    lora = [
+        Snapshot(s, "t", Path(made[n]["path"]), root=tmp_path) for s, n in ((90, "x"), (95, "y"))
+    ]
+    for snapshot, name in zip(lora, ("x", "y"), strict=True):
+        assert evaluator.evaluate(snapshot)["score"] == pytest.approx(made[name]["score"])
+    events = [(e["event"], e.get("reason")) for e in lora[0].events]
+    assert events == [
+        ("engine_stopped", "the point serves another model"),
+        ("engine_started", None),
+        ("engine_adapter_loaded", None),
+    ]
+    assert [e["event"] for e in lora[1].events] == ["engine_adapter_loaded"]
+    assert not _running(replacement)
+    on_base = lora[0].events[1]["pid"]
+
     # close() stops it once, naming the last point it served; then a point stops what it starts
     closed = evaluator.close()
-    assert [(e["event"], e["pid"], e["step"]) for e in closed] == [
-        ("engine_stopped", replacement, 80)
-    ]
-    assert not _running(replacement) and evaluator.close() == []
+    assert [(e["event"], e["pid"], e["step"]) for e in closed] == [("engine_stopped", on_base, 95)]
+    assert not _running(on_base) and evaluator.close() == []
     after = Snapshot(100, "t", Path(made["b"]["path"]), root=tmp_path)
     assert evaluator.evaluate(after)["score"] == pytest.approx(made["b"]["score"])
     assert [e["event"] for e in after.events] == ["engine_started", "engine_stopped"]
