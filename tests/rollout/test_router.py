@@ -160,8 +160,13 @@ def test_aborted_groups_are_dropped_by_the_filter(embedded_server):
 
     async def go():
         task = asyncio.create_task(run_rollout(prompts, router, config, batch_id="ab"))
-        await asyncio.sleep(0.5)
-        await router.abort("ab-g1-s0")  # queued or running: either way it ends as aborted
+        # An engine aborts only a request it holds (queued or running: either way it ends as
+        # aborted), as SGLang does; one abort sent before the request arrives is lost (a single
+        # abort after a fixed sleep raced on a loaded runner).  So repeat it until the rollout
+        # ends: it lands whenever the request is held.
+        while not task.done():
+            await router.abort("ab-g1-s0")
+            await asyncio.sleep(0.05)
         try:
             return await task
         finally:
