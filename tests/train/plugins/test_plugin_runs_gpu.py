@@ -15,7 +15,7 @@ import pytest
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=240,
+    est_time=300,
     hardware=["hopper", "blackwell"],
     num_gpus=1,
     labels=["train", "lora", "plugins"],

@@ -13,7 +13,7 @@ import torch
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=20,
+    est_time=25,
     hardware=["hopper"],
     num_gpus=1,
     labels=["lora", "train", "megatron"],
