@@ -142,3 +142,26 @@ def rl() -> e2e_runs.RlRuns:
     """The RL e2e protocol: the toy two-tenant configuration, the reference-and-faulty run pair
     (NaN injection, SIGKILL, --resume) and the per-run checks."""
     return e2e_runs.RlRuns()
+
+
+@pytest.fixture(scope="module")
+def nccl_rank():
+    """World of one NCCL rank on GPU 0 with megatron's parallel state at TP 1 (the GPU files)."""
+    import os
+    import tempfile
+
+    import torch
+    from megatron.core import parallel_state
+
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    torch.cuda.set_device(0)
+    with tempfile.TemporaryDirectory(prefix="mizzen-nccl-") as tmp:
+        torch.distributed.init_process_group(
+            "nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
+        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            torch.distributed.destroy_process_group()

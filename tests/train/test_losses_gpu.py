@@ -5,10 +5,6 @@ fp32 copy of the logits)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import pytest
 import torch
 
 from mizzen_ci import register_cuda_ci
@@ -22,26 +18,6 @@ register_cuda_ci(
 )
 
 SHAPE = (1, 4096, 32000)
-
-
-@pytest.fixture(scope="module")
-def nccl_rank():
-    """World of one NCCL rank on GPU 0 with megatron's parallel state at TP 1 (megatron's path
-    all-reduces over its TP group)."""
-    from megatron.core import parallel_state
-
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    torch.cuda.set_device(0)
-    with tempfile.TemporaryDirectory(prefix="mizzen-nccl-") as tmp:
-        torch.distributed.init_process_group(
-            "nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            torch.distributed.destroy_process_group()
 
 
 def _megatron(logits, targets):

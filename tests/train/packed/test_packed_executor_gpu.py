@@ -9,10 +9,6 @@ steps train both paths to the same falling loss.
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import pytest
 import torch
 
 from mizzen_ci import register_cuda_ci
@@ -29,25 +25,6 @@ STEPS = 15
 SEQ = 512
 # samples per row: short, long and in-between, so the fast path buckets several lengths
 ROW_SAMPLES = [[100, 37, 300, 60], [511], [64] * 7 + [50], [200, 200, 90]]
-
-
-@pytest.fixture(scope="module")
-def nccl_rank():
-    """World of one NCCL rank on GPU 0 with megatron's parallel state."""
-    from megatron.core import parallel_state
-
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    torch.cuda.set_device(0)
-    with tempfile.TemporaryDirectory(prefix="mizzen-nccl-") as tmp:
-        torch.distributed.init_process_group(
-            "nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            torch.distributed.destroy_process_group()
 
 
 def _batch():

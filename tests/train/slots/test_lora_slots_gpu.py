@@ -4,10 +4,6 @@ bitwise unchanged; unloading gives every byte back."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import pytest
 import torch
 
 from mizzen_ci import register_cuda_ci
@@ -21,25 +17,6 @@ register_cuda_ci(
 )
 
 GPU_GPT = dict(num_layers=2, hidden_size=128, num_attention_heads=4, vocab_size=256, dtype="bf16")
-
-
-@pytest.fixture(scope="module")
-def nccl_rank():
-    """World of one NCCL rank on GPU 0 with megatron's parallel state."""
-    from megatron.core import parallel_state
-
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    torch.cuda.set_device(0)
-    with tempfile.TemporaryDirectory(prefix="mizzen-nccl-") as tmp:
-        torch.distributed.init_process_group(
-            "nccl", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1
-        )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            torch.distributed.destroy_process_group()
 
 
 def _executor(kit):

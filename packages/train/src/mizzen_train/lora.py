@@ -322,13 +322,7 @@ class _RunsDelta(torch.autograd.Function):
         a_factors, b_factors = factors[:count], factors[count:]
         x2 = x.reshape(-1, x.shape[-1])
         out2 = output.reshape(-1, output.shape[-1])
-        hidden = x2.new_empty(x2.shape[0], a_factors[0].shape[0])
-        for run in routing.runs:
-            rows = slice(run.start, run.stop)
-            if run.block < 0:
-                hidden[rows].zero_()
-            else:
-                torch.mm(x2[rows], a_factors[run.block].t(), out=hidden[rows])
+        hidden = _run_products(routing, x2, [a.t() for a in a_factors])
         if layer.parallel_mode == "row" and layer.tp_size > 1:
             torch.distributed.all_reduce(hidden, group=layer.tp_group)
         scaled = hidden * routing.token_scales
@@ -350,32 +344,34 @@ class _RunsDelta(torch.autograd.Function):
         count = len(factors) // 2
         a_factors, b_factors = factors[:count], factors[count:]
         grad2 = grad_output.reshape(-1, grad_output.shape[-1])
-        grad_hidden = scaled.new_empty(scaled.shape)
-        for run in routing.runs:
-            rows = slice(run.start, run.stop)
-            if run.block < 0:
-                grad_hidden[rows].zero_()
-            else:
-                torch.mm(grad2[rows], b_factors[run.block], out=grad_hidden[rows])
+        grad_hidden = _run_products(routing, grad2, b_factors)
         grad_hidden.mul_(routing.token_scales)
         if layer.parallel_mode == "column" and layer.tp_size > 1:
             torch.distributed.all_reduce(grad_hidden, group=layer.tp_group)
         grad_x = None
         if ctx.needs_input_grad[1]:
-            grad_x = x2.new_empty(x2.shape)
-            for run in routing.runs:
-                rows = slice(run.start, run.stop)
-                if run.block < 0:
-                    grad_x[rows].zero_()
-                else:
-                    torch.mm(grad_hidden[rows], a_factors[run.block], out=grad_x[rows])
-            grad_x = grad_x.view(ctx.x_shape)
+            grad_x = _run_products(routing, grad_hidden, a_factors).view(ctx.x_shape)
         needs = ctx.needs_input_grad[5:]
         sums_a = _per_slot_sums(routing, needs[:count], lambda r: grad_hidden[r].t() @ x2[r])
         sums_b = _per_slot_sums(routing, needs[count:], lambda r: grad2[r].t() @ scaled[r])
         grads_a = _deliver_factor_grads(a_factors, sums_a)
         grads_b = _deliver_factor_grads(b_factors, sums_b)
         return (grad_output, grad_x, None, None, None, *grads_a, *grads_b)
+
+
+def _run_products(
+    routing: SlotRouting, left: torch.Tensor, rights: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """``left[run] @ rights[run.block]`` for every run, one GEMM each, written into one
+    ``[tokens, width]`` buffer; a base-only run's rows are zero (no GEMM)."""
+    out = left.new_empty(left.shape[0], rights[0].shape[1])
+    for run in routing.runs:
+        rows = slice(run.start, run.stop)
+        if run.block < 0:
+            out[rows].zero_()
+        else:
+            torch.mm(left[rows], rights[run.block], out=out[rows])
+    return out
 
 
 def _per_slot_sums(routing: SlotRouting, needs, product) -> list[torch.Tensor | None]:
