@@ -124,3 +124,27 @@ def test_a_real_executor_counts_no_padding_and_no_sample_sees_another(kit):
         assert worst <= 1e-5, (row, worst)
         assert bool((padded[row, length:] == 0).all())  # padding: log-prob 0
     assert torch.isfinite(padded).all()
+
+
+def test_an_empty_prompt_trains_the_response_after_its_first_token():
+    """Position j predicts token j + 1: with no prompt, nothing predicts the first response
+    token (this used to be a tensor-size error)."""
+    from mizzen_rollout.api import Sample
+    from mizzen_train.rl.rows import tokenise_rows
+
+    sample = Sample(
+        prompt="", prompt_tokens=[], response_tokens=[5, 6, 7], loss_mask=[1, 0, 1],
+        rollout_logprobs=[-0.1, -0.2, -0.3],
+    )  # fmt: skip
+    rows = tokenise_rows(
+        [("a", {"sample": sample, "advantage": 0.5, "usable": True})],
+        slot_of={"a": 0}, width=4, pad_id=0, stats={"a": {}},
+    )  # fmt: skip
+    batch = rows.batch
+    assert batch.input_ids[0, :2].tolist() == [5, 6]
+    assert batch.target_ids[0, :2].tolist() == [6, 7]
+    assert batch.segment_ids[0].tolist() == [0, 0, -1, -1]
+    assert batch.loss_mask[0].tolist() == [False, True, False, False]  # targets 6 (mask 0), 7 (1)
+    assert batch.advantages[0].tolist() == [0.5, 0.5, 0.0, 0.0]
+    assert rows.engine_logprobs[0, :2].tolist() == pytest.approx([-0.2, -0.3])
+    assert rows.engine_known[0].tolist() == [True, True, False, False]

@@ -12,7 +12,8 @@ Invariants:
   packed (THD) path hands attention each sample as its own sequence (``cu_seqlens``), positions
   restart at 0 for every sample, no token attends across samples or to padding, and padding is
   never computed nor counted in a loss.  A sample with fewer than two tokens is a row of
-  padding (all ``-1``).
+  padding (all ``-1``); with an empty prompt the first response token has no target position
+  (nothing precedes it), so the loss covers the rest of the response.
 - The loss mask covers the response tokens of usable samples only (their ``loss_mask``), the
   advantage is the sample's on those tokens (NaN for a tenant of ``nan_tenants``: the fault
   drill), the engine log-probs are known exactly where the sample carries them.
@@ -137,9 +138,13 @@ def _fill_row(
     tensors["segment_ids"][i, :length] = 0
     if not (row["usable"] and response):
         return
-    span = slice(len(prompt) - 1, len(prompt) - 1 + len(response))  # targets: the response
-    tensors["loss_mask"][i, span] = torch.tensor(sample.loss_mask, dtype=torch.bool)
+    # position j predicts token j + 1: response token k sits at position len(prompt) + k - 1,
+    # so with an empty prompt the first response token is predicted by nothing (no target)
+    first = 1 if not prompt else 0
+    span = slice(len(prompt) - 1 + first, len(prompt) - 1 + len(response))
+    tensors["loss_mask"][i, span] = torch.tensor(sample.loss_mask[first:], dtype=torch.bool)
     tensors["advantages"][i, span] = float("nan") if nan else row["advantage"]
     if sample.rollout_logprobs is not None:
-        engine["logprobs"][i, span] = torch.tensor(sample.rollout_logprobs, dtype=torch.float32)
+        logprobs = sample.rollout_logprobs[first:]
+        engine["logprobs"][i, span] = torch.tensor(logprobs, dtype=torch.float32)
         engine["known"][i, span] = True
