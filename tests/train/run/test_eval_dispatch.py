@@ -292,3 +292,20 @@ def test_close_closes_every_evaluator_and_reports_their_events(tmp_path, capsys)
     assert [(name, e["event"], e["seen"]) for name, e in events] == [("keeper", "released", [10])]
     assert "closing evaluator 'broken' failed" in capsys.readouterr().err
     assert all(r.status == "ok" for r in records)
+
+
+def test_a_point_in_flight_when_close_starts_is_left_unsettled_for_a_resume(tmp_path):
+    """The teardown stops kept engines under a running point, whose evaluation then fails: that
+    is not the point's result.  It records nothing, so a resumed run evaluates it again."""
+    gate = threading.Event()
+    probe = Recorder(gates={10: gate}, skip_at=(10,))  # what a point whose engine died reports
+    dispatcher, _, records, points = make_dispatcher(tmp_path, [probe], tenants=("a",))
+    assert dispatcher.submit(10) == "dispatched"
+    deadline = time.monotonic() + 10
+    while 10 not in probe.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dispatcher.close()
+    gate.set()
+    dispatcher.drain(timeout_s=10)
+    assert probe.finished == [10], "the point ran to its end"
+    assert records == [] and points == [], "nothing settled: a resume redoes step 10"

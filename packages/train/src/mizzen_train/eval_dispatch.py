@@ -32,7 +32,9 @@ Invariants:
 - :meth:`drain` returns once every submitted point has settled.
 - :meth:`close` closes every evaluator (each one's ``close``, once per call; an evaluator's
   ``close`` is idempotent), whatever the others' do, reporting their events through ``on_event``;
-  the trainer calls it however the run ends.  Under the Ray runner each task closes its own copy
+  the trainer calls it however the run ends.  A point still in flight when :meth:`close` starts
+  is left unsettled (no record, its snapshot kept): what it would record may be the teardown's
+  doing (its engines stopped under it), and a resumed run evaluates it again.  Under the Ray runner each task closes its own copy
   of the evaluator when its evaluation ends (its events come back with the result): nothing is
   kept from one point to the next there.
 """
@@ -222,6 +224,7 @@ class EvalDispatcher:
         #: Every snapshot directory deleted, in order (each appears once).
         self.deleted: list[Path] = []
         self._ray_owned = False
+        self._closing = False  # close() started: points in flight are left unsettled
         self._ray_task: Any = None
         self._trim_retained()
 
@@ -416,6 +419,11 @@ class EvalDispatcher:
     # -- settling -----------------------------------------------------------------------------
 
     def _settle(self, point: _Point, records: list[EvalRecord]) -> None:
+        with self._lock:
+            if self._closing:  # see the module docstring: unsettled, so a resume redoes it
+                self._in_flight.pop(point.step, None)
+                self._lock.notify_all()
+                return
         wall = round(time.monotonic() - point.started, 3)
         skipped = [r for r in records if r.status != "ok"]
         if not records or len(skipped) == len(records):
@@ -514,7 +522,10 @@ class EvalDispatcher:
 
     def close(self) -> None:
         """Close every evaluator (see the module docstring), then release what the runner holds
-        (shuts Ray down if this dispatcher started it).  Waits for no point in flight."""
+        (shuts Ray down if this dispatcher started it).  Waits for no point in flight; those
+        are left unsettled (see the module docstring)."""
+        with self._lock:
+            self._closing = True
         try:
             for evaluator in self.evaluators:
                 self._close_evaluator(evaluator)

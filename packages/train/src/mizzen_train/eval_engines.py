@@ -27,10 +27,13 @@ Invariants:
   not answering ``/health`` (``engine_dead``, with the reason) -- (the point starts a fresh
   group: a dead engine never fails the run, at most the point it died in) or when the lease
   serves another ``key`` (another base model, or full weights after adapters).
-- One lease at a time: a kept group serves one point after the other (points of the same
-  evaluator in flight at once queue for it; ``"point"`` gives each its own engines).
-- After :meth:`EvalEngines.close` a lease behaves as ``"point"``: whatever it starts it stops,
-  so a point still running when the run ends leaves no engine behind.  ``close`` waits for no
+- One lease at a time on a kept group: it serves one point after the other (points of the same
+  evaluator in flight at once queue for it); ``"point"`` leases take no turn (each owns the
+  engines it starts), and a group that did not start whole -- a launch or a health check
+  failed -- is stopped whole and never kept.
+- After :meth:`EvalEngines.close` a lease behaves as ``"point"``: whatever it starts it stops
+  when it ends (a process that exits under a running point -- its eval threads are daemons --
+  leaves that point's engines to their parent watch, which stops them).  ``close`` waits for no
   lease: an engine it stops under a running point fails that point's requests.
 - Picklable: a copy holds no engines and is open (the Ray runner ships evaluators to tasks; each
   task closes its copy when its evaluation ends).
@@ -111,7 +114,8 @@ class EvalEngines:
         """The engines for ``snapshot``'s point: the kept group when it serves ``key`` and runs,
         else a group started on ``model_path`` (reading weights and adapters only from
         ``load_dirs``).  Raises :class:`EvalSkip` when an engine does not start."""
-        with self._use:
+        # a kept group serves one point at a time; "point" leases own all they start: no queue
+        with self._use if self.lifetime == "run" else contextlib.nullcontext():
             reused = self._reuse(snapshot, key)
             if reused is not None:
                 yield EngineLease([s.url for s in reused], fresh=False)
@@ -167,25 +171,25 @@ class EvalEngines:
     ) -> list[ServerProcess]:
         """Start the group, keep it (``"run"``, while open) or leave it in ``owned``, and wait
         until every engine answers ``/health``."""
-        servers = []
-        for _ in range(self.num_engines):
-            server = launch_embedded(
-                model_path=model_path,
-                num_threads=self.threads,
-                deadline_s=self.startup_timeout_s,
-                device=self.device,
-                load_dirs=list(load_dirs),
-                wait=False,
-            )
-            snapshot.note("engine_started", purpose="eval", pid=server.pid, engine="embedded")
-            servers.append(server)
-            with self._guard:
-                if self.lifetime == "run" and not self._closed:
-                    self._kept.append(server)  # close() stops it from now on
-                    self._key, self._last_step = key, snapshot.step
-                else:
-                    owned.append(server)
+        servers: list[ServerProcess] = []
         try:
+            for _ in range(self.num_engines):
+                server = launch_embedded(
+                    model_path=model_path,
+                    num_threads=self.threads,
+                    deadline_s=self.startup_timeout_s,
+                    device=self.device,
+                    load_dirs=list(load_dirs),
+                    wait=False,
+                )
+                snapshot.note("engine_started", purpose="eval", pid=server.pid, engine="embedded")
+                servers.append(server)
+                with self._guard:
+                    if self.lifetime == "run" and not self._closed:
+                        self._kept.append(server)  # close() stops it from now on
+                        self._key, self._last_step = key, snapshot.step
+                    else:
+                        owned.append(server)
             for server in servers:
                 server.wait_healthy(self.startup_timeout_s)
         except LaunchError as exc:
