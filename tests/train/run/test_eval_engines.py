@@ -122,3 +122,22 @@ def test_a_group_whose_second_engine_fails_to_launch_is_stopped_whole(launches):
     with group.lease(later, key="w", model_path="m", load_dirs=["/nowhere"]) as lease:
         assert len(lease.urls) == 2 and lease.fresh
     assert [e["event"] for e in group.close()] == ["engine_stopped", "engine_stopped"]
+
+
+def test_a_kept_group_a_point_failed_on_is_not_handed_to_the_next_point(launches):
+    """An engine can answer /health and still not serve (a wedged backend): after a point on
+    the kept group fails, the next point gets fresh engines."""
+    launched, _ = launches
+    group = engines("run")
+    with group.lease(snapshot(10), key="w", model_path="m", load_dirs=["/nowhere"]) as lease:
+        assert lease.fresh
+    with (
+        pytest.raises(RuntimeError),
+        group.lease(snapshot(20), key="w", model_path="m", load_dirs=["/nowhere"]) as lease,
+    ):
+        assert not lease.fresh, "kept from point 10"
+        raise RuntimeError("generation failed")
+    assert [server.stopped for server in launched] == [1]
+    with group.lease(snapshot(30), key="w", model_path="m", load_dirs=["/nowhere"]) as lease:
+        assert lease.fresh and len(launched) == 2
+    group.close()

@@ -26,7 +26,8 @@ Invariants:
   is stopped at the next lease instead of reused when one of its engines is dead -- exited, or
   not answering ``/health`` (``engine_dead``, with the reason) -- (the point starts a fresh
   group: a dead engine never fails the run, at most the point it died in) or when the lease
-  serves another ``key`` (another base model, or full weights after adapters).
+  serves another ``key`` (another base model, or full weights after adapters); and right away
+  when a point on it fails (an engine can answer ``/health`` and still not serve).
 - One lease at a time on a kept group: it serves one point after the other (points of the same
   evaluator in flight at once queue for it); ``"point"`` leases take no turn (each owns the
   engines it starts), and a group that did not start whole -- a launch or a health check
@@ -118,7 +119,11 @@ class EvalEngines:
         with self._use if self.lifetime == "run" else contextlib.nullcontext():
             reused = self._reuse(snapshot, key)
             if reused is not None:
-                yield EngineLease([s.url for s in reused], fresh=False)
+                try:
+                    yield EngineLease([s.url for s in reused], fresh=False)
+                except BaseException:
+                    self._discard(reused, snapshot.note)
+                    raise
                 return
             owned: list[ServerProcess] = []  # started by this lease and not kept: it stops them
             try:
@@ -149,6 +154,16 @@ class EvalEngines:
         why = "an engine of the group is dead" if same else "the point serves another model"
         self._stop(kept, snapshot.note, reason=why)
         return None
+
+    def _discard(self, servers: list[ServerProcess], note) -> None:
+        """A point on the kept group failed: stop the group (unless close() took it) rather than
+        hand a maybe-wedged engine -- one that answers ``/health`` but cannot serve -- to every
+        later point."""
+        with self._guard:
+            if self._kept != servers:
+                return
+            self._kept, self._key = [], None
+        self._stop(servers, note, reason="a point on it failed")
 
     def _dead(self, servers: Sequence[ServerProcess]) -> list[tuple[ServerProcess, str]]:
         """The engines that exited or do not answer ``/health`` (within 30 s at most), each with
