@@ -3,8 +3,12 @@ weights, and the same at TP=2 as at TP=1 (losses, gradients, stepped weights).""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mizzen_ci import register_cpu_ci
 
@@ -315,3 +319,36 @@ def test_a_stream_its_routing_does_not_cover_is_refused_naming_the_layer():
     )
     with state.use(routing), pytest.raises(ValueError, match="proj: the routing covers 5 stream"):
         layer(torch.randn(3, 16))
+
+
+@given(
+    token_slots=st.lists(st.integers(-1, 3), min_size=1, max_size=64),
+    scales=st.lists(st.floats(0.125, 8.0), min_size=4, max_size=4),
+)
+@settings(max_examples=200, deadline=None)
+def test_routing_runs_cover_any_stream_once_each_of_one_slot(token_slots, scales):
+    """Whatever the per-token slots: the runs tile the stream in order, each maximal and of one
+    slot, the token scales are each token's slot's (0 for base-only), the offsets are the runs'
+    stops -- or no routing when no token has a slot, the single kind when one slot has all."""
+    from mizzen_train.routing import build_routing
+
+    by_slot = {slot: scales[slot] for slot in range(4)}
+    routing = build_routing(torch.tensor(token_slots), by_slot, dtype=torch.float32, device="cpu")
+    present = sorted({s for s in token_slots if s >= 0})
+    if not present:
+        assert routing is None
+        return
+    assert routing.slots == tuple(present)
+    if len(present) == 1 and min(token_slots) >= 0:
+        assert routing.kind == "single"
+        return
+    runs = routing.runs
+    assert runs[0].start == 0 and runs[-1].stop == len(token_slots)
+    for before, after in itertools.pairwise(runs):
+        assert before.stop == after.start and before.block != after.block
+    for run in runs:
+        slot = routing.slots[run.block] if run.block >= 0 else -1
+        assert run.stop > run.start and set(token_slots[run.start : run.stop]) == {slot}
+    expected = [by_slot[s] if s >= 0 else 0.0 for s in token_slots]
+    assert routing.token_scales.view(-1).tolist() == pytest.approx(expected)
+    assert routing.run_stops.tolist() == [run.stop for run in runs]
