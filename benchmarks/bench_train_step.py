@@ -18,7 +18,9 @@ Steps measured, each a median over ``--steps`` timed steps after ``--warmup`` un
   on fewer rows (its tokens/s then compared), or reported as not fitting;
 - ``LoRA K=1`` / ``LoRA K=8``: the slot executor (rank 16 on every linear, fp32 masters and Adam)
   on the same rows, one slot or eight slots (one row each, one micro-batch: eight runs of one
-  packed stream).
+  packed stream).  Both on one executor with eight slots loaded (the steps differ only in the
+  batch's routing), their timed steps interleaved K=1, K=8, K=1, ... so that a drift of clocks or
+  memory state falls on both sides of the ratio.
 
 FLOPs counted (stated in the output): ``N`` = parameters of every matmul a token passes (the layers'
 linears and the output layer; not the embedding lookup).  Full SFT: ``6 N T``; LoRA (frozen base:
@@ -36,12 +38,15 @@ or in the GPU image's own environment (no venv; nothing here edits ``sys.path``)
     PYTHONPATH=packages/train/src:packages/plugins/src python benchmarks/bench_train_step.py
 
 On a machine without CUDA it runs a tiny shape on the CPU (a check of the script, not a
-measurement).  ``--profile`` prints torch.profiler's top CUDA kernels of one step of each kind.
+measurement).  ``--profile`` prints torch.profiler's top CUDA kernels of one step of each kind,
+in a pass of its own after every timed step (a profiler session never precedes a timing: one did,
+and the K=8 step timed after the K=1 profile ran 1.25x slower than in unprofiled runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -177,19 +182,33 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _time_steps(step, shape: Shape, device: str) -> float:
-    """Median seconds of ``shape.steps`` timed calls of ``step`` after ``shape.warmup``."""
-    for _ in range(shape.warmup):
-        step()
-    _sync(device)
-    times = []
-    for _ in range(shape.steps):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _measure(build, shape: Shape, device: str, *, profile: bool = False) -> dict[str, float]:
+    """Median seconds of each step ``build()`` returns (name -> step), their timed calls
+    interleaved step by step so that a drift of clock or memory state falls on every kind alike;
+    with ``profile``, each step profiled instead (nothing returned).  What ``build`` made is freed
+    before this returns, whatever happens."""
+    steps = build()
+    try:
+        if profile:
+            for name, step in steps.items():
+                step()  # warm, then one profiled step
+                _profile(step, name, device)
+            return {}
+        for step in steps.values():
+            for _ in range(shape.warmup):
+                step()
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(shape.steps):
+            for name, step in steps.items():
+                _sync(device)
+                start = time.perf_counter()
+                step()
+                _sync(device)
+                times[name].append(time.perf_counter() - start)
+        return {name: statistics.median(ts) for name, ts in times.items()}
+    finally:
+        del steps
+        _free(device)
 
 
 def _profile(step, label: str, device: str) -> None:
@@ -338,7 +357,7 @@ def main() -> None:
     samples = sum(map(len, row_samples))
     n_matmul = _matmul_params(spec)
     attention = _attention_flops(spec, row_samples)
-    lora = _lora_params(spec)
+    lora_params = _lora_params(spec)
     gpu = torch.cuda.get_device_name(0) if on_cuda else "cpu"
     peak = next((v for name, v in PEAK_BF16_FLOPS.items() if name in gpu), None)
 
@@ -361,65 +380,80 @@ def main() -> None:
         _init_distributed(device, os.path.join(tmp, "rendezvous"))
         results: dict[str, dict] = {}
         batch = _batch(shape, row_samples, [0] * shape.rows)
+        lora_batches = {
+            slots: _batch(
+                shape, row_samples, [row * slots // shape.rows for row in range(shape.rows)]
+            )
+            for slots in (1, 8)
+        }
 
-        def record(name: str, seconds: float, flops: float, tokens: int, note: str = "") -> None:
-            results[name] = dict(s=seconds, flops=flops, tokens=tokens, note=note)
+        def full_packed():
+            model = build_gpt(spec, device=device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=on_cuda)
+            return {"full SFT packed": _full_step_packed(model, batch, optimizer, device)}
 
-        # full-parameter SFT, packed
-        model = build_gpt(spec, device=device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=on_cuda)
-        step = _full_step_packed(model, batch, optimizer, device)
-        seconds = _time_steps(step, shape, device)
-        record("full SFT packed", seconds, 6 * n_matmul * real + attention, real)
-        if args.profile and on_cuda:
-            _profile(step, "full SFT packed", device)
-        del model, optimizer, step
-        _free(device)
+        def full_dense(rows: int):
+            model = build_gpt(spec, device=device, attention="dense")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=on_cuda)
+            return {
+                "full SFT dense (baseline)": _full_step_dense(model, batch, optimizer, device, rows)
+            }
 
-        # the old dense-mask path, same rows (fewer when they do not fit)
-        if not args.skip_dense:
-            rows = shape.rows
-            while rows >= 1:
-                try:
-                    model = build_gpt(spec, device=device, attention="dense")
-                    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=on_cuda)
-                    step = _full_step_dense(model, batch, optimizer, device, rows)
-                    seconds = _time_steps(step, shape, device)
-                    part = row_samples[:rows]
-                    tokens = sum(map(sum, part))
-                    flops = 6 * n_matmul * tokens + _attention_flops(spec, part)
-                    note = "" if rows == shape.rows else f"{rows} of {shape.rows} rows (memory)"
-                    record("full SFT dense (baseline)", seconds, flops, tokens, note)
-                    if args.profile and on_cuda:
-                        _profile(step, "full SFT dense", device)
-                    break
-                except torch.cuda.OutOfMemoryError:
-                    rows //= 2
-                finally:
-                    model = optimizer = step = None
-                    _free(device)
-            if rows < 1:
-                print("dense baseline: does not fit in memory even on one row")
-
-        # LoRA through the slot executor, K = 1 and K = 8
-        for slots in (1, 8):
+        def lora():
+            # one executor, eight slots loaded, for both K: K=1 routes every row to slot 0, K=8
+            # one row to each slot; the two steps differ only in the batch's routing
             model = build_gpt(spec, device=device)
             executor = SlotExecutor(
                 model,
                 ExecutorConfig(num_slots=8, max_rank=LORA_RANK, micro_batch_size=shape.rows),
             )
-            for slot in range(slots):
+            for slot in range(8):
                 executor.load_slot(slot, LORA_RANK, 2.0 * LORA_RANK, seed=slot)
-            row_slots = [row * slots // shape.rows for row in range(shape.rows)]
-            lora_batch = _batch(shape, row_samples, row_slots)
-            step = _lora_step(executor, lora_batch, slots)
-            seconds = _time_steps(step, shape, device)
-            flops = 4 * n_matmul * real + 6 * lora * real + attention
-            record(f"LoRA K={slots}", seconds, flops, real)
-            if args.profile and on_cuda:
-                _profile(step, f"LoRA K={slots}", device)
-            del model, executor, step
-            _free(device)
+            return {f"LoRA K={k}": _lora_step(executor, b, k) for k, b in lora_batches.items()}
+
+        # timing pass: nothing profiled before or between timed steps
+        packed = _measure(full_packed, shape, device)
+        results["full SFT packed"] = dict(
+            s=packed["full SFT packed"], flops=6 * n_matmul * real + attention, tokens=real, note=""
+        )
+        dense_rows = 0
+        if not args.skip_dense:  # the old dense-mask path, same rows (fewer when they do not fit)
+            rows = shape.rows
+            while rows >= 1 and not dense_rows:
+                try:
+                    dense = _measure(functools.partial(full_dense, rows), shape, device)
+                    dense_rows = rows
+                except torch.cuda.OutOfMemoryError:
+                    rows //= 2
+                _free(device)  # after the handler: its traceback held the failed step's tensors
+            if dense_rows:
+                part = row_samples[:dense_rows]
+                tokens = sum(map(sum, part))
+                note = (
+                    ""
+                    if dense_rows == shape.rows
+                    else f"{dense_rows} of {shape.rows} rows (memory)"
+                )
+                flops = 6 * n_matmul * tokens + _attention_flops(spec, part)
+                results["full SFT dense (baseline)"] = dict(
+                    s=dense["full SFT dense (baseline)"], flops=flops, tokens=tokens, note=note
+                )
+            else:
+                print("dense baseline: does not fit in memory even on one row")
+        for name, seconds in _measure(lora, shape, device).items():  # K=1 and K=8 interleaved
+            results[name] = dict(
+                s=seconds,
+                flops=4 * n_matmul * real + 6 * lora_params * real + attention,
+                tokens=real,
+                note="",
+            )
+
+        # profiling pass, after every timing (a profiler session must not touch a timed step)
+        if args.profile and on_cuda:
+            dense_builder = [functools.partial(full_dense, dense_rows)] if dense_rows else []
+            builders = [full_packed, *dense_builder, lora]
+            for build in builders:
+                _measure(build, shape, device, profile=True)
         torch.distributed.destroy_process_group()
 
     unit, scale = ("TFLOP/s", 1e12) if on_cuda else ("GFLOP/s", 1e9)
