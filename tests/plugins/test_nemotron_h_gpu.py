@@ -62,7 +62,10 @@ def test_fast_scan_matches_the_reference_in_bf16(seed):
     T, H, P, G, N = sum(lengths), 8, 64, 2, 64
     x = torch.randn(1, T, H, P, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
     dt = (torch.rand(1, T, H, device=CUDA) * 0.1 + 0.001).requires_grad_()
-    A = -(torch.rand(H, device=CUDA) * 4 + 0.5)
+    # A as the mixer makes it (-exp(A_log), a trained parameter): the graph the training step and
+    # the plugin runs compile too (an A without gradient was a second forward and backward, cold)
+    A_log = torch.log(torch.rand(H, device=CUDA) * 4 + 0.5).requires_grad_()
+    A = -torch.exp(A_log)
     B = torch.randn(1, T, G, N, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
     C = torch.randn(1, T, G, N, device=CUDA, dtype=torch.bfloat16, requires_grad=True)
     seq_idx = seq_idx_from_lengths(lengths, CUDA)[None]
@@ -70,16 +73,16 @@ def test_fast_scan_matches_the_reference_in_bf16(seed):
 
     got = backend.run(x, dt, A, B, C, chunk_size=64, seq_idx=seq_idx)
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
-    got_grads = torch.autograd.grad((got.float() * upstream).sum(), (x, dt, B, C))
+    got_grads = torch.autograd.grad((got.float() * upstream).sum(), (x, dt, A_log, B, C))
 
-    leaves = [t.detach().float().requires_grad_() for t in (x, dt, B, C)]
-    xf, dtf, Bf, Cf = leaves
-    expected = ssd_chunked(xf, dtf, A, Bf, Cf, chunk_size=64, seq_idx=seq_idx)
+    leaves = [t.detach().float().requires_grad_() for t in (x, dt, A_log, B, C)]
+    xf, dtf, A_logf, Bf, Cf = leaves
+    expected = ssd_chunked(xf, dtf, -torch.exp(A_logf), Bf, Cf, chunk_size=64, seq_idx=seq_idx)
     expected_grads = torch.autograd.grad((expected * upstream).sum(), leaves)
 
     error = relative_error(got, expected)
     assert error < 2e-2, f"forward relative error {error:.3g} (seed {seed}, {backend.name})"
-    for name, a, b in zip(("x", "dt", "B", "C"), got_grads, expected_grads, strict=True):
+    for name, a, b in zip(("x", "dt", "A_log", "B", "C"), got_grads, expected_grads, strict=True):
         assert torch.isfinite(a).all(), f"grad {name} not finite (seed {seed})"
         error = relative_error(a, b)
         assert error < 5e-2, f"grad {name} relative error {error:.3g} (seed {seed})"

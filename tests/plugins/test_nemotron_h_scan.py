@@ -184,7 +184,16 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
     seq32 = torch.tensor([[0] * 10 + [1] * 14], dtype=torch.int32)
     got = run(x, dt, A, B, C, chunk_size=8, seq_idx=seq32)
     torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=seq32))
-    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 8 inputs"
+    # the mixer's inputs: x, B and C strided views of one projection (split, then reshaped), on a
+    # whole-chunk length (no pad, so no copy made them contiguous): still the same graph
+    xbc = torch.randn(24, 2 * 3 + 2 * 4, dtype=torch.float32)
+    x, B, C = (
+        t.reshape(1, 24, -1, n) for t, n in zip(xbc.split([6, 4, 4], -1), (3, 4, 4), strict=True)
+    )
+    assert not x.is_contiguous()
+    got = run(x, dt, A, B, C, chunk_size=8, seq_idx=seq32)
+    torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=seq32))
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 9 inputs"
     # a shape error names the caller's sizes, not the padded ones
     with pytest.raises(
         ValueError, match=r"x is \(1, 15, 2, 3\)\): dt \(1, 14, 2\) != \(1, 15, 2\)"

@@ -7,10 +7,15 @@ sets up for it (the run framework's own :func:`mizzen_train.run.parallel.single_
 neither the world nor an embedded engine's threads outlive the test in the pytest process.
 - ``tiny_base(plugin)`` (session scope): the directory of plugin ``plugin``'s tiny base model
   (:func:`mizzen_train.plugin_models.base.write_tiny_base`, seed 0), written once per session.
+- ``sft_on_gpu(plugin)``: the GPU files' check, one per plugin file so that the lane runs the two
+  plugins' cold compilations side by side: 20 SFT steps of the tiny plugin model in bf16 through
+  megatron's forward-backward schedule (the executor's CUDA path calls PluginGPT as it calls
+  GPTModel) with falling loss, an adapter and a merged model exported.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,3 +54,39 @@ def tiny_base(tmp_path_factory) -> Callable[[str], Path]:
         return target
 
     return base
+
+
+@pytest.fixture
+def sft_on_gpu(tmp_path) -> Callable[[str], None]:
+    def check(plugin: str) -> None:
+        from mizzen_train.sft.config import SftConfig
+        from mizzen_train.sft.trainer import run_sft
+
+        run_dir = tmp_path / plugin
+        config = SftConfig.parse(
+            {
+                "run": {
+                    "dir": str(run_dir), "steps": 20, "checkpoint_interval": 20, "device": "cuda",
+                    "dtype": "bf16", "micro_batch_size": 4, "plot": False, "export_merged": True,
+                },
+                "model": {"path": "tiny", "plugin": plugin},
+                "data": {"seq_len": 144},
+                "tenants": [
+                    {"name": "colours", "data": "example:colours_train", "rows": 4, "lr": 1e-2,
+                     "lora_rank": 8, "lora_alpha": 16.0},
+                ],
+            },
+            source="test.toml",
+        )  # fmt: skip
+        run_sft(config)
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        started = next(r for r in records if r.get("event") == "run_started")
+        assert (started["device"], started["dtype"]) == ("cuda", "bf16")
+        losses = [r["loss"] for r in records if r["kind"] == "train"]
+        assert len(losses) == 20 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+        export = run_dir / "export" / "step-00000020" / "colours"
+        assert (export / "adapter" / "adapter_model.safetensors").is_file()
+        assert (export / "merged" / "model.safetensors").is_file()
+
+    return check

@@ -104,7 +104,9 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
 
     The time axis is padded here, outside the compiled region, to a whole number of chunks and
     at least two (see :func:`pad_to_chunks`): every length then reaches the compiled function
-    as ``n * chunk_size`` with ``n >= 2``, so one dynamic-shape graph serves them all.  Padding
+    as ``n * chunk_size`` with ``n >= 2``, contiguous (the mixer's ``x``, ``B``, ``C`` are strided
+    views of one projection; passed as views on a whole-chunk length they were a second forward
+    and backward), so one dynamic-shape graph serves them all.  Padding
     inside the graph specialised it on the pad (0, 1 and other pads are separate guards, as is a
     single chunk): up to five compilations of forward and backward for one training run."""
 
@@ -121,15 +123,15 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
 def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
     """The scan's inputs with the time axis padded to ``max(ceil(T / Q), 2) * Q`` the way
     :func:`ssd_chunked` pads internally (``dt = 0``: decay 1, no input; the last token's
-    sequence): padding after the end changes no output of a real token."""
+    sequence): padding after the end changes no output of a real token.  Always contiguous."""
     b, length = x.shape[:2]
     padded = max(-(-length // chunk_size), 2) * chunk_size
     pad = padded - length
     if seq_idx is None:
         seq_idx = torch.zeros(b, length, dtype=torch.int64, device=x.device)
     seq_idx = seq_idx.to(torch.int64)  # one dtype into the graph whatever the pad (no retrace)
-    if pad == 0:
-        return x, dt, B, C, seq_idx
+    if pad == 0:  # contiguous as the padded copies are: a strided view is another graph
+        return x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), seq_idx
     last = seq_idx[:, -1:] if length else seq_idx.new_zeros(b, 1)
     return (
         torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),
