@@ -107,7 +107,8 @@ def test_children_get_the_keyed_cache_variables_and_the_dirs_are_private(full_ru
 def test_counts_come_back_from_the_children_that_imported_torch(full_run):
     base, _, summary = full_run
     by_file = {Path(f["file"]).name: f for f in summary["files"]}
-    assert by_file["test_fills_counters.py"]["compile_stats"] == {
+    stats = by_file["test_fills_counters.py"]["compile_stats"]
+    assert {k: v for k, v in stats.items() if k != "recompiles"} == {
         "inductor": {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 1, "fxgraph_cache_bypass": 0},
         "aot_autograd": {
             "autograd_cache_hit": 1,
@@ -116,14 +117,25 @@ def test_counts_come_back_from_the_children_that_imported_torch(full_run):
         },
     }
     zeros = by_file["test_imports_torch_only.py"]["compile_stats"]
+    assert zeros.pop("recompiles") == []
     assert all(v == 0 for group in zeros.values() for v in group.values())
     assert by_file["test_sees_cache_env.py"]["compile_stats"] is None  # never imported torch
     text = (base / "r" / "summary.txt").read_text()
-    # file, GPUs (2 words), seconds, GPU-s, share, fx, aot, outcome
+    # file, GPUs (2 words), seconds, GPU-s, share, fx, aot, recompiles, outcome
     rows = {r.split()[0]: r.split() for r in text.splitlines() if r.startswith("tests/test_")}
-    assert rows["tests/test_fills_counters.py"][6:8] == ["2/1", "1/1"]
-    assert rows["tests/test_imports_torch_only.py"][6:8] == ["0/0", "0/0"]
-    assert rows["tests/test_sees_cache_env.py"][6:8] == ["-", "-"]
+    assert rows["tests/test_fills_counters.py"][6:9] == ["2/1", "1/1", "1"]
+    assert rows["tests/test_imports_torch_only.py"][6:9] == ["0/0", "0/0", "0"]
+    assert rows["tests/test_sees_cache_env.py"][6:9] == ["-", "-", "-"]
+    # the function recompiled, where, how often and why, from dynamo's own record
+    (recompiled,) = by_file["test_fills_counters.py"]["compile_stats"]["recompiles"]
+    assert recompiled["function"] == "doubled" and recompiled["count"] == 1, recompiled
+    assert recompiled["where"].startswith("test_fills_counters.py:")
+    assert recompiled["reasons"] == ["tensor 'x' dtype mismatch. expected Float, actual Double"]
+    assert (
+        "Recompiled by torch.compile (each a compile more; dynamo's guard failures):\n"
+        f"- tests/test_fills_counters.py: doubled ({recompiled['where']}) recompiled 1 time(s): "
+        "tensor 'x' dtype mismatch. expected Float, actual Double"
+    ) in text
     assert (
         "compile cache fx 2 hit(s) / 1 miss(es), aot 1 hit(s) / 1 miss(es) in the 2 file(s) "
         "that imported torch" in text
@@ -137,6 +149,7 @@ def test_counts_come_back_from_the_children_that_imported_torch(full_run):
         "2",
         "1",
     )
+    assert props["recompiles"] == "1"
     assert "inductor.fxgraph_cache_hit" not in suites["tests/test_sees_cache_env.py"]
 
 
@@ -389,6 +402,41 @@ HOSTILE = {
     "deep": (b"[" * 60000, "not valid JSON"),
     "not UTF-8": (b'{"inductor": {"\xff": 1}}', "not valid JSON"),
     "not JSON": (b"hits=3", "not valid JSON"),
+    "recompiles not a list": (b'{"recompiles": {"f": 1}}', "not a list of at most 16"),
+    "too many recompiles": (
+        b'{"recompiles": ['
+        + b",".join([b'{"function": "f", "where": "a:1", "count": 1, "reasons": []}'] * 17)
+        + b"]}",
+        "not a list of at most 16",
+    ),
+    "recompile missing a key": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1}]}',
+        "recompiles[0] that is not an object of function, where, count, reasons",
+    ),
+    "recompile extra key": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": [], "x": 1}]}',
+        "recompiles[0] that is not an object",
+    ),
+    "recompile name too long": (
+        b'{"recompiles": [{"function": "'
+        + b"f" * 201
+        + b'", "where": "a:1", "count": 1, "reasons": []}]}',
+        "recompiles[0].function or .where not a string",
+    ),
+    "recompile count a string": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": "2", "reasons": []}]}',
+        "recompiles[0].count = 2, not a whole number",
+    ),
+    "recompile reason too long": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": ["'
+        + b"r" * 241
+        + b'"]}]}',
+        "recompiles[0].reasons not a list of at most 3 strings",
+    ),
+    "recompile reasons not strings": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": [1]}]}',
+        "recompiles[0].reasons not a list",
+    ),
 }
 
 
@@ -417,6 +465,14 @@ def test_a_good_counts_file_and_a_missing_one(tmp_path):
         "fxgraph_cache_miss": 0,
         "fxgraph_cache_bypass": 0,
     }
+    assert stats.recompiles == () and stats.as_json()["recompiles"] == []
+    # recompiles as a child writes them; a reason with markup or control characters is kept as
+    # text here and escaped by each medium of the summary
+    entry = {"function": "ssd", "where": "ssd.py:105", "count": 3, "reasons": ["a\x1b[31m", "b"]}
+    path.write_text(json.dumps({"inductor": {}, "recompiles": [entry]}))
+    stats, warning = read_stats(path)
+    assert warning is None and stats.recompiled == 3
+    assert stats.as_json()["recompiles"] == [entry]
 
 
 # --------------------------------------------------------------------------------------------

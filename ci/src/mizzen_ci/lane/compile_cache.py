@@ -48,6 +48,13 @@ Invariants:
   :func:`read_stats` reads it as hostile: a regular file of at most :data:`MAX_STATS_BYTES`
   (:func:`mizzen_ci.sources.read_bytes`), a JSON object of the known groups and counters only,
   each a whole number in ``[0, MAX_COUNT]``; anything else is a warning, never an exception.
+- Recompiles: the same file carries, under ``"recompiles"``, the functions ``torch.compile``
+  compiled more than once in the child (from dynamo's own record of failed guards,
+  ``torch._dynamo.utils.guard_failures``, kept whatever ``TORCH_LOGS`` says): at most
+  :data:`MAX_RECOMPILED` functions, each its name, ``file:line``, how many times it was
+  recompiled (distinct cache entries whose guards failed) and at most :data:`MAX_REASONS` distinct
+  reasons of :data:`MAX_REASON_CHARS` characters, first line only.  Read as hostile like the
+  counts (exact keys, bounded strings and numbers); the report escapes every string.
 """
 
 from __future__ import annotations
@@ -73,6 +80,11 @@ STATS_ENV = "MIZZEN_COMPILE_STATS"
 OFF = "off"
 MAX_STATS_BYTES = 64 * 1024
 MAX_COUNT = 10**9
+MAX_RECOMPILED = 16  # functions listed per child, most recompiled first
+MAX_REASONS = 3  # distinct guard-failure reasons kept per function
+MAX_REASON_CHARS = 240
+MAX_NAME_CHARS = 200  # a function's name or its file:line
+RECOMPILES_KEY = "recompiles"
 VERSION_PY_BYTES = 64 * 1024  # torch/version.py is a few hundred bytes
 
 # The one table of the variables the children get:
@@ -303,10 +315,31 @@ OUTCOMES = ("hit", "miss", "bypass")
 
 
 @dataclass(frozen=True)
+class Recompile:
+    """A function ``torch.compile`` compiled again in one child, and why (raw text: the code
+    under test wrote it; each medium escapes it)."""
+
+    function: str
+    where: str  # file name:first line
+    count: int  # times recompiled: distinct cache entries whose guards failed
+    reasons: tuple[str, ...]  # distinct guard-failure reasons, first seen first
+
+    def as_json(self) -> dict:
+        return {
+            "function": self.function,
+            "where": self.where,
+            "count": self.count,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True)
 class CompileStats:
-    """Counts of :data:`CACHES` × :data:`OUTCOMES` from one child (or summed over several)."""
+    """Counts of :data:`CACHES` × :data:`OUTCOMES` from one child (or summed over several),
+    and the functions it recompiled."""
 
     counts: Mapping[tuple[str, str], int]  # (label, outcome) -> count
+    recompiles: tuple[Recompile, ...] = ()
 
     def get(self, cache: TorchCache, outcome: str) -> int:
         return self.counts.get((cache.label, outcome), 0)
@@ -314,23 +347,56 @@ class CompileStats:
     def hit_miss(self, cache: TorchCache) -> str:
         return f"{self.get(cache, 'hit')}/{self.get(cache, 'miss')}"
 
+    @property
+    def recompiled(self) -> int:
+        """Recompiles of every function listed."""
+        return sum(r.count for r in self.recompiles)
+
     def __add__(self, other: CompileStats) -> CompileStats:
         keys = set(self.counts) | set(other.counts)
-        return CompileStats({k: self.counts.get(k, 0) + other.counts.get(k, 0) for k in keys})
+        return CompileStats(
+            {k: self.counts.get(k, 0) + other.counts.get(k, 0) for k in keys},
+            self.recompiles + other.recompiles,
+        )
 
     def as_json(self) -> dict:
-        return {c.group: {c.prefix + o: self.get(c, o) for o in OUTCOMES} for c in CACHES}
+        return {
+            **{c.group: {c.prefix + o: self.get(c, o) for o in OUTCOMES} for c in CACHES},
+            RECOMPILES_KEY: [r.as_json() for r in self.recompiles],
+        }
+
+
+def _recompiles(guard_failures: Mapping[object, Sequence[object]]) -> list[dict]:
+    """The :class:`Recompile` records (as JSON) of dynamo's ``guard_failures``: code object ->
+    reasons, each ``"<compile id>: <reason>"`` for one cache entry whose guards failed."""
+    found = []
+    for code, failures in list(guard_failures.items()):
+        entries, reasons = set(), []
+        for failure in failures:
+            entry, _, reason = str(failure).partition(": ")
+            entries.add(entry)
+            reason = (reason.splitlines() or [""])[0].strip()[:MAX_REASON_CHARS]
+            if reason not in reasons and len(reasons) < MAX_REASONS:
+                reasons.append(reason)
+        name = str(getattr(code, "co_name", code))[:MAX_NAME_CHARS]
+        where = f"{os.path.basename(str(getattr(code, 'co_filename', '?')))}:"
+        where = (where + str(getattr(code, "co_firstlineno", "?")))[:MAX_NAME_CHARS]
+        found.append({"function": name, "where": where, "count": len(entries), "reasons": reasons})
+    found.sort(key=lambda r: (-r["count"], r["where"]))
+    return found[:MAX_RECOMPILED]
 
 
 def child_stats(modules: Mapping[str, object]) -> dict | None:
     """The counts of a child whose imported modules are ``modules``; ``None`` without torch."""
     if "torch" not in modules:
         return None
-    counters = getattr(modules.get("torch._dynamo.utils"), "counters", None) or {}
-    out = {}
+    dynamo_utils = modules.get("torch._dynamo.utils")
+    counters = getattr(dynamo_utils, "counters", None) or {}
+    out: dict = {}
     for c in CACHES:
         group = counters.get(c.group) or {}  # .get: never create a group in torch's defaultdict
         out[c.group] = {c.prefix + o: int(group.get(c.prefix + o, 0)) for o in OUTCOMES}
+    out[RECOMPILES_KEY] = _recompiles(getattr(dynamo_utils, "guard_failures", None) or {})
     return out
 
 
@@ -374,11 +440,16 @@ def read_stats(path: Path) -> tuple[CompileStats | None, str | None]:
         return None, f"compile-cache counts {path}: not valid JSON counts ({e}); not shown"
     groups = {c.group: c for c in CACHES}
     counts: dict[tuple[str, str], int] = {}
+    recompiles: tuple[Recompile, ...] = ()
     problem = None
     if not isinstance(raw, dict):
         problem = f"is a JSON {type(raw).__name__}, not an object of {', '.join(groups)}"
     else:
+        if RECOMPILES_KEY in raw:
+            recompiles, problem = _read_recompiles(raw.pop(RECOMPILES_KEY))
         for group, values in raw.items():
+            if problem:
+                break
             cache = groups.get(group)
             if cache is None or not isinstance(values, dict):
                 problem = f"has {str(group)[:40]!r}, not one of {', '.join(groups)} with counters"
@@ -396,4 +467,43 @@ def read_stats(path: Path) -> tuple[CompileStats | None, str | None]:
                 break
     if problem:
         return None, f"compile-cache counts {path}: {problem}; not shown"
-    return CompileStats(counts), None
+    return CompileStats(counts, recompiles), None
+
+
+def _short_text(value: object, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit
+
+
+def _read_recompiles(raw: object) -> tuple[tuple[Recompile, ...], str | None]:
+    """The ``"recompiles"`` list of a counts file, checked field by field (see the module
+    docstring), or the first problem."""
+    if not isinstance(raw, list) or len(raw) > MAX_RECOMPILED:
+        return (), f"has {RECOMPILES_KEY} that is not a list of at most {MAX_RECOMPILED} entries"
+    found = []
+    for index, entry in enumerate(raw):
+        where = f"{RECOMPILES_KEY}[{index}]"
+        if not isinstance(entry, dict) or set(entry) != {"function", "where", "count", "reasons"}:
+            return (), f"has {where} that is not an object of function, where, count, reasons"
+        if not (
+            _short_text(entry["function"], MAX_NAME_CHARS)
+            and _short_text(entry["where"], MAX_NAME_CHARS)
+        ):
+            return (), f"has {where}.function or .where not a string of <= {MAX_NAME_CHARS} chars"
+        count = entry["count"]
+        if type(count) is not int or not 0 <= count <= MAX_COUNT:
+            return (
+                (),
+                f"has {where}.count = {str(count)[:40]}, not a whole number in [0, {MAX_COUNT}]",
+            )
+        reasons = entry["reasons"]
+        if (
+            not isinstance(reasons, list)
+            or len(reasons) > MAX_REASONS
+            or not all(_short_text(r, MAX_REASON_CHARS) for r in reasons)
+        ):
+            return (), (
+                f"has {where}.reasons not a list of at most {MAX_REASONS} strings of "
+                f"<= {MAX_REASON_CHARS} chars"
+            )
+        found.append(Recompile(entry["function"], entry["where"], count, tuple(reasons)))
+    return tuple(found), None

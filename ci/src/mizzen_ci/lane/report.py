@@ -9,7 +9,8 @@ Invariants:
   its attempts (retries cost GPU time too), a GPU's time split evenly between the files sharing it
   at each instant, so the lane's total is the time its GPUs were held; its share is of that
   total, and the files run are listed by share, largest first.  Its compile-cache hits/misses are its final attempt's, as
-  its child counted them (``-``: it never imported torch); the summary names the compile cache
+  its child counted them (``-``: it never imported torch), with the functions it recompiled
+  (how often, why: :class:`.compile_cache.Recompile`); the summary names the compile cache
   (or why there is none) and every counts file that was not believed (a warning, not a failure).
 - Every retried attempt goes to the flake record (:mod:`mizzen_ci.history`, keyed by (test file,
   arch)); the summary shows this run's retries with how often each key appears in the record.
@@ -73,6 +74,7 @@ COLUMNS: tuple[tuple[str, Callable[[SummaryRow], object]], ...] = (
         )
         for c in CACHES
     ),
+    ("recompiles", lambda r: r.compile_stats.recompiled if r.compile_stats else "-"),
     ("outcome", lambda r: r.outcome),
 )
 
@@ -116,6 +118,17 @@ def totals_line(rows: Sequence[SummaryRow]) -> str | None:
     return text
 
 
+def recompile_lines(rows: Sequence[SummaryRow]) -> list[str]:
+    """One line per function a file's child recompiled (raw: the caller's medium escapes it)."""
+    return [
+        f"- {r.file}: {rc.function} ({rc.where}) recompiled {rc.count} time(s): "
+        + (" | ".join(rc.reasons) or "no reason recorded")
+        for r in rows
+        if r.compile_stats is not None
+        for rc in r.compile_stats.recompiles
+    ]
+
+
 def summary_tables(
     rows: Sequence[SummaryRow],
     flakes: Sequence[history.FlakeRecord],
@@ -133,6 +146,13 @@ def summary_tables(
     if totals:
         out += ["", line(totals)]
     out += [line(f"warning: {w}") for w in warnings]
+    recompiled = recompile_lines(rows)
+    if recompiled:
+        out += [
+            "",
+            line("Recompiled by torch.compile (each a compile more; dynamo's guard failures):"),
+        ]
+        out += [line(text) for text in recompiled]
     if flakes:
         out.append("")
         out.append("Retried infrastructure failures (flake record, keyed by file and arch):")
@@ -326,7 +346,7 @@ def junit_reports(outcome: LaneOutcome) -> list[junit.FileReport]:
 
 def _cost_properties(outcome: LaneOutcome, r: FileResult) -> dict[str, str]:
     """A file's junit properties for what it cost: GPU-seconds, share, compile-cache counts (by
-    torch's own counter names) and the cache it was given."""
+    torch's own counter names), recompiles and the cache it was given."""
     share = outcome.share(r)
     props = {
         "gpu_seconds": f"{outcome.gpu_seconds_of(r):.3f}",
@@ -337,6 +357,7 @@ def _cost_properties(outcome: LaneOutcome, r: FileResult) -> dict[str, str]:
         props.update(
             {f"{c.group}.{c.prefix}{o}": str(stats.get(c, o)) for c in CACHES for o in OUTCOMES}
         )
+        props["recompiles"] = str(stats.recompiled)
     if outcome.compile_cache is not None:
         props["compile_cache"] = outcome.compile_cache.describe().removeprefix("compile cache: ")
     return props
