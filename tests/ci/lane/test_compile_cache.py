@@ -22,15 +22,21 @@ import pytest
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.lane.compile_cache import (
     CACHE_VARIABLES,
+    MAX_REASON_CHARS,
+    MAX_RECOMPILED,
     MAX_STATS_BYTES,
     CompileCacheError,
+    CompileStats,
+    Recompile,
     TorchBuild,
+    _recompiles,
     cache_key,
+    child_stats,
     configure,
     read_stats,
 )
 from mizzen_ci.lane.hardware import Gpu
-from mizzen_ci.lane.report import LaneOutcome, write_reports
+from mizzen_ci.lane.report import LaneOutcome, SummaryRow, summary_tables, write_reports
 from mizzen_ci.lane.runner import Attempt, FileResult, LaneFile
 
 register_cpu_ci(est_time=40, labels=["ci", "gpu-lane"])
@@ -123,18 +129,23 @@ def test_counts_come_back_from_the_children_that_imported_torch(full_run):
     text = (base / "r" / "summary.txt").read_text()
     # file, GPUs (2 words), seconds, GPU-s, share, fx, aot, recompiles, outcome
     rows = {r.split()[0]: r.split() for r in text.splitlines() if r.startswith("tests/test_")}
-    assert rows["tests/test_fills_counters.py"][6:9] == ["2/1", "1/1", "1"]
+    assert rows["tests/test_fills_counters.py"][6:9] == ["2/1", "1/1", "2"]
     assert rows["tests/test_imports_torch_only.py"][6:9] == ["0/0", "0/0", "0"]
     assert rows["tests/test_sees_cache_env.py"][6:9] == ["-", "-", "-"]
     # the function recompiled, where, how often and why, from dynamo's own record
+    # (three guard failures -- float vs double, then both entries vs int64 -- are two recompiles)
     (recompiled,) = by_file["test_fills_counters.py"]["compile_stats"]["recompiles"]
-    assert recompiled["function"] == "doubled" and recompiled["count"] == 1, recompiled
+    assert recompiled["function"] == "doubled" and recompiled["count"] == 2, recompiled
     assert recompiled["where"].startswith("test_fills_counters.py:")
-    assert recompiled["reasons"] == ["tensor 'x' dtype mismatch. expected Float, actual Double"]
+    assert sorted(recompiled["reasons"]) == [
+        "tensor 'x' dtype mismatch. expected Double, actual Long",
+        "tensor 'x' dtype mismatch. expected Float, actual Double",
+        "tensor 'x' dtype mismatch. expected Float, actual Long",
+    ]
     assert (
         "Recompiled by torch.compile (each a compile more; dynamo's guard failures):\n"
-        f"- tests/test_fills_counters.py: doubled ({recompiled['where']}) recompiled 1 time(s): "
-        "tensor 'x' dtype mismatch. expected Float, actual Double"
+        f"- tests/test_fills_counters.py: doubled ({recompiled['where']}) recompiled 2 time(s): "
+        + " | ".join(recompiled["reasons"])
     ) in text
     assert (
         "compile cache fx 2 hit(s) / 1 miss(es), aot 1 hit(s) / 1 miss(es) in the 2 file(s) "
@@ -149,7 +160,7 @@ def test_counts_come_back_from_the_children_that_imported_torch(full_run):
         "2",
         "1",
     )
-    assert props["recompiles"] == "1"
+    assert props["recompiles"] == "2"
     assert "inductor.fxgraph_cache_hit" not in suites["tests/test_sees_cache_env.py"]
 
 
@@ -431,7 +442,20 @@ HOSTILE = {
         b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": ["'
         + b"r" * 241
         + b'"]}]}',
-        "recompiles[0].reasons not a list of at most 3 strings",
+        "recompiles[0].reasons not a list of at most 3 one-line strings",
+    ),
+    "recompile reason of two lines": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": ["a\\nb"]}]}',
+        "recompiles[0].reasons not a list of at most 3 one-line strings",
+    ),
+    "recompile count 0": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 0, "reasons": []}]}',
+        "recompiles[0].count = 0, not a whole number in [1,",
+    ),
+    "repeated key": (b'{"recompiles": 5, "recompiles": []}', "repeats a key"),
+    "repeated counter": (
+        b'{"inductor": {"fxgraph_cache_hit": 1, "fxgraph_cache_hit": 2}}',
+        "repeats a key",
     ),
     "recompile reasons not strings": (
         b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": [1]}]}',
@@ -536,3 +560,77 @@ def test_a_sharing_file_that_ran_alone_is_charged_and_shown_as_alone(tmp_path):
     assert [outcome.gpu_seconds_of(r) for r in results] == [7.5, 7.5, 10.0]
     assert "total: 25.0 GPU-seconds over 3 file(s) run" in text
     assert "2 file(s) shared a GPU" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Recompiles from dynamo's record of failed guards (synthetic records: the shapes torch keeps)
+
+
+def _code(name: str, line: int = 7):
+    """A stand-in for the code object dynamo keys its record by (hashable, as code objects are)."""
+    attributes = {"co_name": name, "co_filename": f"/src/{name}.py", "co_firstlineno": line}
+    return type("Code", (), attributes)()
+
+
+def test_recompiles_are_the_distinct_entries_that_failed_and_the_limit_is_named():
+    scan, loss = _code("scan"), _code("loss")
+    failures = {
+        # entry 0 failed, then 0 and 1 (two recompiles); the second line is dynamo's user stack
+        scan: ["0/0: tensor 'A' requires_grad mismatch\nUser stack trace:\n  ...",
+               "0/0: size guard s0 >= 4096", "0/1: size guard s0 >= 4096"],
+        # at the limit (3) every entry failed: two recompiles, then calls ran uncompiled
+        loss: ["1/0: dtype mismatch", "1/0: dtype mismatch", "1/1: dtype mismatch",
+               "1/0: dtype mismatch", "1/1: dtype mismatch", "1/2: dtype mismatch"],
+    }  # fmt: skip
+    assert _recompiles(failures, 3) == [
+        {"function": "loss", "where": "loss.py:7", "count": 2,
+         "reasons": ["hit torch._dynamo.config.recompile_limit (3): later calls ran uncompiled",
+                     "dtype mismatch"]},
+        {"function": "scan", "where": "scan.py:7", "count": 2,
+         "reasons": ["tensor 'A' requires_grad mismatch", "size guard s0 >= 4096"]},
+    ]  # fmt: skip
+    below = _recompiles(failures, 8)  # under a higher limit: three recompiles, no limit named
+    assert below[0]["count"] == 3 and below[0]["reasons"] == ["dtype mismatch"]
+
+
+def test_recompile_records_are_bounded_and_odd_shapes_are_skipped():
+    many = {_code(f"f{i}", i): [f"0/{j}: r{j}" for j in range(i % 5 + 1)] for i in range(40)}
+    got = _recompiles(many, 8)
+    assert len(got) == MAX_RECOMPILED and [r["count"] for r in got][:3] == [5, 5, 5]
+    assert all(len(r["reasons"]) <= 3 for r in got)
+    long = _recompiles({_code("g"): ["0/0: " + "x" * 1000]}, 8)
+    assert long[0]["reasons"] == ["x" * MAX_REASON_CHARS]
+    # torch's private record in another shape: nothing, never an exception
+    assert _recompiles(None, 8) == [] and _recompiles(["0/0: r"], 8) == []
+    assert _recompiles({_code("h"): "0/0: a string, not a list"}, 8) == []
+    assert _recompiles({_code("h"): [None, "no id here"]}, 8) == []
+
+
+def test_a_guard_record_that_breaks_costs_the_recompiles_not_the_counts():
+    import types
+
+    class Broken(dict):
+        def items(self):
+            raise RuntimeError("torch changed")
+
+    counters = {"inductor": {"fxgraph_cache_hit": 4}}
+    utils = types.SimpleNamespace(counters=counters, guard_failures=Broken(x=1))
+    stats = child_stats({"torch": object(), "torch._dynamo.utils": utils})
+    assert stats["inductor"]["fxgraph_cache_hit"] == 4 and stats["recompiles"] == []
+
+
+def test_a_hostile_recompile_is_escaped_in_every_summary_medium():
+    hostile = Recompile(
+        "::error::fn", "x.py:1\x1b]0;title\x07", 3,
+        ("a\u202eb ##[group]x [l](http://e) @team", "::warning file=a::b", "<script>"),
+    )  # fmt: skip
+    row = SummaryRow("tests/test_x.py", "1 (0)", 1.0, "passed", True, 1.0, 1.0,
+                     CompileStats({}, (hostile,)))  # fmt: skip
+    for markdown in (False, True):
+        text = summary_tables([row], [], {}, markdown=markdown)
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert not any(line.lstrip("- ").startswith("::") for line in text.splitlines())
+        assert "##[group]" not in text
+        assert "recompiled 3 time" in text
+    markdown = summary_tables([row], [], {}, markdown=True)
+    assert "<script>" not in markdown and "\\<script\\>" in markdown

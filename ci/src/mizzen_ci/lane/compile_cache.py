@@ -52,9 +52,10 @@ Invariants:
   compiled more than once in the child (from dynamo's own record of failed guards,
   ``torch._dynamo.utils.guard_failures``, kept whatever ``TORCH_LOGS`` says): at most
   :data:`MAX_RECOMPILED` functions, each its name, ``file:line``, how many times it was
-  recompiled (distinct cache entries whose guards failed) and at most :data:`MAX_REASONS` distinct
-  reasons of :data:`MAX_REASON_CHARS` characters, first line only.  Read as hostile like the
-  counts (exact keys, bounded strings and numbers); the report escapes every string.
+  recompiled (:func:`_recompiles`: the recompile limit and ``torch._dynamo.reset()`` included) and
+  at most :data:`MAX_REASONS` distinct reasons of :data:`MAX_REASON_CHARS` characters, first line
+  only.  Gathering them can never cost the counts.  Read as hostile like the counts (no repeated
+  keys, exact keys, bounded strings and numbers); the report escapes every string.
 """
 
 from __future__ import annotations
@@ -366,22 +367,43 @@ class CompileStats:
         }
 
 
-def _recompiles(guard_failures: Mapping[object, Sequence[object]]) -> list[dict]:
+def _recompiles(guard_failures: object, limit: object) -> list[dict]:
     """The :class:`Recompile` records (as JSON) of dynamo's ``guard_failures``: code object ->
-    reasons, each ``"<compile id>: <reason>"`` for one cache entry whose guards failed."""
+    reasons, each ``"<compile id>: <reason>"`` for one cache entry whose guards failed when the
+    function was called and no entry served.  Compiling entry ``k`` follows failures of entries
+    ``0..k-1``, so the distinct entries that failed are the recompiles -- except once dynamo hit
+    its ``recompile_limit`` (``limit``): then every entry failed, the count is ``limit - 1`` and
+    the first reason says that later calls ran uncompiled.  ``torch._dynamo.reset()`` clears the
+    record: recompiles before a reset are not counted.  Anything not of that shape is skipped."""
+    if not isinstance(guard_failures, Mapping):
+        return []
     found = []
     for code, failures in list(guard_failures.items()):
+        if not isinstance(failures, (list, tuple)):
+            continue
         entries, reasons = set(), []
         for failure in failures:
-            entry, _, reason = str(failure).partition(": ")
+            entry, separator, reason = str(failure).partition(": ")
+            if not separator:
+                continue
             entries.add(entry)
             reason = (reason.splitlines() or [""])[0].strip()[:MAX_REASON_CHARS]
-            if reason not in reasons and len(reasons) < MAX_REASONS:
+            if reason not in reasons:
                 reasons.append(reason)
+        if not entries:
+            continue
+        count = len(entries)
+        if type(limit) is int and 1 <= limit <= count:
+            count = limit - 1
+            reasons.insert(
+                0, f"hit torch._dynamo.config.recompile_limit ({limit}): later calls ran uncompiled"
+            )
         name = str(getattr(code, "co_name", code))[:MAX_NAME_CHARS]
         where = f"{os.path.basename(str(getattr(code, 'co_filename', '?')))}:"
         where = (where + str(getattr(code, "co_firstlineno", "?")))[:MAX_NAME_CHARS]
-        found.append({"function": name, "where": where, "count": len(entries), "reasons": reasons})
+        found.append(
+            {"function": name, "where": where, "count": count, "reasons": reasons[:MAX_REASONS]}
+        )
     found.sort(key=lambda r: (-r["count"], r["where"]))
     return found[:MAX_RECOMPILED]
 
@@ -396,7 +418,11 @@ def child_stats(modules: Mapping[str, object]) -> dict | None:
     for c in CACHES:
         group = counters.get(c.group) or {}  # .get: never create a group in torch's defaultdict
         out[c.group] = {c.prefix + o: int(group.get(c.prefix + o, 0)) for o in OUTCOMES}
-    out[RECOMPILES_KEY] = _recompiles(getattr(dynamo_utils, "guard_failures", None) or {})
+    try:  # torch's private record: if its shape changed, the counts above still go out
+        limit = getattr(modules.get("torch._dynamo.config"), "recompile_limit", None)
+        out[RECOMPILES_KEY] = _recompiles(getattr(dynamo_utils, "guard_failures", None), limit)
+    except Exception:
+        out[RECOMPILES_KEY] = []
     return out
 
 
@@ -425,6 +451,13 @@ def _no_constant(name: str):
     raise ValueError(f"holds {name}, not a count")
 
 
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"an object repeats a key ({sorted(keys)[:8]})")
+    return dict(pairs)
+
+
 def read_stats(path: Path) -> tuple[CompileStats | None, str | None]:
     """(the counts a child wrote to ``path``, a warning: raw text, for the medium to escape);
     ``(None, None)`` when it wrote none (it never imported torch).  Read as hostile input (see
@@ -433,7 +466,9 @@ def read_stats(path: Path) -> tuple[CompileStats | None, str | None]:
         return None, None
     try:
         data, _ = read_bytes(path, MAX_STATS_BYTES)
-        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        raw = json.loads(
+            data.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_no_duplicates
+        )
     except OSError as e:
         return None, f"compile-cache counts {e}; not shown"
     except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, NaN, over-long numbers
@@ -490,19 +525,18 @@ def _read_recompiles(raw: object) -> tuple[tuple[Recompile, ...], str | None]:
         ):
             return (), f"has {where}.function or .where not a string of <= {MAX_NAME_CHARS} chars"
         count = entry["count"]
-        if type(count) is not int or not 0 <= count <= MAX_COUNT:
-            return (
-                (),
-                f"has {where}.count = {str(count)[:40]}, not a whole number in [0, {MAX_COUNT}]",
+        if type(count) is not int or not 1 <= count <= MAX_COUNT:
+            return (), (
+                f"has {where}.count = {str(count)[:40]}, not a whole number in [1, {MAX_COUNT}]"
             )
         reasons = entry["reasons"]
         if (
             not isinstance(reasons, list)
             or len(reasons) > MAX_REASONS
-            or not all(_short_text(r, MAX_REASON_CHARS) for r in reasons)
+            or not all(_short_text(r, MAX_REASON_CHARS) and "\n" not in r for r in reasons)
         ):
             return (), (
-                f"has {where}.reasons not a list of at most {MAX_REASONS} strings of "
+                f"has {where}.reasons not a list of at most {MAX_REASONS} one-line strings of "
                 f"<= {MAX_REASON_CHARS} chars"
             )
         found.append(Recompile(entry["function"], entry["where"], count, tuple(reasons)))

@@ -129,7 +129,7 @@ def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
     pad = padded - length
     if seq_idx is None:
         seq_idx = torch.zeros(b, length, dtype=torch.int64, device=x.device)
-    seq_idx = seq_idx.to(torch.int64)  # one dtype into the graph whatever the pad (no retrace)
+    seq_idx = seq_idx.to(torch.int64).contiguous()  # one dtype and layout whatever the pad
     if pad == 0:  # contiguous as the padded copies are: a strided view is another graph
         return x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), seq_idx
     last = seq_idx[:, -1:] if length else seq_idx.new_zeros(b, 1)
