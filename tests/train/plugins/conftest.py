@@ -7,6 +7,7 @@ sets up for it (the run framework's own :func:`mizzen_train.run.parallel.single_
 neither the world nor an embedded engine's threads outlive the test in the pytest process.
 - ``tiny_base(plugin)`` (session scope): the directory of plugin ``plugin``'s tiny base model
   (:func:`mizzen_train.plugin_models.base.write_tiny_base`, seed 0), written once per session.
+- ``plugin_sft_config(run_dir, plugin, ...)``: the plugin runs' SFT config (CPU and GPU files).
 - ``sft_on_gpu(plugin)``: the GPU files' check, one per plugin file so that the lane runs the two
   plugins' cold compilations side by side: 20 SFT steps of the tiny plugin model in bf16 through
   megatron's forward-backward schedule (the executor's CUDA path calls PluginGPT as it calls
@@ -57,19 +58,21 @@ def tiny_base(tmp_path_factory) -> Callable[[str], Path]:
 
 
 @pytest.fixture
-def sft_on_gpu(tmp_path) -> Callable[[str], None]:
-    def check(plugin: str) -> None:
-        from mizzen_train.sft.config import SftConfig
-        from mizzen_train.sft.trainer import run_sft
+def plugin_sft_config() -> Callable[..., object]:
+    """``plugin_sft_config(run_dir, plugin, *, steps=20, run=None, **model)``: the plugin runs'
+    SFT config (one tenant, ``example:colours_train``, rank 8, seq_len 144, merged export), its
+    ``run`` table updated by ``run`` and its ``model`` table by ``model``."""
 
-        run_dir = tmp_path / plugin
-        config = SftConfig.parse(
+    def build(run_dir: Path, plugin: str, *, steps: int = 20, run=None, **model):
+        from mizzen_train.sft.config import SftConfig
+
+        return SftConfig.parse(
             {
                 "run": {
-                    "dir": str(run_dir), "steps": 20, "checkpoint_interval": 20, "device": "cuda",
-                    "dtype": "bf16", "micro_batch_size": 4, "plot": False, "export_merged": True,
+                    "dir": str(run_dir), "steps": steps, "checkpoint_interval": steps,
+                    "micro_batch_size": 4, "plot": False, "export_merged": True, **(run or {}),
                 },
-                "model": {"path": "tiny", "plugin": plugin},
+                "model": {"path": "tiny", "plugin": plugin, **model},
                 "data": {"seq_len": 144},
                 "tenants": [
                     {"name": "colours", "data": "example:colours_train", "rows": 4, "lr": 1e-2,
@@ -78,7 +81,17 @@ def sft_on_gpu(tmp_path) -> Callable[[str], None]:
             },
             source="test.toml",
         )  # fmt: skip
-        run_sft(config)
+
+    return build
+
+
+@pytest.fixture
+def sft_on_gpu(tmp_path, plugin_sft_config) -> Callable[[str], None]:
+    def check(plugin: str) -> None:
+        from mizzen_train.sft.trainer import run_sft
+
+        run_dir = tmp_path / plugin
+        run_sft(plugin_sft_config(run_dir, plugin, run={"device": "cuda", "dtype": "bf16"}))
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         started = next(r for r in records if r.get("event") == "run_started")

@@ -21,25 +21,15 @@ register_cpu_ci(est_time=45, labels=["train", "lora", "plugins", "e2e"])
 pytestmark = pytest.mark.in_child  # its body's threads/world end with it
 
 
-def sft_config(tmp_path, plugin, *, steps=20, **model):
-    from mizzen_train.sft.config import SftConfig
+@pytest.fixture
+def sft_config(plugin_sft_config):
+    """``sft_config(tmp_path, plugin, *, steps=20, **model)``: the CPU run of the plugin config."""
 
-    return SftConfig.parse(
-        {
-            "run": {
-                "dir": str(tmp_path / f"sft-{plugin}"), "steps": steps,
-                "checkpoint_interval": steps, "device": "cpu", "micro_batch_size": 4,
-                "threads": 1, "plot": False, "export_merged": True,
-            },
-            "model": {"path": "tiny", "plugin": plugin, **model},
-            "data": {"seq_len": 144},
-            "tenants": [
-                {"name": "colours", "data": "example:colours_train", "rows": 4, "lr": 1e-2,
-                 "lora_rank": 8, "lora_alpha": 16.0},
-            ],
-        },
-        source="test.toml",
-    )  # fmt: skip
+    def build(tmp_path, plugin, *, steps=20, **model):
+        run = {"device": "cpu", "threads": 1}
+        return plugin_sft_config(tmp_path / f"sft-{plugin}", plugin, steps=steps, run=run, **model)
+
+    return build
 
 
 def rl_config(tmp_path, plugin):
@@ -108,7 +98,7 @@ def peft_vs_merged(plugin, export, ids):
 
 
 @pytest.mark.parametrize("plugin", ["nemotron_h", "deepseek_v4"])
-def test_sft_trains_a_tiny_plugin_model_and_exports_it(plugin, tmp_path):
+def test_sft_trains_a_tiny_plugin_model_and_exports_it(plugin, tmp_path, sft_config):
     from mizzen_train.sft.trainer import run_sft
 
     config = sft_config(tmp_path, plugin)
@@ -153,7 +143,9 @@ def test_rl_on_embedded_engines_refuses_a_plugin_without_a_hf_architecture(tmp_p
     assert not list(config.run_dir.glob("base-model-*")), "refused before a base is written"
 
 
-def test_an_unknown_plugin_is_a_config_error_listing_the_installed_ones(tmp_path, capsys):
+def test_an_unknown_plugin_is_a_config_error_listing_the_installed_ones(
+    tmp_path, capsys, sft_config
+):
     from mizzen_train.cli import main
     from mizzen_train.run.config import ConfigError
 
@@ -173,7 +165,7 @@ def test_an_unknown_plugin_is_a_config_error_listing_the_installed_ones(tmp_path
     assert len(err) == 1 and "model.plugin='llama9'" in err[0] and "nemotron_h" in err[0]
 
 
-def test_tiny_fields_and_tensor_parallelism_are_checked_per_plugin(tmp_path):
+def test_tiny_fields_and_tensor_parallelism_are_checked_per_plugin(tmp_path, sft_config):
     from mizzen_train.run.config import ConfigError
     from mizzen_train.run.sections import ModelConfig, check_model
 
@@ -184,7 +176,9 @@ def test_tiny_fields_and_tensor_parallelism_are_checked_per_plugin(tmp_path):
         check_model(ModelConfig(path="tiny", plugin="nemotron_h"), "t.toml", tensor_parallel=2)
 
 
-def test_run_json_of_a_llama_run_is_unchanged_and_a_plugin_run_records_its_plugin(tmp_path):
+def test_run_json_of_a_llama_run_is_unchanged_and_a_plugin_run_records_its_plugin(
+    tmp_path, sft_config
+):
     """A Llama run's recorded [model] has no plugin key, so runs started before plugins existed
     resume (their [model] must equal the stored one)."""
     assert sft_config(tmp_path, "").to_dict()["model"] == {"path": "tiny", "tokenizer": "model",
