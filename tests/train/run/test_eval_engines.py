@@ -1,6 +1,7 @@
 """The eval engine group's lease rules (``mizzen_train.eval_engines``) where real engines cannot
-provoke them: points of ``engine_lifetime = "point"`` run side by side, and a group whose second
-engine fails to launch is stopped whole and not kept.  The servers are stand-ins with
+provoke them: points of ``engine_lifetime = "point"`` run side by side, a group whose second
+engine fails to launch is stopped whole and not kept, and a group a point failed on -- or had
+failed generations on (the evaluator's ``spoiled`` lease) -- is not handed to the next point.  The servers are stand-ins with
 ``ServerProcess``'s surface (checked below against the real class); real engines serving kept
 points are tests/train/run/test_evaluators.py's."""
 
@@ -141,3 +142,47 @@ def test_a_kept_group_a_point_failed_on_is_not_handed_to_the_next_point(launches
     with group.lease(snapshot(30), key="w", model_path="m", load_dirs=["/nowhere"]) as lease:
         assert lease.fresh and len(launched) == 2
     group.close()
+
+
+def test_a_fresh_kept_group_its_first_point_failed_on_is_not_kept(launches):
+    """The point that started the group fails on it (its engines maybe wedged from the start):
+    the next point gets fresh engines too, not the group."""
+    launched, _ = launches
+    group = engines("run")
+    with (
+        pytest.raises(RuntimeError),
+        group.lease(snapshot(10), key="w", model_path="m", load_dirs=["/nowhere"]) as lease,
+    ):
+        assert lease.fresh
+        raise RuntimeError("generation failed")
+    assert [server.stopped for server in launched] == [1]
+    with group.lease(snapshot(20), key="w", model_path="m", load_dirs=["/nowhere"]) as lease:
+        assert lease.fresh and len(launched) == 2
+    group.close()
+
+
+def test_a_point_with_failed_generations_does_not_keep_its_group(launches, monkeypatch):
+    """Failed generations come back as failed samples, not as an exception: the evaluator marks
+    the lease spoiled and the group, fresh or reused, is stopped after the point."""
+    from mizzen_train.evaluators import GenerationEvaluator
+
+    launched, _ = launches
+    evaluator = GenerationEvaluator(name="answers", prompts=[], reward="f1")
+    failures = iter([1, 0, 2, 0])  # point 10 fresh, 20 fresh, 30 reused, 40 fresh
+
+    async def scores(*args, **kwargs):
+        return {"score": 0.5, "failed": float(next(failures))}
+
+    monkeypatch.setattr(evaluator, "_generate", scores)
+    monkeypatch.setattr(evaluator, "_on_urls", scores)  # a reused group: pointed at the snapshot
+    stopped_after = []
+    for step in (10, 20, 30, 40):
+        evaluator.evaluate(snapshot(step))
+        stopped_after.append([server.stopped for server in launched])
+    assert stopped_after == [
+        [1],  # 10: started, one generation failed: stopped
+        [1, 0],  # 20: started, none failed: kept
+        [1, 1],  # 30: reused, two failed: stopped
+        [1, 1, 0],  # 40: started again
+    ]
+    assert [e["event"] for e in evaluator.close()] == ["engine_stopped"]

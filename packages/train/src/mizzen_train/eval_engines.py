@@ -27,7 +27,8 @@ Invariants:
   not answering ``/health`` (``engine_dead``, with the reason) -- (the point starts a fresh
   group: a dead engine never fails the run, at most the point it died in) or when the lease
   serves another ``key`` (another base model, or full weights after adapters); and right away
-  when a point on it fails (an engine can answer ``/health`` and still not serve).
+  when a point on it fails or reports failed generations (``EngineLease.spoiled``), the point
+  that started it included (an engine can answer ``/health`` and still not serve).
 - One lease at a time on a kept group: it serves one point after the other (points of the same
   evaluator in flight at once queue for it); ``"point"`` leases take no turn (each owns the
   engines it starts), and a group that did not start whole -- a launch or a health check
@@ -60,13 +61,15 @@ ENGINE_LIFETIMES = ("run", "point")
 HEALTH_PROBE_S = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class EngineLease:
     """What a point gets from :meth:`EvalEngines.lease`: the engines' URLs, and whether they were
-    started for this point on its own model directory (``fresh``: nothing to point them at)."""
+    started for this point on its own model directory (``fresh``: nothing to point them at).
+    The point sets ``spoiled`` when some of its generations failed: the group is then not kept."""
 
     urls: list[str]
     fresh: bool
+    spoiled: bool = False
 
 
 class EvalEngines:
@@ -119,18 +122,31 @@ class EvalEngines:
         with self._use if self.lifetime == "run" else contextlib.nullcontext():
             reused = self._reuse(snapshot, key)
             if reused is not None:
-                try:
-                    yield EngineLease([s.url for s in reused], fresh=False)
-                except BaseException:
-                    self._discard(reused, snapshot.note)
-                    raise
+                with self._serving(reused, snapshot, fresh=False) as lease:
+                    yield lease
                 return
             owned: list[ServerProcess] = []  # started by this lease and not kept: it stops them
             try:
                 servers = self._start(snapshot, key, model_path, load_dirs, owned)
-                yield EngineLease([s.url for s in servers], fresh=True)
+                with self._serving(servers, snapshot, fresh=True) as lease:
+                    yield lease
             finally:
                 self._stop(owned, snapshot.note, reason="point ended")
+
+    @contextlib.contextmanager
+    def _serving(
+        self, servers: list[ServerProcess], snapshot: Snapshot, *, fresh: bool
+    ) -> Iterator[EngineLease]:
+        """A point on ``servers``; if it fails, or some of its generations failed, the group is
+        not kept for the next point (fresh or reused alike)."""
+        lease = EngineLease([s.url for s in servers], fresh=fresh)
+        try:
+            yield lease
+        except BaseException:
+            self._discard(servers, snapshot.note, reason="a point on it failed")
+            raise
+        if lease.spoiled:
+            self._discard(servers, snapshot.note, reason="a point on it had failed generations")
 
     def _reuse(self, snapshot: Snapshot, key: Hashable) -> list[ServerProcess] | None:
         """The kept group if it serves ``key`` and every engine in it answers ``/health``; else
@@ -155,15 +171,15 @@ class EvalEngines:
         self._stop(kept, snapshot.note, reason=why)
         return None
 
-    def _discard(self, servers: list[ServerProcess], note) -> None:
-        """A point on the kept group failed: stop the group (unless close() took it) rather than
-        hand a maybe-wedged engine -- one that answers ``/health`` but cannot serve -- to every
-        later point."""
+    def _discard(self, servers: list[ServerProcess], note, *, reason: str) -> None:
+        """A point on the kept group failed: stop the group (unless close() took it, or it is
+        not kept) rather than hand a maybe-wedged engine -- one that answers ``/health`` but
+        cannot serve -- to every later point."""
         with self._guard:
             if self._kept != servers:
                 return
             self._kept, self._key = [], None
-        self._stop(servers, note, reason="a point on it failed")
+        self._stop(servers, note, reason=reason)
 
     def _dead(self, servers: Sequence[ServerProcess]) -> list[tuple[ServerProcess, str]]:
         """The engines that exited or do not answer ``/health`` (within 30 s at most), each with

@@ -29,7 +29,8 @@ Invariants:
   (``engine_started`` / ``engine_stopped`` events): before ``evaluate`` returns
   (``engine_lifetime = "point"``), or at the latest by :meth:`GenerationEvaluator.close`, whose
   events say so (``"run"``; the run's teardown calls it however the run ends).  A kept engine
-  found dead at a point (exited, or not answering ``/health``) is replaced for that point.  See
+  found dead at a point (exited, or not answering ``/health``) is replaced for that point; a
+  group on which a point failed or had failed generations is not kept for the next one.  See
   :mod:`mizzen_train.eval_engines`.
 - Scores do not depend on the lifetime: a kept engine loads each snapshot as a fresh one would.
 """
@@ -135,10 +136,13 @@ class GenerationEvaluator:
             )
         with lease as engines:
             if adapter is not None:
-                return asyncio.run(self._on_urls(snapshot, engines.urls, adapter))
-            if engines.fresh:  # started on this snapshot
-                return asyncio.run(self._generate(snapshot, engines.urls))
-            return asyncio.run(self._on_urls(snapshot, engines.urls))  # pointed at it first
+                scores = asyncio.run(self._on_urls(snapshot, engines.urls, adapter))
+            elif engines.fresh:  # started on this snapshot
+                scores = asyncio.run(self._generate(snapshot, engines.urls))
+            else:
+                scores = asyncio.run(self._on_urls(snapshot, engines.urls))  # pointed at it first
+            engines.spoiled = scores["failed"] > 0  # maybe a wedged engine: not kept
+            return scores
 
     async def _on_urls(self, snapshot: Snapshot, urls: list[str], adapter=None) -> dict[str, float]:
         from mizzen_rollout.api import EngineError, SGLangClient
