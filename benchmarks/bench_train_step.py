@@ -40,7 +40,7 @@ or in the GPU image's own environment (no venv; nothing here edits ``sys.path``)
 On a machine without CUDA it runs a tiny shape on the CPU (a check of the script, not a
 measurement).  ``--profile`` prints torch.profiler's top CUDA kernels of one step of each kind,
 in a pass of its own after every timed step (a profiler session never precedes a timing: one did,
-and the K=8 step timed after the K=1 profile ran 1.25x slower than in unprofiled runs).
+and the K=8 step timed after the K=1 profile ran 1.2x slower than in unprofiled runs).
 """
 
 from __future__ import annotations

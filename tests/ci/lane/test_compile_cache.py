@@ -448,9 +448,9 @@ HOSTILE = {
         b'{"recompiles": [{"function": "f", "where": "a:1", "count": 1, "reasons": ["a\\nb"]}]}',
         "recompiles[0].reasons not a list of at most 3 one-line strings",
     ),
-    "recompile count 0": (
-        b'{"recompiles": [{"function": "f", "where": "a:1", "count": 0, "reasons": []}]}',
-        "recompiles[0].count = 0, not a whole number in [1,",
+    "recompile count -1": (
+        b'{"recompiles": [{"function": "f", "where": "a:1", "count": -1, "reasons": []}]}',
+        "recompiles[0].count = -1, not a whole number in [0,",
     ),
     "repeated key": (b'{"recompiles": 5, "recompiles": []}', "repeats a key"),
     "repeated counter": (
@@ -591,6 +591,9 @@ def test_recompiles_are_the_distinct_entries_that_failed_and_the_limit_is_named(
     ]  # fmt: skip
     below = _recompiles(failures, 8)  # under a higher limit: three recompiles, no limit named
     assert below[0]["count"] == 3 and below[0]["reasons"] == ["dtype mismatch"]
+    # recompile_limit = 1: no recompile allowed, the first failure already ran uncompiled
+    (none,) = _recompiles({_code("k"): ["0/0: size mismatch"]}, 1)
+    assert none["count"] == 0 and none["reasons"][0].startswith("hit torch._dynamo.config")
 
 
 def test_recompile_records_are_bounded_and_odd_shapes_are_skipped():
@@ -634,3 +637,92 @@ def test_a_hostile_recompile_is_escaped_in_every_summary_medium():
         assert "recompiled 3 time" in text
     markdown = summary_tables([row], [], {}, markdown=True)
     assert "<script>" not in markdown and "\\<script\\>" in markdown
+
+
+# --------------------------------------------------------------------------------------------
+# Properties: any counts file, any guard record
+
+
+def _json_values():
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300)
+    return st.recursive(
+        leaves,
+        lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=30), inner),
+        max_leaves=60,
+    )
+
+
+def _recompile_entries():
+    from hypothesis import strategies as st
+
+    text = st.text(max_size=260)
+    entry = st.fixed_dictionaries(
+        {"function": text, "where": text, "count": st.integers(-2, 2 * 10**9),
+         "reasons": st.lists(text, max_size=5)}
+    )  # fmt: skip
+    return st.lists(entry, max_size=20)
+
+
+def _check_read_back(stats, warning, path) -> None:
+    assert (stats is None) != (warning is None), (stats, warning)
+    if warning is not None:
+        assert str(path) in warning
+    if stats is not None:
+        assert len(stats.recompiles) <= MAX_RECOMPILED
+        for rc in stats.recompiles:
+            assert 0 <= rc.count <= 10**9 and len(rc.reasons) <= 3
+            assert len(rc.function) <= 200 and len(rc.where) <= 200
+            assert all(len(r) <= MAX_REASON_CHARS and "\n" not in r for r in rc.reasons)
+
+
+def test_any_counts_file_is_read_back_bounded_or_refused(tmp_path_factory):
+    """Whatever JSON a child leaves (arbitrary values, or a recompiles list of any entries), the
+    reader returns bounded counts or one warning naming the file; it never raises."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    base = tmp_path_factory.mktemp("any-counts")
+    anything = _json_values() | st.fixed_dictionaries(
+        {"inductor": st.just({"fxgraph_cache_hit": 1}), "recompiles": _recompile_entries()}
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(anything)
+    def check(value):
+        path = base / "x.compile.json"
+        path.write_text(json.dumps(value))
+        stats, warning = read_stats(path)
+        _check_read_back(stats, warning, path)
+
+    check()
+
+
+def test_any_guard_record_gives_records_the_reader_accepts(tmp_path_factory):
+    """Whatever dynamo's record holds (any reason texts, any number of entries and failures, any
+    limit), what a child writes from it is accepted by the lane's reader and bounded."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    base = tmp_path_factory.mktemp("any-record")
+    failure = st.tuples(st.integers(0, 12), st.text(max_size=400)).map(
+        lambda t: f"0/{t[0]}: {t[1]}"
+    )
+    record = st.dictionaries(
+        st.sampled_from([_code(f"f{i}", i) for i in range(30)]),
+        st.lists(failure | st.text(max_size=20), max_size=30),
+        max_size=30,
+    )
+
+    @settings(max_examples=200, deadline=None)
+    @given(record, st.none() | st.integers(-1, 12))
+    def check(guard_failures, limit):
+        written = _recompiles(guard_failures, limit)
+        path = base / "x.compile.json"
+        path.write_text(json.dumps({"inductor": {}, "recompiles": written}))
+        stats, warning = read_stats(path)
+        assert warning is None, warning
+        _check_read_back(stats, warning, path)
+
+    check()

@@ -525,9 +525,9 @@ def _read_recompiles(raw: object) -> tuple[tuple[Recompile, ...], str | None]:
         ):
             return (), f"has {where}.function or .where not a string of <= {MAX_NAME_CHARS} chars"
         count = entry["count"]
-        if type(count) is not int or not 1 <= count <= MAX_COUNT:
+        if type(count) is not int or not 0 <= count <= MAX_COUNT:  # 0: recompile_limit = 1
             return (), (
-                f"has {where}.count = {str(count)[:40]}, not a whole number in [1, {MAX_COUNT}]"
+                f"has {where}.count = {str(count)[:40]}, not a whole number in [0, {MAX_COUNT}]"
             )
         reasons = entry["reasons"]
         if (
