@@ -163,6 +163,10 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
     # lengths whose in-graph pad would be 0, 1, other, or a single chunk share one graph: the GPU
     # lane's plugin runs compiled it up to five times (forward and backward each) cold.
     # dynamo's eager backend traces exactly what inductor would compile, in milliseconds.
+    # opt_einsum (a dev dependency, as on the GPU images) is on: with it, an einsum of three or
+    # more operands specialises the graph to the sizes (the GPU lane recompiled the scan for
+    # every packed length and state size).
+    assert torch.backends.opt_einsum.is_available() and torch.backends.opt_einsum.enabled
     torch._dynamo.reset()
     traced = []
 
@@ -193,7 +197,12 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
     assert not x.is_contiguous()
     got = run(x, dt, A, B, C, chunk_size=8, seq_idx=seq32)
     torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8, seq_idx=seq32))
-    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 9 inputs"
+    # another state size, head count and head dim (the GPU scan test has two shapes; one group:
+    # a size of 1 is specialised by dynamo, and a model keeps its group count): the same graph
+    x, dt, A, B, C = random_scan_inputs(1, 40, 4, 5, 1, 6, seed=40, dtype=torch.float32)
+    got = run(x, dt, A, B, C, chunk_size=8, seq_idx=None)
+    torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8))
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 10 inputs"
     # a shape error names the caller's sizes, not the padded ones
     with pytest.raises(
         ValueError, match=r"x is \(1, 15, 2, 3\)\): dt \(1, 14, 2\) != \(1, 15, 2\)"

@@ -25,6 +25,10 @@ Invariants:
   unchanged and adds nothing; padded outputs are cut off).
 - Pure tensor code without data-dependent Python control flow, so ``torch.compile`` can trace it
   with dynamic shapes (the GPU fast path in :mod:`mizzen_plugins.nemotron_h.scan_backend`).
+  Every ``einsum`` has two operands: with three or more, torch asks ``opt_einsum`` (where that
+  package is installed, as on the GPU images) for a contraction order from the concrete sizes,
+  which specialises a compiled graph to the number of chunks and the state size (a recompile for
+  every packed length).
 """
 
 from __future__ import annotations
@@ -146,7 +150,8 @@ def ssd_chunked(
 
     # 2. The state each chunk leaves behind (its own tokens only, those of its last sequence).
     decay_to_end = decay[..., -1, :]  # [b, H, c, s]: decay(s, Q-1], 0 for other sequences
-    chunk_states = torch.einsum("bhcs,bcshn,bcshp->bchpn", decay_to_end, Bc, xdt)
+    weighted_B = Bc * decay_to_end.permute(0, 2, 3, 1)[..., None]  # [b, c, s, H, N]
+    chunk_states = torch.einsum("bcshn,bcshp->bchpn", weighted_B, xdt)
 
     # 3. Across chunks: the state entering chunk c sums chunk_states[z] for z < c, decayed over
     #    chunks z+1 .. c-1, if chunk z's last token and chunk c-1's last token share a sequence.
@@ -161,5 +166,6 @@ def ssd_chunked(
     # 4. Entering state -> outputs: decayed through positions 0..l, only for its own sequence.
     decay_from_start = torch.exp(a.cumsum(-1))  # [b, H, c, l]
     continues = (seq == owner[:, :n, None]).to(f)  # [b, c, l]
-    y = y + torch.einsum("bclhn,bchpn,bhcl,bcl->bclhp", Cc, entering, decay_from_start, continues)
+    reach = decay_from_start.permute(0, 2, 3, 1) * continues[..., None]  # [b, c, l, H]
+    y = y + torch.einsum("bclhn,bchpn->bclhp", Cc * reach[..., None], entering)
     return y.reshape(b, n * Q, H, P)[:, :T].to(x.dtype)
