@@ -12,7 +12,7 @@ import torch
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=15, hardware=["hopper", "blackwell"], labels=["gpu-lane"], shares_gpu=True
+    est_time=5, hardware=["hopper", "blackwell"], labels=["gpu-lane"], shares_gpu=True
 )
 
 

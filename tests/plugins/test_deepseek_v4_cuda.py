@@ -12,7 +12,7 @@ from mizzen_plugins.deepseek_v4 import DeepSeekV4Attention, DeepSeekV4AttentionC
 from mizzen_plugins.thd import PackedLayout
 
 register_cuda_ci(
-    est_time=90,
+    est_time=75,
     hardware=["hopper"],
     num_gpus=1,
     labels=["attention", "thd", "plugins"],

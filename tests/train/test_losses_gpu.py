@@ -10,7 +10,7 @@ import torch
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=20,
+    est_time=15,
     hardware=["hopper", "blackwell"],
     num_gpus=1,
     labels=["train"],

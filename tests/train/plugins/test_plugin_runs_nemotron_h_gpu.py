@@ -12,7 +12,7 @@ from __future__ import annotations
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=350,
+    est_time=120,
     hardware=["hopper", "blackwell"],
     num_gpus=1,
     labels=["train", "lora", "plugins"],

@@ -30,7 +30,7 @@ import pytest
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=110,
+    est_time=115,
     hardware=["hopper"],
     num_gpus=1,
     labels=["e2e", "train", "rollout"],

@@ -37,7 +37,7 @@ from mizzen_ci import register_ci_gate, register_cuda_ci
 from mizzen_ci.metrics import record
 
 register_cuda_ci(
-    est_time=135,
+    est_time=130,
     hardware=["hopper", "blackwell"],
     num_gpus=1,
     labels=["e2e", "train"],
