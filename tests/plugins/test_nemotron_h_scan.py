@@ -175,6 +175,15 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
         return graph_module.forward
 
     run = backend_module._compiled_scan(counting_backend)
+    # views that are contiguous (segment ids made as `ids[None]`, inputs sliced from a larger
+    # batch, `A` a slice), as the GPU scan test passes them, first: dynamo guarded a view on its
+    # base's sizes, so views in the first call and tensors of their own later were two graphs
+    xs, dts, As, Bs, Cs = random_scan_inputs(2, 24, 2, 3, 1, 4, seed=48, dtype=torch.float32)
+    views = (xs[1:], dts[1:], torch.cat([As, As])[2:], Bs[1:], Cs[1:])
+    seq_view = torch.tensor([0] * 10 + [1] * 14)[None]
+    assert all(t._base is not None for t in (*views, seq_view))
+    got = run(*views, chunk_size=8, seq_idx=seq_view)
+    torch.testing.assert_close(got, ssd_chunked(*views, chunk_size=8, seq_idx=seq_view))
     for T in (5, 8, 9, 15, 16, 17, 33):  # chunk 8: in-graph pads 3, 0, 7, 1, 0, 7, 7; one chunk
         x, dt, A, B, C = random_scan_inputs(1, T, 2, 3, 1, 4, seed=T, dtype=torch.float32)
         seq = torch.tensor([[0] * (T // 2) + [1] * (T - T // 2)])
@@ -202,7 +211,7 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
     x, dt, A, B, C = random_scan_inputs(1, 40, 4, 5, 1, 6, seed=40, dtype=torch.float32)
     got = run(x, dt, A, B, C, chunk_size=8, seq_idx=None)
     torch.testing.assert_close(got, ssd_chunked(x, dt, A, B, C, chunk_size=8))
-    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 10 inputs"
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 11 inputs"
     # a shape error names the caller's sizes, not the padded ones
     with pytest.raises(
         ValueError, match=r"x is \(1, 15, 2, 3\)\): dt \(1, 14, 2\) != \(1, 15, 2\)"

@@ -104,7 +104,7 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
 
     The time axis is padded here, outside the compiled region, to a whole number of chunks and
     at least two (see :func:`pad_to_chunks`): every length then reaches the compiled function
-    as ``n * chunk_size`` with ``n >= 2``, contiguous (the mixer's ``x``, ``B``, ``C`` are strided
+    as ``n * chunk_size`` with ``n >= 2``, contiguous and not a view (the mixer's ``x``, ``B``, ``C`` are strided
     views of one projection; passed as views on a whole-chunk length they were a second forward
     and backward), so one dynamic-shape graph serves them all.  Padding
     inside the graph specialised it on the pad (0, 1 and other pads are separate guards, as is a
@@ -114,6 +114,7 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
         check_shapes(x, dt, A, B, C, seq_idx)  # the caller's shapes in errors, not padded ones
         length = x.shape[1]
         x, dt, B, C, seq_idx = pad_to_chunks(x, dt, B, C, seq_idx, chunk_size)
+        A = _own_contiguous(A)
         y = _compiled_ssd_chunked(backend)(x, dt, A, B, C, chunk_size=chunk_size, seq_idx=seq_idx)
         return y if y.shape[1] == length else y[:, :length]
 
@@ -123,15 +124,16 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
 def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
     """The scan's inputs with the time axis padded to ``max(ceil(T / Q), 2) * Q`` the way
     :func:`ssd_chunked` pads internally (``dt = 0``: decay 1, no input; the last token's
-    sequence): padding after the end changes no output of a real token.  Always contiguous."""
+    sequence): padding after the end changes no output of a real token.  Always contiguous,
+    never a view."""
     b, length = x.shape[:2]
     padded = max(-(-length // chunk_size), 2) * chunk_size
     pad = padded - length
     if seq_idx is None:
         seq_idx = torch.zeros(b, length, dtype=torch.int64, device=x.device)
-    seq_idx = seq_idx.to(torch.int64).contiguous()  # one dtype and layout whatever the pad
+    seq_idx = _own_contiguous(seq_idx.to(torch.int64))  # one dtype and layout whatever the pad
     if pad == 0:  # contiguous as the padded copies are: a strided view is another graph
-        return x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous(), seq_idx
+        return (*(_own_contiguous(t) for t in (x, dt, B, C)), seq_idx)
     last = seq_idx[:, -1:] if length else seq_idx.new_zeros(b, 1)
     return (
         torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)),
@@ -140,6 +142,14 @@ def pad_to_chunks(x, dt, B, C, seq_idx, chunk_size: int):
         torch.nn.functional.pad(C, (0, 0, 0, 0, 0, pad)),
         torch.cat([seq_idx, last.expand(b, pad)], dim=1),
     )
+
+
+def _own_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and not a view: dynamo guards a view input on its base's sizes, so a view
+    in one call (``seq_idx[None]``) and a tensor of its own in the next was another graph (the GPU
+    scan test's two tests).  Copies only what is still a view once contiguous."""
+    t = t.contiguous()
+    return t.clone() if t._base is not None else t
 
 
 @functools.cache
