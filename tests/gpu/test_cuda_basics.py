@@ -11,9 +11,7 @@ import torch
 
 from mizzen_ci import register_cuda_ci
 
-register_cuda_ci(
-    est_time=5, hardware=["hopper", "blackwell"], labels=["gpu-lane"], shares_gpu=True
-)
+register_cuda_ci(est_time=5, hardware=["hopper", "blackwell"], labels=["gpu-lane"], shares_gpu=True)
 
 
 def test_the_gpu_is_of_a_declared_generation():
