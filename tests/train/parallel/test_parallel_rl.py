@@ -11,7 +11,10 @@ One module-scoped set of runs serves every test (launches are the cost), each a 
 - ``dp2_resumed``: a copy of ``dp2`` without its step-4 checkpoint and export, resumed on 2
   ranks from step 2;
 - ``odd_rows``: 2 ranks whose step of 8 + 4 rows does not split into DP=2 x 4-row micro-batches:
-  refused before the model is built, the field named once, nothing trained.
+  refused before the model is built, the field named once, nothing trained;
+- ``engine_refuses``: 2 ranks on ``engines = "urls"`` whose one server (a stand-in on
+  127.0.0.1) refuses every adapter load: the writer fails with the server's reason and the other
+  rank fails with it, quietly, instead of dying in a collective the writer never reached.
 
 Tolerances (fp32, measured on this CPU: DP=2 gave the single rank's losses and gradient norms
 bit for bit, TP=2 within 2e-7 relative): per-step loss within 1e-6 absolute (the clipped
@@ -21,10 +24,15 @@ policy-gradient loss is ~1e-8 on policy, plus 0.05 x KL: up to 0.08 here), gradi
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,47 @@ GRAD_NORM_RTOL = 1e-4
 REFUSAL = "runs as one rank"
 
 
+REFUSAL_REASON = "stand-in: this server loads no adapters"
+
+
+class _RefusingEngine(BaseHTTPRequestHandler):
+    """An SGLang-shaped server that is healthy and refuses every ``/load_lora_adapter`` with
+    SGLang's 400 answer."""
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._answer(*((200, {}) if self.path == "/health" else (404, {"detail": "Not Found"})))
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/load_lora_adapter":
+            self._answer(400, {"success": False, "error_message": REFUSAL_REASON})
+        else:
+            self._answer(404, {"detail": "Not Found"})
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _refusing_engine() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="module")
 def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
     pr = parallel_runs
@@ -54,7 +103,9 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
         out["codes"].update(zip(processes, codes, strict=True))
 
     started = time.monotonic()
-    with pr.launches(root, "rl", config, out) as rl:
+    with pr.launches(root, "rl", config, out) as rl, _refusing_engine() as refusing_url:
+        on_refusing_engine = ("--rollout.engines", "urls", "--rollout.engine_urls",
+                              json.dumps([refusing_url]))  # fmt: skip
         finish(
             single=rl("single", 1),
             dp2=rl("dp2", 2),
@@ -68,9 +119,13 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
             finish(
                 dp2_resumed=rl("dp2_resumed", 2, "--resume"),
                 tp2=rl("tp2", 2, "--parallel.tensor", "2"),
+                engine_refuses=rl("engine_refuses", 2, *on_refusing_engine),
             )
         else:
-            finish(tp2=rl("tp2", 2, "--parallel.tensor", "2"))
+            finish(
+                tp2=rl("tp2", 2, "--parallel.tensor", "2"),
+                engine_refuses=rl("engine_refuses", 2, *on_refusing_engine),
+            )
     out["wall_s"] = time.monotonic() - started
     out["records"] = {name: pr.read_metrics(out[name]) for name in out["codes"]}
     out["logs"] = {p.stem: p.read_text(errors="replace") for p in root.glob("*.log")}
@@ -169,3 +224,14 @@ def test_rows_that_do_not_split_over_the_ranks_are_refused_naming_the_field(runs
     assert "data-parallel size 2 x run.micro_batch_size 4" in refusals[0]
     assert "[rank0]: Traceback" not in log and "[rank1]: Traceback" not in log  # no rank crashed
     assert runs["records"]["odd_rows"] == []  # no run: nothing logged
+
+
+def test_an_adapter_the_writers_engine_refuses_fails_every_rank_agreed(runs):
+    code, log = runs["codes"]["engine_refuses"], runs["logs"]["engine_refuses"]
+    assert code != 0, log[-4000:]
+    assert REFUSAL_REASON in log, log[-4000:]  # the writer names the server's reason
+    assert "refused to load adapter 'fixed@v0'" in log, log[-4000:]
+    # rank 1 failed with it (RankFailed: exit 2, silent; or torchrun's SIGTERM when the writer's
+    # exit came first), not in a collective the writer had left ("Connection closed by peer")
+    assert "[rank1]: Traceback" not in log and "Connection closed by peer" not in log, log[-4000:]
+    assert not [r for r in runs["records"]["engine_refuses"] if r["kind"] == "train"]

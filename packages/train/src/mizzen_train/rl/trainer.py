@@ -45,7 +45,8 @@ Invariants:
   trains its data-parallel share of them (:meth:`~mizzen_train.batch.SlotBatch.rows_for`, as
   SFT), so the losses are those of one rank on the same batch and a resume at the same world
   size continues bit for bit.  Every rank exports each published adapter (the export's
-  collectives); the writer alone writes it, loads it into the engines, logs and evaluates.
+  collectives); the writer alone writes it, loads it into the engines (the outcome agreed: an
+  engine that refuses it fails every rank), logs and evaluates.
   Every step's rows must split over the data-parallel ranks into whole micro-batches, checked
   before the model is built (:meth:`RlTrainer.step_rows`).
 - Fault drill: ``MIZZEN_RL_INJECT_NAN="<tenant>@<step>[,...]"`` makes that tenant's advantages
@@ -59,6 +60,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -405,8 +407,25 @@ class RlTrainer(Trainer):
         self.export_snapshot(version, tenant, directory)
         ref = AdapterRef(tenant, version, str(directory))
         self.published[tenant] = ref
+        await self._on_writer_engines(lambda: self._load_published(tenant, ref))
+
+    async def _on_writer_engines(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run ``action`` (a change to the writer's engines) on the writer, then agree on its
+        outcome: if it failed, every rank fails (the others with
+        :class:`~mizzen_train.run.parallel.RankFailed`), so no rank goes on to a collective the
+        writer never reaches (it died with a peer's "connection closed" otherwise)."""
+        failure: Exception | None = None
         if self.world.is_writer:
-            await self._load_published(tenant, ref)
+            try:
+                await action()
+            except Exception as exc:  # raised below on the writer, agreed by the others
+                failure = exc
+
+        def outcome() -> None:
+            if failure is not None:
+                raise failure
+
+        self.world.agreed(outcome)
 
     async def _load_published(self, tenant: str, ref) -> None:
         """The writer's engines serve ``ref`` (and the version before it, no older)."""
@@ -445,8 +464,11 @@ class RlTrainer(Trainer):
         self.progress.print(f"tenant {tenant.name} serves adapter v{self.versions[tenant.name]}")
 
     async def _leave(self, name: str, step: int) -> None:
-        for ref in self.loaded_refs[name]:  # none but the writer's
-            await self.dispatch.unload_lora_adapter(ref.name)
+        async def unload() -> None:
+            for ref in self.loaded_refs[name]:
+                await self.dispatch.unload_lora_adapter(ref.name)
+
+        await self._on_writer_engines(unload)
         self.loaded_refs[name] = []
         self.published.pop(name, None)
         self.executor.unload_slot(self.slot_of[name])
