@@ -12,8 +12,8 @@ One module-scoped set of runs serves every test (launches are the cost), each a 
   ranks from step 2;
 - ``odd_rows``: 2 ranks whose step of 8 + 4 rows does not split into DP=2 x 4-row micro-batches:
   refused before the model is built, the field named once, nothing trained;
-- ``engine_refuses``: 2 ranks on ``engines = "urls"`` whose one server (a stand-in on
-  127.0.0.1) refuses every adapter load: the writer fails with the server's reason and the other
+- ``engine_refuses``: 2 ranks on ``engines = "urls"`` whose one server (an embedded engine
+  started without a load directory) refuses every adapter load: the writer fails with the server's reason and the other
   rank fails with it, quietly, instead of dying in a collective the writer never reached.
 
 Tolerances (fp32, measured on this CPU: DP=2 gave the single rank's losses and gradient norms
@@ -27,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import socket
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=120, labels=["train", "distributed", "rollout", "e2e"])
+register_cpu_ci(est_time=130, labels=["train", "distributed", "rollout", "e2e"])
 
 STEPS = 4
 TENANTS = ("fixed", "format")
@@ -49,45 +49,46 @@ GRAD_NORM_RTOL = 1e-4
 REFUSAL = "runs as one rank"
 
 
-REFUSAL_REASON = "stand-in: this server loads no adapters"
-
-
-class _RefusingEngine(BaseHTTPRequestHandler):
-    """An SGLang-shaped server that is healthy and refuses every ``/load_lora_adapter`` with
-    SGLang's 400 answer."""
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._answer(*((200, {}) if self.path == "/health" else (404, {"detail": "Not Found"})))
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path == "/load_lora_adapter":
-            self._answer(400, {"success": False, "error_message": REFUSAL_REASON})
-        else:
-            self._answer(404, {"detail": "Not Found"})
-
-    def log_message(self, *args: Any) -> None:
-        pass
+REFUSAL_REASON = "is not under a directory this server loads from"
 
 
 @contextlib.contextmanager
 def _refusing_engine() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    """A real embedded engine started without a model or load directory: it refuses every
+    adapter load (403, "not under a directory this server loads from")."""
+    from mizzen_rollout.api import launch_embedded
+
+    server = launch_embedded(num_threads=1)
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server.url
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
+        server.cleanup_logs()
+
+
+def _bare_ranks(pr, rl, config: Path, name: str, *extra: str) -> dict[str, subprocess.Popen]:
+    """Two ranks of one run started without torchrun (the environment it would set), so that no
+    launcher stops a rank when the other exits: each rank's own ending is what is seen."""
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_dir = rl.out[name] = rl.root / name
+    argv = [sys.executable, "-m", "mizzen_train", "rl", "--config", str(config),
+            "--run.dir", str(run_dir), *extra]  # fmt: skip
+    processes = {}
+    for rank in (0, 1):
+        env = pr.env() | {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        }  # fmt: skip
+        with open(rl.root / f"{name}.rank{rank}.log", "ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        processes[f"{name}.rank{rank}"] = rl.track(process)
+        rl.out[f"{name}.rank{rank}"] = run_dir
+    return processes
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
     started = time.monotonic()
     with pr.launches(root, "rl", config, out) as rl, _refusing_engine() as refusing_url:
         on_refusing_engine = ("--rollout.engines", "urls", "--rollout.engine_urls",
-                              json.dumps([refusing_url]))  # fmt: skip
+                              json.dumps([refusing_url]), "--parallel.timeout_s", "120")  # fmt: skip
         finish(
             single=rl("single", 1),
             dp2=rl("dp2", 2),
@@ -119,12 +120,12 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
             finish(
                 dp2_resumed=rl("dp2_resumed", 2, "--resume"),
                 tp2=rl("tp2", 2, "--parallel.tensor", "2"),
-                engine_refuses=rl("engine_refuses", 2, *on_refusing_engine),
+                **_bare_ranks(pr, rl, config, "engine_refuses", *on_refusing_engine),
             )
         else:
             finish(
                 tp2=rl("tp2", 2, "--parallel.tensor", "2"),
-                engine_refuses=rl("engine_refuses", 2, *on_refusing_engine),
+                **_bare_ranks(pr, rl, config, "engine_refuses", *on_refusing_engine),
             )
     out["wall_s"] = time.monotonic() - started
     out["records"] = {name: pr.read_metrics(out[name]) for name in out["codes"]}
@@ -227,11 +228,13 @@ def test_rows_that_do_not_split_over_the_ranks_are_refused_naming_the_field(runs
 
 
 def test_an_adapter_the_writers_engine_refuses_fails_every_rank_agreed(runs):
-    code, log = runs["codes"]["engine_refuses"], runs["logs"]["engine_refuses"]
-    assert code != 0, log[-4000:]
-    assert REFUSAL_REASON in log, log[-4000:]  # the writer names the server's reason
-    assert "refused to load adapter 'fixed@v0'" in log, log[-4000:]
-    # rank 1 failed with it (RankFailed: exit 2, silent; or torchrun's SIGTERM when the writer's
-    # exit came first), not in a collective the writer had left ("Connection closed by peer")
-    assert "[rank1]: Traceback" not in log and "Connection closed by peer" not in log, log[-4000:]
-    assert not [r for r in runs["records"]["engine_refuses"] if r["kind"] == "train"]
+    codes, logs = runs["codes"], runs["logs"]
+    writer, other = logs["engine_refuses.rank0"], logs["engine_refuses.rank1"]
+    assert codes["engine_refuses.rank0"] == 1, writer[-4000:]  # the run failed while training
+    assert REFUSAL_REASON in writer, writer[-4000:]  # the writer names the server's reason
+    assert "refused to load adapter 'fixed@v0'" in writer, writer[-4000:]
+    # the other rank failed with it (RankFailed: exit 2, nothing printed), not in a collective
+    # the writer had left (a "Connection closed by peer" traceback, or the group's timeout)
+    assert codes["engine_refuses.rank1"] == 2, other[-4000:]
+    assert "Traceback" not in other, other[-4000:]
+    assert not [r for r in runs["records"]["engine_refuses.rank0"] if r["kind"] == "train"]
