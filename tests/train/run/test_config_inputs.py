@@ -116,6 +116,27 @@ def test_snapshot_dir_stays_inside_the_run_dir(tmp_path, capsys, snapshot_dir):
     assert not (tmp_path / "run").exists(), "the refused run wrote its directory"
 
 
+def _inside_each_run_entry() -> list[str]:
+    """A snapshot_dir inside every entry of the run directory's table (derived from it: a new
+    entry is covered without editing this test), in several spellings."""
+    from mizzen_train.run.layout import RUN_DIR_ENTRIES
+
+    names = [name + "x" if name.endswith("-") else name for name in RUN_DIR_ENTRIES]
+    return [*names, *(f"./{n.upper()}/evals" for n in names), "."]
+
+
+@pytest.mark.parametrize("snapshot_dir", _inside_each_run_entry())
+def test_snapshot_dir_is_a_directory_of_its_own(tmp_path, capsys, snapshot_dir):
+    # snapshots under "checkpoints" deleted every checkpoint of the run (a point's directory is
+    # named by step like a checkpoint, and is deleted once evaluated)
+    path = tmp_path / "run.toml"
+    path.write_text(SFT_TOML.format(run_dir=tmp_path / "run", snapshot_dir=snapshot_dir))
+    code, err = _cli(capsys, "sft", "--config", str(path))
+    needle = "is run.dir itself" if snapshot_dir == "." else "where the run keeps"
+    _assert_one_line_refusal(code, err, "eval.snapshot_dir", needle, "directory of its own")
+    assert not (tmp_path / "run").exists(), "the refused run wrote its directory"
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 #: Valid configurations the properties start from: each command, and SFT with a python evaluator

@@ -69,6 +69,7 @@ import torch
 
 from mizzen_train.rl.config import RlConfig, RlTenantConfig
 from mizzen_train.run.config import ConfigError
+from mizzen_train.run.layout import ADAPTERS_DIR
 from mizzen_train.run.sections import EvaluatorConfig
 from mizzen_train.run.state import LoadedCheckpoint, RunStateError
 from mizzen_train.run.trainer import Trainer, generation_evaluator, run_trainer
@@ -76,7 +77,6 @@ from mizzen_train.run.trainer import Trainer, generation_evaluator, run_trainer
 __all__ = ["RlTrainer", "run_rl"]
 
 INJECT_NAN_ENV = "MIZZEN_RL_INJECT_NAN"
-ADAPTERS_DIR = "adapters"
 
 
 def _inject_nan_plan() -> set[tuple[str, int]]:

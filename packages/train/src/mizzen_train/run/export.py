@@ -21,11 +21,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mizzen_train.run.layout import EXPORT_DIR
 from mizzen_train.run.state import checkpoint_name
 
-__all__ = ["EXPORT_DIR", "export_root", "export_tenants"]
-
-EXPORT_DIR = "export"
+__all__ = ["export_root", "export_tenants"]
 
 
 def export_root(run_dir: Path, step: int) -> Path:

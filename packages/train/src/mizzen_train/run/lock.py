@@ -23,13 +23,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mizzen_train.run.state import RUN_FILE, RunStateError
+from mizzen_train.run.layout import LOCK_FILE, RUN_FILE, TINY_MODEL_PREFIX
+from mizzen_train.run.state import RunStateError
 
-__all__ = ["LOCK_FILE", "hold_run_dir"]
+__all__ = ["hold_run_dir"]
 
-LOCK_FILE = ".lock"
 #: What a start that never became a run may leave in its directory (all written by mizzen).
-_LEFTOVER_PREFIXES = ("base-model-tiny-",)
+_LEFTOVER_PREFIXES = (TINY_MODEL_PREFIX,)
 _LEFTOVER_NAMES = frozenset({LOCK_FILE, "metrics.jsonl"})
 
 

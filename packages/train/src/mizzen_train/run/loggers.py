@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mizzen_train.run.config import ConfigError
+from mizzen_train.run.layout import TENSORBOARD_DIR
 
 __all__ = ["LOGGERS", "LoggerSpec", "MetricSink", "check_loggers", "open_loggers"]
 
@@ -107,7 +108,7 @@ class TensorBoardLogger:
     def __init__(self, run_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR))
 
     def record(self, record: Mapping[str, Any]) -> None:
         found = scalars(record)

@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from mizzen_train.run.loggers import MetricSink
 
-METRICS_FILE = "metrics.jsonl"
-
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):

@@ -38,6 +38,7 @@ from mizzen_train.run.config import (
     opt,
     read_config_source,
 )
+from mizzen_train.run.layout import owned_entry
 from mizzen_train.run.loggers import check_loggers
 from mizzen_train.run.parallel import ParallelConfig
 
@@ -174,7 +175,9 @@ class EvaluatorConfig:
 class EvalConfig:
     interval: int = opt(kind="int", low=1, help="evaluate every N steps (the last step always)")
     snapshot_dir: str = opt(
-        "", kind="str", help="required: where snapshots are exported (a path under run.dir)"
+        "",
+        kind="str",
+        help="required: where snapshots are exported (a directory of its own under run.dir)",
     )
     max_in_flight: int = opt(1, kind="int", low=1, help="eval points evaluated at once")
     overflow: str = opt(
@@ -394,6 +397,21 @@ def check_eval(
             "eval.snapshot_dir", evaluation.snapshot_dir,
             "must stay inside run.dir (a relative path without '..')",
             'use e.g. snapshot_dir = "snapshots"',
+        )  # fmt: skip
+    if not snapshot_dir.parts:
+        raise fail(
+            "eval.snapshot_dir", evaluation.snapshot_dir,
+            "is run.dir itself: each snapshot is deleted once evaluated, and the engines may "
+            "read everything under the snapshot directory",
+            'use a directory of its own, e.g. snapshot_dir = "snapshots"',
+        )  # fmt: skip
+    owner = owned_entry(snapshot_dir.parts[0])
+    if owner is not None:
+        raise fail(
+            "eval.snapshot_dir", evaluation.snapshot_dir,
+            f"is inside {snapshot_dir.parts[0]!r}, where the run keeps {owner}: snapshots are "
+            "named by step like checkpoints and exports, and each is deleted once evaluated",
+            'use a directory of its own, e.g. snapshot_dir = "snapshots"',
         )  # fmt: skip
     seen = set()
     for i, ev in enumerate(evaluation.evaluators):

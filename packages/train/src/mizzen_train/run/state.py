@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-RUN_FILE = "run.json"
+from mizzen_train.run.layout import CHECKPOINTS_DIR, RUN_FILE
+
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
 #: Where slot checkpoints saved at another tensor-parallel size are resharded on restore (a
@@ -188,7 +189,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+    return run_dir / CHECKPOINTS_DIR
 
 
 def remove_partial_checkpoints(run_dir: Path) -> list[str]:

@@ -59,10 +59,10 @@ import torch
 
 from mizzen_train.run.config import ConfigError
 from mizzen_train.run.export import export_root, export_tenants
+from mizzen_train.run.layout import CURVES_FILE, METRICS_FILE, TINY_MODEL_PREFIX
 from mizzen_train.run.lock import hold_run_dir
 from mizzen_train.run.loggers import open_loggers
 from mizzen_train.run.metrics import (
-    METRICS_FILE,
     MetricsLog,
     Progress,
     UnwrittenMetrics,
@@ -111,7 +111,7 @@ def base_model_dir(config: RunLayout) -> Path:
     plugin = config.model.plugin
     key = {**overrides, "plugin": plugin} if plugin else overrides  # Llama digests unchanged
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    target = config.run_dir / f"base-model-tiny-{digest}"  # one directory per tiny config
+    target = config.run_dir / f"{TINY_MODEL_PREFIX}{digest}"  # one directory per tiny config
     if not target.exists():
         seed = int(overrides.pop("seed", 0))
         if plugin:
@@ -763,7 +763,7 @@ class Trainer:
             return None
         from mizzen_train.run.plot import plot_metrics
 
-        return plot_metrics(self.metrics_path, self.run_dir / "curves.png")
+        return plot_metrics(self.metrics_path, self.run_dir / CURVES_FILE)
 
 
 def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, dict[str, Any]]:
