@@ -397,30 +397,48 @@ class RlTrainer(Trainer):
     async def _publish(self, tenant: str) -> None:
         """Export the tenant's current adapter (its slot's version) and load it everywhere.
         Every rank exports (the export's collectives) and records it as published; the writer
-        alone writes it and loads it into the engines."""
+        alone writes it and loads it into the engines.  Each writer-only part's outcome is
+        agreed before the next collective (:meth:`_agreed`)."""
         from mizzen_rollout.api import AdapterRef
 
         version = self.versions[tenant]
         directory = self._adapter_dir(tenant, version)
-        if directory.exists() and self.world.is_writer:  # left by a killed run: replaced
-            shutil.rmtree(directory)
-        self.export_snapshot(version, tenant, directory)
+
+        def remove_stale() -> None:  # left by a killed run: replaced
+            if directory.exists() and self.world.is_writer:
+                shutil.rmtree(directory)
+
+        self._agreed(remove_stale)  # before the export's collectives: all ranks or none
+        self._agreed(lambda: self.export_snapshot(version, tenant, directory))
         ref = AdapterRef(tenant, version, str(directory))
         self.published[tenant] = ref
         await self._on_writer_engines(lambda: self._load_published(tenant, ref))
 
+    def _agreed(self, action: Callable[[], object]) -> None:
+        """Run ``action`` on this rank (its part of a step: writer-only work, or collectives
+        every rank enters), then agree on every rank's outcome: if it failed anywhere, every rank
+        fails (the failing one with its error, the others with
+        :class:`~mizzen_train.run.parallel.RankFailed`), so no rank goes on to a collective a
+        failed rank never reaches (it died with a peer's "connection closed" otherwise)."""
+        failure: Exception | None = None
+        try:
+            action()
+        except Exception as exc:  # raised below on this rank, agreed by the others
+            failure = exc
+        self._agree(failure)
+
     async def _on_writer_engines(self, action: Callable[[], Awaitable[None]]) -> None:
-        """Run ``action`` (a change to the writer's engines) on the writer, then agree on its
-        outcome: if it failed, every rank fails (the others with
-        :class:`~mizzen_train.run.parallel.RankFailed`), so no rank goes on to a collective the
-        writer never reaches (it died with a peer's "connection closed" otherwise)."""
+        """:meth:`_agreed` for a change to the writer's engines (``action``, awaited on the
+        writer alone)."""
         failure: Exception | None = None
         if self.world.is_writer:
             try:
                 await action()
-            except Exception as exc:  # raised below on the writer, agreed by the others
+            except Exception as exc:
                 failure = exc
+        self._agree(failure)
 
+    def _agree(self, failure: Exception | None) -> None:
         def outcome() -> None:
             if failure is not None:
                 raise failure
