@@ -218,3 +218,27 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
     ):
         run(*random_scan_inputs(1, 15, 2, 3, 1, 4, seed=0)[:1], torch.rand(1, 14, 2),
             *random_scan_inputs(1, 15, 2, 3, 1, 4, seed=0)[2:], chunk_size=8)  # fmt: skip
+
+
+@pytest.mark.in_child  # dynamo's state stays in a child of the pytest process
+def test_the_compiled_scan_is_traced_once_in_inference_mode_for_offset_inputs():
+    # inference mode tracks no views (a slice's _base is None), so a slice into a larger batch
+    # reached the graph with a storage offset, which dynamo guards on: fresh tensors later were
+    # a second graph (review of the view fix)
+    torch._dynamo.reset()
+    traced = []
+
+    def counting_backend(graph_module, example_inputs):
+        traced.append(len(example_inputs))
+        return graph_module.forward
+
+    run = backend_module._compiled_scan(counting_backend)
+    with torch.inference_mode():
+        xs, dts, As, Bs, Cs = random_scan_inputs(2, 24, 2, 3, 1, 4, seed=7, dtype=torch.float32)
+        sliced = (xs[1:], dts[1:], As, Bs[1:], Cs[1:])
+        assert sliced[0]._base is None and sliced[0].storage_offset() > 0
+        got = run(*sliced, chunk_size=8, seq_idx=None)
+        torch.testing.assert_close(got, ssd_chunked(*sliced, chunk_size=8))
+        fresh = random_scan_inputs(1, 24, 2, 3, 1, 4, seed=8, dtype=torch.float32)
+        torch.testing.assert_close(run(*fresh, chunk_size=8), ssd_chunked(*fresh, chunk_size=8))
+    assert len(traced) == 1, f"the scan was traced {len(traced)} times for 2 inputs"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -116,3 +117,19 @@ def test_export_of_a_missing_step_is_one_line(finished_run):
     last = done.stderr.strip().splitlines()[-1]
     assert "no complete checkpoint of step 3 (checkpoints: 2, 4)" in last, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_export_reads_past_an_eval_section_a_newer_rule_refuses(finished_run):
+    # a run started before eval.snapshot_dir had to be a directory of its own (snapshot_dir =
+    # "export" was accepted): its checkpoints still export (an export evaluates nothing)
+    root, _ = finished_run
+    shutil.copytree(root / "run", root / "older", symlinks=True)
+    record = json.loads((root / "older" / "run.json").read_text())
+    record["config"]["eval"] = {
+        "interval": 2, "snapshot_dir": "export",
+        "evaluators": [{"kind": "loss", "data": "example:colours_eval"}],
+    }  # fmt: skip
+    (root / "older" / "run.json").write_text(json.dumps(record))
+    output = _mizzen_train("export", "older", "--step", "2", cwd=root)
+    assert "mizzen-train export: wrote" in output, output
+    assert (root / "older" / "export" / "step-00000002" / "a" / "adapter").is_dir()

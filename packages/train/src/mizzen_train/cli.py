@@ -241,7 +241,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     command = "rl" if "rollout" in stored else "sft"
     config_cls = _config_class(command)
-    table = {name: value for name, value in stored.items() if value is not None}  # eval: None
+    # eval: None, or not needed: an export evaluates nothing, and a stored [eval] that a newer
+    # rule refuses (a snapshot_dir inside the run's own entries) must not keep a run's
+    # checkpoints from being exported
+    table = {name: value for name, value in stored.items() if value is not None and name != "eval"}
     table["run"] = {**stored["run"], "dir": str(run_dir)}
     config = config_cls.parse(table, source=source)
     path = export_run(_trainer_class(command), config, step=args.step, merged=args.merged)

@@ -149,7 +149,8 @@ def _own_contiguous(t: torch.Tensor) -> torch.Tensor:
     in one call (``seq_idx[None]``) and a tensor of its own in the next was another graph (the GPU
     scan test's two tests).  Copies only what is still a view once contiguous."""
     t = t.contiguous()
-    return t.clone() if t._base is not None else t
+    # inference mode tracks no views (_base is None): an offset into a larger storage is one too
+    return t.clone() if t._base is not None or t.storage_offset() else t
 
 
 @functools.cache

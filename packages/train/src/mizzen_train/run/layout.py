@@ -24,6 +24,7 @@ __all__ = [
     "RUN_FILE",
     "TENSORBOARD_DIR",
     "TINY_MODEL_PREFIX",
+    "WANDB_DIR",
     "owned_entry",
 ]
 
@@ -35,6 +36,7 @@ CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
 ADAPTERS_DIR = "adapters"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # wandb.init(dir=run.dir) writes its files here
 TINY_MODEL_PREFIX = "base-model-tiny-"
 
 #: name (or, ending in "-", name prefix) -> what the run keeps there
@@ -47,6 +49,7 @@ RUN_DIR_ENTRIES: dict[str, str] = {
     EXPORT_DIR: "the exported adapters and models",
     ADAPTERS_DIR: "the adapters an RL run publishes to its engines",
     TENSORBOARD_DIR: "the TensorBoard event files",
+    WANDB_DIR: "the Weights & Biases run files",
     TINY_MODEL_PREFIX: "the tiny base model a run writes for itself",
 }
 

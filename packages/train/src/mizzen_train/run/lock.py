@@ -23,14 +23,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mizzen_train.run.layout import LOCK_FILE, RUN_FILE, TINY_MODEL_PREFIX
+from mizzen_train.run.layout import LOCK_FILE, METRICS_FILE, RUN_FILE, TINY_MODEL_PREFIX
 from mizzen_train.run.state import RunStateError
 
 __all__ = ["hold_run_dir"]
 
 #: What a start that never became a run may leave in its directory (all written by mizzen).
 _LEFTOVER_PREFIXES = (TINY_MODEL_PREFIX,)
-_LEFTOVER_NAMES = frozenset({LOCK_FILE, "metrics.jsonl"})
+_LEFTOVER_NAMES = frozenset({LOCK_FILE, METRICS_FILE})
 
 
 @contextlib.contextmanager
