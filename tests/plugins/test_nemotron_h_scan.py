@@ -157,16 +157,9 @@ def test_forced_backend_that_cannot_run_is_an_error(fresh_backend_choice):
         backend_module.scan_backend("cpu")
 
 
-@pytest.mark.in_child  # dynamo's state stays in a child of the pytest process
-def test_the_compiled_scan_is_traced_once_for_every_length():
-    # The compiled scan pads the time axis outside the graph (whole chunks, at least two), so
-    # lengths whose in-graph pad would be 0, 1, other, or a single chunk share one graph: the GPU
-    # lane's plugin runs compiled it up to five times (forward and backward each) cold.
-    # dynamo's eager backend traces exactly what inductor would compile, in milliseconds.
-    # opt_einsum (a dev dependency, as on the GPU images) is on: with it, an einsum of three or
-    # more operands specialises the graph to the sizes (the GPU lane recompiled the scan for
-    # every packed length and state size).
-    assert torch.backends.opt_einsum.is_available() and torch.backends.opt_einsum.enabled
+def _counting_compiled_scan():
+    """The compiled scan on a fresh dynamo with a backend that counts its traces (dynamo's eager
+    backend traces exactly what inductor would compile, in milliseconds): ``(run, traced)``."""
     torch._dynamo.reset()
     traced = []
 
@@ -174,7 +167,19 @@ def test_the_compiled_scan_is_traced_once_for_every_length():
         traced.append(len(example_inputs))
         return graph_module.forward
 
-    run = backend_module._compiled_scan(counting_backend)
+    return backend_module._compiled_scan(counting_backend), traced
+
+
+@pytest.mark.in_child  # dynamo's state stays in a child of the pytest process
+def test_the_compiled_scan_is_traced_once_for_every_length():
+    # The compiled scan pads the time axis outside the graph (whole chunks, at least two), so
+    # lengths whose in-graph pad would be 0, 1, other, or a single chunk share one graph: the GPU
+    # lane's plugin runs compiled it up to five times (forward and backward each) cold.
+    # opt_einsum (a dev dependency, as on the GPU images) is on: with it, an einsum of three or
+    # more operands specialises the graph to the sizes (the GPU lane recompiled the scan for
+    # every packed length and state size).
+    assert torch.backends.opt_einsum.is_available() and torch.backends.opt_einsum.enabled
+    run, traced = _counting_compiled_scan()
     # views that are contiguous (segment ids made as `ids[None]`, inputs sliced from a larger
     # batch, `A` a slice), as the GPU scan test passes them, first: dynamo guarded a view on its
     # base's sizes, so views in the first call and tensors of their own later were two graphs
@@ -225,14 +230,7 @@ def test_the_compiled_scan_is_traced_once_in_inference_mode_for_offset_inputs():
     # inference mode tracks no views (a slice's _base is None), so a slice into a larger batch
     # reached the graph with a storage offset, which dynamo guards on: fresh tensors later were
     # a second graph (review of the view fix)
-    torch._dynamo.reset()
-    traced = []
-
-    def counting_backend(graph_module, example_inputs):
-        traced.append(len(example_inputs))
-        return graph_module.forward
-
-    run = backend_module._compiled_scan(counting_backend)
+    run, traced = _counting_compiled_scan()
     with torch.inference_mode():
         xs, dts, As, Bs, Cs = random_scan_inputs(2, 24, 2, 3, 1, 4, seed=7, dtype=torch.float32)
         sliced = (xs[1:], dts[1:], As, Bs[1:], Cs[1:])
