@@ -13,8 +13,10 @@ One module-scoped set of runs serves every test (launches are the cost), each a 
 - ``odd_rows``: 2 ranks whose step of 8 + 4 rows does not split into DP=2 x 4-row micro-batches:
   refused before the model is built, the field named once, nothing trained;
 - ``engine_refuses``: 2 ranks on ``engines = "urls"`` whose one server (an embedded engine
-  started without a load directory) refuses every adapter load: the writer fails with the server's reason and the other
-  rank fails with it, quietly, instead of dying in a collective the writer never reached.
+  started without a load directory) refuses every adapter load, its two ranks started without
+  torchrun (no launcher stops one when the other exits): the writer fails with the server's
+  reason and the other rank fails with it, quietly, instead of dying in a collective the writer
+  never reached.
 
 Tolerances (fp32, measured on this CPU: DP=2 gave the single rank's losses and gradient norms
 bit for bit, TP=2 within 2e-7 relative): per-step loss within 1e-6 absolute (the clipped
@@ -105,8 +107,8 @@ def runs(parallel_runs, tmp_path_factory) -> dict[str, Any]:
 
     started = time.monotonic()
     with pr.launches(root, "rl", config, out) as rl, _refusing_engine() as refusing_url:
-        on_refusing_engine = ("--rollout.engines", "urls", "--rollout.engine_urls",
-                              json.dumps([refusing_url]), "--parallel.timeout_s", "120")  # fmt: skip
+        on_refusing_engine = ("--rollout.engines", "urls", "--parallel.timeout_s", "120",
+                              "--rollout.engine_urls", json.dumps([refusing_url]))  # fmt: skip
         finish(
             single=rl("single", 1),
             dp2=rl("dp2", 2),

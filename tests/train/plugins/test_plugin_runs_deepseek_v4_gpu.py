@@ -1,7 +1,7 @@
 """GPU: the tiny deepseek_v4 plugin model trains 20 SFT steps in bf16 through megatron's
 forward-backward schedule with falling loss and exports an adapter and a merged model (the check:
-``sft_on_gpu`` in conftest.py; ``test_plugin_runs_nemotron_h_gpu.py`` is the other plugin's file, apart so
-that the lane compiles the two side by side).
+``sft_on_gpu`` in conftest.py; ``test_plugin_runs_nemotron_h_gpu.py`` is the other plugin's file,
+apart so that the lane compiles the two side by side).
 
 Run it on a Hopper host (the image's Python, megatron-core carried):
 ``PYTHONPATH=ci/src:packages/plugins/src:packages/rollout/src:packages/train/src

@@ -1,9 +1,9 @@
 """The eval engine group's lease rules (``mizzen_train.eval_engines``) where real engines cannot
 provoke them: points of ``engine_lifetime = "point"`` run side by side, a group whose second
 engine fails to launch is stopped whole and not kept, and a group a point failed on -- or had
-failed generations on (the evaluator's ``spoiled`` lease) -- is not handed to the next point.  The servers are stand-ins with
-``ServerProcess``'s surface (checked below against the real class); real engines serving kept
-points are tests/train/run/test_evaluators.py's."""
+failed generations on (the evaluator's ``spoiled`` lease) -- is not handed to the next point.
+The servers are stand-ins with ``ServerProcess``'s surface (checked below against the real
+class); real engines serving kept points are tests/train/run/test_evaluators.py's."""
 
 from __future__ import annotations
 

@@ -104,10 +104,10 @@ def _compiled_scan(backend: str = "inductor") -> ScanFn:
 
     The time axis is padded here, outside the compiled region, to a whole number of chunks and
     at least two (see :func:`pad_to_chunks`): every length then reaches the compiled function
-    as ``n * chunk_size`` with ``n >= 2``, contiguous and not a view (the mixer's ``x``, ``B``, ``C`` are strided
-    views of one projection; passed as views on a whole-chunk length they were a second forward
-    and backward), so one dynamic-shape graph serves them all.  Padding
-    inside the graph specialised it on the pad (0, 1 and other pads are separate guards, as is a
+    as ``n * chunk_size`` with ``n >= 2``, contiguous and not a view (the mixer's ``x``, ``B``,
+    ``C`` are strided views of one projection; passed as views on a whole-chunk length they were
+    a second forward and backward), so one dynamic-shape graph serves them all.  Padding inside
+    the graph specialised it on the pad (0, 1 and other pads are separate guards, as is a
     single chunk): up to five compilations of forward and backward for one training run."""
 
     def run(x, dt, A, B, C, *, chunk_size: int, seq_idx=None) -> torch.Tensor:

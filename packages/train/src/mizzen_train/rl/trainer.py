@@ -45,8 +45,10 @@ Invariants:
   trains its data-parallel share of them (:meth:`~mizzen_train.batch.SlotBatch.rows_for`, as
   SFT), so the losses are those of one rank on the same batch and a resume at the same world
   size continues bit for bit.  Every rank exports each published adapter (the export's
-  collectives); the writer alone writes it, loads it into the engines (the outcome agreed: an
-  engine that refuses it fails every rank), logs and evaluates.
+  collectives); the writer alone writes it, loads it into the engines, logs and evaluates.
+  Each writer-only part of a publish (a stale directory removed, the files written, the engines'
+  load or unload) is agreed by every rank before the next collective: a failure on one rank
+  fails them all (:meth:`RlTrainer._agreed`), none is left waiting in a collective.
   Every step's rows must split over the data-parallel ranks into whole micro-batches, checked
   before the model is built (:meth:`RlTrainer.step_rows`).
 - Fault drill: ``MIZZEN_RL_INJECT_NAN="<tenant>@<step>[,...]"`` makes that tenant's advantages
