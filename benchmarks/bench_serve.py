@@ -4,7 +4,9 @@ For K = 1, 4, 8 tenants (each its own API key, ServiceClient and LoRA model) on 
 tenant runs the same supervised loop: ``forward_backward`` (``rows`` datums of ``seq`` tokens)
 then ``optim_step``, waiting for each result, ``steps`` times after ``warmup`` steps.  Reported
 per K: operations/s over all tenants, p50/p99 latency of ``forward_backward`` (submit to
-result), the server's executor steps per operation (how much the scheduler batched), and
+result), the server's executor steps per operation (how much the scheduler batched), the
+server-side time of the executor steps ``forward_backward`` ran in (the rest of its latency is
+HTTP, decoding, queueing and the SDK's polling), and
 
     ratio = throughput(K tenants together) / throughput(1 tenant)
           = (time of K separate single-tenant runs) / (time of the K-tenant run),
@@ -122,13 +124,23 @@ def tenant_loop(url: str, index: int, args, barrier, out: dict) -> None:
     out[index] = (start, time.perf_counter(), latencies, training.model_id)
 
 
-def executor_counts(url: str) -> tuple[int, int]:
+def executor_counts(url: str) -> tuple[int, int, float, int]:
+    """(executor steps, operations they ran, seconds and count of ``forward_backward`` executor
+    steps summed over tenants) from the server's ``/metrics``."""
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    fb_seconds = fb_count = 0.0
+    for name, value in values.items():
+        if 'kind="forward_backward"' in name:
+            if name.startswith("mizzen_serve_step_seconds_sum"):
+                fb_seconds += float(value)
+            elif name.startswith("mizzen_serve_step_seconds_count"):
+                fb_count += float(value)
     return (int(values["mizzen_serve_executor_steps_total"]),
-            int(values["mizzen_serve_executor_operations_total"]))  # fmt: skip
+            int(values["mizzen_serve_executor_operations_total"]),
+            fb_seconds, int(fb_count))  # fmt: skip
 
 
 def unload(url: str, index: int, model_id: str) -> None:
@@ -149,12 +161,12 @@ def measure(url: str, k: int, args) -> dict:
     threads = [
         threading.Thread(target=tenant_loop, args=(url, i, args, barrier, out)) for i in range(k)
     ]
-    steps0, ops0 = executor_counts(url)
+    steps0, ops0, fb_s0, fb_n0 = executor_counts(url)
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    steps1, ops1 = executor_counts(url)
+    steps1, ops1, fb_s1, fb_n1 = executor_counts(url)
     for index, (_, _, _, model_id) in out.items():
         unload(url, index, model_id)
     wall = max(v[1] for v in out.values()) - min(v[0] for v in out.values())
@@ -165,6 +177,9 @@ def measure(url: str, k: int, args) -> dict:
         "p50": statistics.median(latencies),
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "ops_per_executor_step": (ops1 - ops0) / max(1, steps1 - steps0),
+        # server-side time of the executor step a forward_backward ran in (its share of the
+        # client's latency; the rest is HTTP, decoding, queueing and the SDK's polling)
+        "fb_executor": (fb_s1 - fb_s0) / max(1, fb_n1 - fb_n0),
     }  # fmt: skip
 
 
@@ -183,11 +198,12 @@ def main(argv=None) -> int:
     print(f"bench_serve: model={args.model} device={args.device} rows={args.rows} seq={args.seq} "
           f"rank={args.rank} steps={args.steps} micro_batch_size={args.micro_batch_size}")  # fmt: skip
     print(f"{'K':>3} {'ops/s':>9} {'fb p50 ms':>10} {'fb p99 ms':>10} {'ops/step':>9} "
-          f"{'ratio vs K x single':>20}")  # fmt: skip
+          f"{'fb executor ms':>15} {'ratio vs K x single':>20}")  # fmt: skip
     for k in counts:
         r = results[k]
         print(f"{k:>3} {r['ops_per_s']:>9.2f} {1e3 * r['p50']:>10.1f} {1e3 * r['p99']:>10.1f} "
-              f"{r['ops_per_executor_step']:>9.2f} {r['ops_per_s'] / base:>20.2f}")  # fmt: skip
+              f"{r['ops_per_executor_step']:>9.2f} {1e3 * r['fb_executor']:>15.1f} "
+              f"{r['ops_per_s'] / base:>20.2f}")  # fmt: skip
     return 0
 
 

@@ -7,7 +7,8 @@ data-parallel x context-parallel.  10 fp32 steps at CP=2 against the single-rank
 batch: per-step losses within 1e-4 relative, the final adapters close, and forward_logprobs
 (gathered over the CP ranks) the same.  A micro-batch mixing slots runs under CP too (the
 routing is built on each rank's share of the stream): its losses and log-probs are the single
-rank's.
+rank's, and ``forward_backward_logprobs`` gathers its log-probs over the CP ranks like
+``forward_logprobs``.
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ def _train_scenario(kit) -> dict:
     # micro-batches of rows [0, 1] and [1, 1]: the first holds both slots (runs of each slot in
     # every CP rank's share of the stream)
     mixed_batch = _batch(0, row_slots=[0, 1, 1, 1])
-    mixed = executor.forward_backward(mixed_batch, CrossEntropyLoss())
+    # the fused call: its log-probs come from the CP ranks' shares of its own forward
+    mixed, mixed_fused = executor.forward_backward_logprobs(mixed_batch, CrossEntropyLoss())
     return {
         "mixed_losses": {slot: r.loss for slot, r in mixed.items()},
+        "mixed_fused_logprobs": mixed_fused,
         "mixed_logprobs": executor.forward_logprobs(mixed_batch),
         "usable_after": executor.failed is None,
         "cp": parallel_state.get_context_parallel_world_size(),
@@ -94,6 +97,10 @@ def test_context_parallel_two_ranks_train_like_one(kit):
             assert abs(rank["mixed_losses"][slot] - loss) / abs(loss) < 1e-3, (slot, loss)
         torch.testing.assert_close(
             rank["mixed_logprobs"], single["mixed_logprobs"], rtol=1e-3, atol=1e-3
+        )
+        # no step between them: the fused forward's log-probs are the later forward's
+        torch.testing.assert_close(
+            rank["mixed_fused_logprobs"], rank["mixed_logprobs"], rtol=0, atol=1e-5
         )
     first, last = single["losses"][0], single["losses"][-1]
     assert all(last[s] < first[s] for s in first), f"loss did not fall: {first} -> {last}"

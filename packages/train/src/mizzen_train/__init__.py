@@ -22,7 +22,8 @@ Modules (each states its invariants in its docstring):
   :mod:`~mizzen_train.evaluators` its built-in generation and held-out loss evaluators.
 
 - :mod:`~mizzen_train.executor` -- ``SlotExecutor``: load_slot / unload_slot / forward_backward /
-  optim_step, forward_logprobs, save_slot / restore_slot; the failure policy.
+  optim_step, forward_logprobs, forward_backward_logprobs, save_slot / restore_slot; the failure
+  policy.
 - :mod:`~mizzen_train.lora` -- slotted LoRA around megatron's column/row-parallel linears.
 - :mod:`~mizzen_train.routing` -- per-token slot routing packed for batched GEMMs.
 - :mod:`~mizzen_train.slot_optimizer` -- fp32 masters + AdamW per slot, stepped in lockstep.

@@ -38,8 +38,11 @@ Packing: :attr:`SlotLossReport.packing_efficiency` (per slot) and :attr:`SlotExe
 (the request) give real tokens over token slots.
 
 plus :meth:`~SlotExecutor.forward_logprobs` (forward only: target log-probabilities, e.g. the
-``old_logprobs`` of an RL request) and :meth:`~SlotExecutor.save_slot` /
-:meth:`~SlotExecutor.restore_slot` (see :mod:`mizzen_train.checkpoint`).
+``old_logprobs`` of an RL request), :meth:`~SlotExecutor.forward_backward_logprobs` (a
+``forward_backward`` that also returns the target log-probabilities of its own forward: what
+``forward_logprobs`` would have returned just before it, without a second forward pass) and
+:meth:`~SlotExecutor.save_slot` / :meth:`~SlotExecutor.restore_slot` (see
+:mod:`mizzen_train.checkpoint`).
 
 Loss scaling: slot ``k``'s loss is the mean over its loss-masked tokens of the *whole* request
 (every rank sees the whole batch, so the count needs no collective), each data-parallel rank sums
@@ -142,6 +145,8 @@ class _ModelInputs:
 
 @dataclass
 class _MicroBatch:
+    #: The micro-batch's rows as the request gave them (shape of the log-probs it returns).
+    rows: SlotBatch
     inputs: _ModelInputs
     #: loss_mask / (slot's token count in the request); 0 for base-only or unmasked tokens.
     weights: torch.Tensor
@@ -436,6 +441,27 @@ class SlotExecutor:
         self, batch: SlotBatch, loss_fn: TokenLoss | Mapping[int, TokenLoss]
     ) -> dict[int, SlotLossReport]:
         """Accumulate every batch slot's gradients; returns each slot's loss report."""
+        reports, _ = self._checked_forward_backward(batch, loss_fn, keep_logprobs=False)
+        return reports
+
+    def forward_backward_logprobs(
+        self, batch: SlotBatch, loss_fn: TokenLoss | Mapping[int, TokenLoss]
+    ) -> tuple[dict[int, SlotLossReport], torch.Tensor]:
+        """:meth:`forward_backward`, and the log-probability of every target token taken from
+        the same forward pass: ``forward_logprobs(batch)`` as it was before this call (the
+        weights this forward ran with), same shape and placement, without a second forward.  A
+        micro-batch that trains nothing (base-only rows) gets a forward of its own."""
+        reports, logprobs = self._checked_forward_backward(batch, loss_fn, keep_logprobs=True)
+        assert logprobs is not None
+        return reports, logprobs
+
+    def _checked_forward_backward(
+        self,
+        batch: SlotBatch,
+        loss_fn: TokenLoss | Mapping[int, TokenLoss],
+        *,
+        keep_logprobs: bool,
+    ) -> tuple[dict[int, SlotLossReport], torch.Tensor | None]:
         self._check_usable("forward_backward")
         row_slots = check_batch(
             batch,
@@ -449,7 +475,7 @@ class SlotExecutor:
         slots = sorted({slot for slot in row_slots if slot >= 0})
         losses = resolve_losses(loss_fn, slots, batch)
         with self._mutating("forward_backward"):
-            return self._forward_backward(batch, slots, losses)
+            return self._forward_backward(batch, slots, losses, keep_logprobs=keep_logprobs)
 
     def forward_logprobs(self, batch: SlotBatch) -> torch.Tensor:
         """Log-probability of every target token under its row's slot (forward only).
@@ -467,31 +493,46 @@ class SlotExecutor:
             vocab_size=self.model.vocab_size,
             max_sequence_length=self.model.max_sequence_length,
         )
-        with self._mutating("forward_logprobs"), torch.no_grad():
+        with self._mutating("forward_logprobs"):
+            return self._forward_logprobs_unchecked(batch)
+
+    def _forward_logprobs_unchecked(self, batch: SlotBatch) -> torch.Tensor:
+        with torch.no_grad():
             local = batch.rows_for(self.dp_rank, self.dp_size)
             size = self.config.micro_batch_size
             parts = []
             for start in range(0, local.rows, size):
                 rows = local.select_rows(start, start + size)
-                inputs = self._model_inputs(rows)
-                logprobs = torch.zeros(rows.input_ids.shape, device=self.device)
-                if inputs.real_tokens:
-                    logits = self._forward(self.model, inputs)
-                    values = target_logprobs(logits, inputs.target_ids).float()
-                    logprobs = self._to_rows(values, inputs, rows)
-                parts.append(logprobs)
-            mine = torch.cat(parts).contiguous()
-            gathered = [torch.empty_like(mine) for _ in range(self.dp_size)]
-            torch.distributed.all_gather(
-                gathered, mine, group=parallel_state.get_data_parallel_group()
-            )
-            return torch.cat(gathered).cpu()
+                parts.append(self._forward_rows(rows, self._model_inputs(rows)))
+            return self._gather_rows(parts)
+
+    def _forward_rows(self, rows: SlotBatch, inputs: _ModelInputs) -> torch.Tensor:
+        """Target log-probabilities ``[b, s]`` of one micro-batch by a forward of its own (call
+        under ``no_grad``); zeros where no token is real."""
+        if not inputs.real_tokens:
+            return torch.zeros(rows.input_ids.shape, device=self.device)
+        logits = self._forward(self.model, inputs)
+        values = target_logprobs(logits, inputs.target_ids).float()
+        return self._to_rows(values, inputs, rows)
+
+    def _gather_rows(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """This data-parallel rank's micro-batch rows joined with every other rank's, in batch
+        order, as one host tensor (the same on every rank)."""
+        mine = torch.cat(parts).contiguous()
+        gathered = [torch.empty_like(mine) for _ in range(self.dp_size)]
+        torch.distributed.all_gather(gathered, mine, group=parallel_state.get_data_parallel_group())
+        return torch.cat(gathered).cpu()
 
     def _forward_backward(
-        self, batch: SlotBatch, slots: list[int], losses: Mapping[int, TokenLoss]
-    ) -> dict[int, SlotLossReport]:
+        self,
+        batch: SlotBatch,
+        slots: list[int],
+        losses: Mapping[int, TokenLoss],
+        *,
+        keep_logprobs: bool,
+    ) -> tuple[dict[int, SlotLossReport], torch.Tensor | None]:
         if not slots:  # base-only rows (the same on every rank): nothing to train
-            return {}
+            return {}, self._forward_logprobs_unchecked(batch) if keep_logprobs else None
         real = real_token_mask(batch)
         mask = batch.loss_mask.to(torch.bool) & real
         self.last_packing = PackingReport(int(real.sum()), real.numel())
@@ -503,7 +544,7 @@ class SlotExecutor:
         metric_names = ["loss", *sorted({m for loss in losses.values() for m in loss.metrics})]
         local = batch.rows_for(self.dp_rank, self.dp_size)
         size = self.config.micro_batch_size
-        micro_batches = [
+        prepared = [
             self._prepare(local.select_rows(start, start + size), slots, token_counts, losses)
             for start in range(0, local.rows, size)
         ]
@@ -511,17 +552,17 @@ class SlotExecutor:
         # Safe to differ across data-parallel ranks: a forward/backward only talks within TP,
         # whose ranks share their rows.
         # So is one without real tokens; every CP rank of a DP rank holds the same rows.
-        micro_batches = [mb for mb in micro_batches if mb.trains]
+        micro_batches = [mb for mb in prepared if mb.trains]
         loss_fn = functools.partial(self._micro_batch_loss, slots=slots, metric_names=metric_names)
         if not micro_batches:
-            sums = []
+            reduced = []
         elif self.device.type == "cuda":
-            sums = self._run_megatron_schedule(micro_batches, loss_fn, local.seq_len)
+            reduced = self._run_megatron_schedule(micro_batches, loss_fn, local.seq_len)
         else:
-            sums = self._run_local_schedule(micro_batches, loss_fn)
+            reduced = self._run_local_schedule(micro_batches, loss_fn)
         total = torch.zeros(len(slots), len(metric_names), device=self.device)
-        for part in sums:
-            total += part
+        for part in reduced:
+            total += part["slot_sums"]
         torch.distributed.all_reduce(
             total, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
         )
@@ -536,7 +577,25 @@ class SlotExecutor:
                 metrics={name: row[name] for name in losses[slot].metrics},
                 packing_efficiency=packing[slot].efficiency,
             )
-        return reports
+        if not keep_logprobs:
+            return reports, None
+        return reports, self._gather_rows(self._kept_logprobs(prepared, reduced))
+
+    def _kept_logprobs(
+        self, prepared: list[_MicroBatch], reduced: list[dict[str, torch.Tensor]]
+    ) -> list[torch.Tensor]:
+        """Each local micro-batch's ``[b, s]`` target log-probabilities: the ones its loss kept
+        (``reduced`` in order of the micro-batches that trained), or a forward of its own."""
+        kept = iter(reduced)
+        parts = []
+        with torch.no_grad():
+            for micro_batch in prepared:
+                if micro_batch.trains:
+                    values = next(kept)["logprobs"]
+                    parts.append(self._to_rows(values, micro_batch.inputs, micro_batch.rows))
+                else:
+                    parts.append(self._forward_rows(micro_batch.rows, micro_batch.inputs))
+        return parts
 
     def _model_inputs(self, rows: SlotBatch) -> _ModelInputs:
         """The micro-batch as model inputs: one packed stream of its real tokens (``[1, T]``,
@@ -650,6 +709,7 @@ class SlotExecutor:
             if getattr(rows, name) is not None
         }
         return _MicroBatch(
+            rows=rows,
             inputs=inputs,
             weights=weights.to(device),
             bins=bins.to(device),
@@ -693,22 +753,23 @@ class SlotExecutor:
         stacked = torch.stack([column.reshape(-1) for column in columns], dim=1)
         sums = torch.zeros(len(slots) + 1, len(metric_names), device=stacked.device)
         sums.index_add_(0, micro_batch.bins.reshape(-1), stacked)
-        return weighted.sum(), micro_batch.num_tokens, {"slot_sums": sums[: len(slots)]}
+        reduced = {"slot_sums": sums[: len(slots)], "logprobs": logprobs.detach()}
+        return weighted.sum(), micro_batch.num_tokens, reduced
 
     def _run_local_schedule(
         self, micro_batches: list[_MicroBatch], loss_fn: Callable
-    ) -> list[torch.Tensor]:
-        sums = []
+    ) -> list[dict[str, torch.Tensor]]:
+        store = []
         for micro_batch in micro_batches:
             logits = self._forward(self.model, micro_batch.inputs)
             loss, _, reduced = loss_fn(micro_batch, logits)
             loss.backward()
-            sums.append(reduced["slot_sums"])
-        return sums
+            store.append(reduced)
+        return store
 
     def _run_megatron_schedule(
         self, micro_batches: list[_MicroBatch], loss_fn: Callable, seq_len: int
-    ) -> list[torch.Tensor]:
+    ) -> list[dict[str, torch.Tensor]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator: Iterator[_MicroBatch], model: torch.nn.Module):
@@ -724,7 +785,7 @@ class SlotExecutor:
             micro_batch_size=self.config.micro_batch_size,
             forward_only=False,
         )
-        return [item["slot_sums"] for item in store]
+        return list(store)  # the loss's third value per micro-batch, in order
 
     # -- optimizer ------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ The thread takes the head operation of every model's queue (submission order per
 together, in one executor call, the heads that can share it:
 
 - ``forward_backward`` heads whose rows have the same padded length (and fit ``max_batch_rows``):
-  one ``forward_logprobs`` + one ``forward_backward`` with a loss per slot;
+  one ``forward_backward_logprobs`` with a loss per slot (the log-probs it answers come from the
+  same forward pass as the gradients);
 - ``forward`` heads likewise, one ``forward_logprobs``;
 - ``optim_step`` heads: one ``optim_step`` with each slot's Adam parameters;
 - everything else (create, load, save, publish, unload) alone.
@@ -209,11 +210,10 @@ class Scheduler:
 
     # -- operations -----------------------------------------------------------------------------
 
-    def _rows_and_logprobs(self, group: list[Operation]):
+    def _joined(self, group: list[Operation]):
         parts = [op.payload for op in group]
         batch, losses = join_rows(parts, self.config.model.micro_batch_size)
-        logprobs = self.executor.forward_logprobs(batch).numpy()
-        return parts, batch, losses, logprobs
+        return parts, batch, losses
 
     def _answer_rows(self, group, parts, logprobs) -> None:
         row = 0
@@ -229,13 +229,13 @@ class Scheduler:
             op.succeed(PROTOBUF, body)
 
     def _run_forward(self, group: list[Operation]) -> None:
-        parts, _, _, logprobs = self._rows_and_logprobs(group)
-        self._answer_rows(group, parts, logprobs)
+        parts, batch, _ = self._joined(group)
+        self._answer_rows(group, parts, self.executor.forward_logprobs(batch).numpy())
 
     def _run_forward_backward(self, group: list[Operation]) -> None:
-        parts, batch, losses, logprobs = self._rows_and_logprobs(group)
-        self.executor.forward_backward(batch, losses)
-        self._answer_rows(group, parts, logprobs)
+        parts, batch, losses = self._joined(group)
+        _, logprobs = self.executor.forward_backward_logprobs(batch, losses)
+        self._answer_rows(group, parts, logprobs.numpy())
 
     def _run_optim_step(self, group: list[Operation]) -> None:
         from mizzen_train.specs import AdamParams
