@@ -1,7 +1,8 @@
 """One command per run directory: a second run or ``--resume`` on a directory in use is refused
 in one line naming the holder's pid; a fresh run never writes into a directory that holds
 something else; a killed holder frees the directory at once; Ctrl-C ends with the newest
-checkpoint and the exact resume command, and stops the eval engine the run kept between points."""
+checkpoint and the exact resume command, and stops the eval engine the run kept between points;
+an ``eval.snapshot_dir`` that a symbolic link leads elsewhere is refused before the run starts."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=60, labels=["train"])
+register_cpu_ci(est_time=75, labels=["train"])
 
 CONFIG = """
 [run]
@@ -103,6 +104,27 @@ def test_a_fresh_run_never_writes_into_a_foreign_directory(tmp_path, capsys):
     assert code == 2 and "is not empty and holds no run (thesis.tex)" in err, err
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "thesis.tex"]
     assert (run_dir / "thesis.tex").read_text() == "precious"
+
+
+def test_a_snapshot_dir_linked_elsewhere_is_refused_before_anything_runs(tmp_path, capsys):
+    """Eval points delete ``<snapshot_dir>/step-NNNNNNNN``: through a link to ``checkpoints``
+    that is the run's checkpoint of the same step.  The configured path is the run's own
+    (``snapshots``), only the disk says where it leads."""
+    run_dir = tmp_path / "run"
+    code, err = _main(capsys, "sft", "--config", str(_config(tmp_path, run_dir, steps=2)))
+    assert code == 0, err
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints, "the first run saved no checkpoint (vacuous)"
+    (run_dir / "snapshots").symlink_to("checkpoints")
+    config = _config(tmp_path, run_dir, steps=2, evaluate=True)
+    config.write_text(config.read_text().replace("interval = 20", "interval = 2"))
+    code, err = _main(capsys, "sft", "--resume", "--config", str(config))
+    assert code == 2, err
+    assert f"eval.snapshot_dir='snapshots': {run_dir / 'snapshots'} is a symbolic link" in err
+    assert (
+        "(to checkpoints)" in err and "Fix: remove the link" in err and len(err.splitlines()) == 1
+    )
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints
 
 
 def test_what_a_failed_start_left_does_not_block_the_next(tmp_path):

@@ -7,11 +7,15 @@ Invariants:
   table (:func:`owned_entry`): it never is, or lies inside, an entry the run writes itself.  An
   eval point deletes its snapshot directory once evaluated, and a point's name is a checkpoint's
   (``step-NNNNNNNN``): snapshots under ``checkpoints`` deleted every checkpoint of the run.
+  The same holds on disk: no component of that path below ``run.dir`` may be a symbolic link
+  (:func:`linked_component`), which would put the deletions wherever the link points.
 - Names compare case-insensitively (a case-insensitive file system makes ``Export`` the export).
 - Standard library only; importing it imports nothing else.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 __all__ = [
     "ADAPTERS_DIR",
@@ -25,6 +29,7 @@ __all__ = [
     "TENSORBOARD_DIR",
     "TINY_MODEL_PREFIX",
     "WANDB_DIR",
+    "linked_component",
     "owned_entry",
 ]
 
@@ -62,4 +67,15 @@ def owned_entry(name: str) -> str | None:
         entry = entry.casefold()
         if folded == entry or (entry.endswith("-") and folded.startswith(entry)):
             return what
+    return None
+
+
+def linked_component(run_dir: Path, relative: str) -> Path | None:
+    """The first existing path of ``run_dir / relative``'s components below ``run_dir`` that is
+    a symbolic link, or ``None`` (``run_dir`` itself may be one: the run lives where it points)."""
+    path = Path(run_dir)
+    for part in Path(relative).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
     return None

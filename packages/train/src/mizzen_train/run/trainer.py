@@ -48,6 +48,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import shutil
 import uuid
@@ -59,7 +60,12 @@ import torch
 
 from mizzen_train.run.config import ConfigError
 from mizzen_train.run.export import export_root, export_tenants
-from mizzen_train.run.layout import CURVES_FILE, METRICS_FILE, TINY_MODEL_PREFIX
+from mizzen_train.run.layout import (
+    CURVES_FILE,
+    METRICS_FILE,
+    TINY_MODEL_PREFIX,
+    linked_component,
+)
 from mizzen_train.run.lock import hold_run_dir
 from mizzen_train.run.loggers import open_loggers
 from mizzen_train.run.metrics import (
@@ -251,6 +257,7 @@ class Trainer:
         config = self.config
         self.device, self.dtype = device, dtype
         check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
+        self._check_snapshot_path()
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         if config.model.plugin:
@@ -272,6 +279,23 @@ class Trainer:
                 context_supported=_context_parallel_supported(),
             )  # fmt: skip
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def _check_snapshot_path(self) -> None:
+        """``eval.snapshot_dir`` on disk: no symbolic link below the run directory (an eval point
+        deletes its ``step-NNNNNNNN`` directory there; a link to ``checkpoints`` would delete
+        checkpoints of the same names, see :mod:`mizzen_train.run.layout`)."""
+        if self.config.eval is None:
+            return
+        relative = self.config.eval.snapshot_dir
+        link = linked_component(self.run_dir, relative)
+        if link is not None:
+            raise ConfigError(
+                "eval.snapshot_dir", relative,
+                f"{link} is a symbolic link (to {os.readlink(link)}); eval points delete their "
+                "snapshot directories, which must lie in the run directory itself",
+                "remove the link, or set eval.snapshot_dir to a directory of the run's own",
+                source=self.config.source,
+            )  # fmt: skip
 
     def _check_plugin_run(self) -> None:
         """What the run asks of its plugin model (:mod:`mizzen_train.plugin_models`)."""
