@@ -5,8 +5,9 @@ tenant runs the same supervised loop: ``forward_backward`` (``rows`` datums of `
 then ``optim_step``, waiting for each result, ``steps`` times after ``warmup`` steps.  Reported
 per K: operations/s over all tenants, p50/p99 latency of ``forward_backward`` (submit to
 result), the server's executor steps per operation (how much the scheduler batched), the
-server-side time of the executor steps ``forward_backward`` ran in (the rest of its latency is
-HTTP, decoding, queueing and the SDK's polling), and
+server-side time of the scheduler steps the measured ``forward_backward`` calls ran in (the
+executor call plus joining the rows and encoding the answer; the rest of the latency is HTTP,
+decoding, queueing and the SDK's polling), and
 
     ratio = throughput(K tenants together) / throughput(1 tenant)
           = (time of K separate single-tenant runs) / (time of the K-tenant run),
@@ -156,16 +157,19 @@ def unload(url: str, index: int, model_id: str) -> None:
 
 
 def measure(url: str, k: int, args) -> dict:
-    barrier = threading.Barrier(k)
+    before: list = []  # the server's counters once every tenant is warm (the barrier's action)
+    barrier = threading.Barrier(k, action=lambda: before.extend(executor_counts(url)))
     out: dict = {}
     threads = [
         threading.Thread(target=tenant_loop, args=(url, i, args, barrier, out)) for i in range(k)
     ]
-    steps0, ops0, fb_s0, fb_n0 = executor_counts(url)
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if len(out) != k:
+        sys.exit(f"{k - len(out)} of {k} tenants failed (their traceback is above)")
+    steps0, ops0, fb_s0, fb_n0 = before
     steps1, ops1, fb_s1, fb_n1 = executor_counts(url)
     for index, (_, _, _, model_id) in out.items():
         unload(url, index, model_id)
@@ -177,9 +181,8 @@ def measure(url: str, k: int, args) -> dict:
         "p50": statistics.median(latencies),
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "ops_per_executor_step": (ops1 - ops0) / max(1, steps1 - steps0),
-        # server-side time of the executor step a forward_backward ran in (its share of the
-        # client's latency; the rest is HTTP, decoding, queueing and the SDK's polling)
-        "fb_executor": (fb_s1 - fb_s0) / max(1, fb_n1 - fb_n0),
+        # server-side time of the scheduler step a measured forward_backward ran in
+        "fb_step": (fb_s1 - fb_s0) / max(1, fb_n1 - fb_n0),
     }  # fmt: skip
 
 
@@ -198,11 +201,11 @@ def main(argv=None) -> int:
     print(f"bench_serve: model={args.model} device={args.device} rows={args.rows} seq={args.seq} "
           f"rank={args.rank} steps={args.steps} micro_batch_size={args.micro_batch_size}")  # fmt: skip
     print(f"{'K':>3} {'ops/s':>9} {'fb p50 ms':>10} {'fb p99 ms':>10} {'ops/step':>9} "
-          f"{'fb executor ms':>15} {'ratio vs K x single':>20}")  # fmt: skip
+          f"{'fb step ms':>11} {'ratio vs K x single':>20}")  # fmt: skip
     for k in counts:
         r = results[k]
         print(f"{k:>3} {r['ops_per_s']:>9.2f} {1e3 * r['p50']:>10.1f} {1e3 * r['p99']:>10.1f} "
-              f"{r['ops_per_executor_step']:>9.2f} {1e3 * r['fb_executor']:>15.1f} "
+              f"{r['ops_per_executor_step']:>9.2f} {1e3 * r['fb_step']:>11.1f} "
               f"{r['ops_per_s'] / base:>20.2f}")  # fmt: skip
     return 0
 

@@ -92,3 +92,40 @@ def test_wire_decoder_refuses_garbage_and_image_chunks():
     body = forward_backward_request_to_proto(request).SerializeToString()
     with pytest.raises(WireError, match="image chunks are not served"):
         decode_forward_backward(body, limit=1 << 20)
+
+
+def test_a_zstd_frame_is_unpacked_only_up_to_the_limit():
+    """A 64 MiB frame of zeros compresses to kilobytes and declares its size: the decoder reads
+    one byte past the limit and refuses (413), it does not unpack what the frame declares."""
+    import tracemalloc
+
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 * 1024 * 1024))
+    assert len(bomb) < 64 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError, match="more than 1048576 bytes once decompressed") as caught:
+            decode_forward_backward(bomb, content_encoding="zstd", limit=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.status == 413
+    assert peak < 8 * 1024 * 1024, f"peak {peak} bytes while decoding"
+
+
+def test_finished_operations_keep_their_result_only_within_the_byte_budget():
+    from mizzen_train.serve.operations import OperationBook
+
+    book = OperationBook(max_queue=4, keep=1000, keep_bytes=10_000)
+    ops = []
+    for index in range(8):
+        op, _ = book.submit("alice", "m", "forward", b"rows" * 100_000, key=("seq", index))
+        op.succeed("application/x-protobuf", b"r" * 3_000)
+        book.pop([op])
+        assert op.payload is None, "a finished operation keeps its rows"
+        ops.append(op)
+    kept = [op for op in ops if book.future("alice", op.request_id) is not None]
+    assert kept == ops[-3:], "not the newest results within 10,000 bytes"
+    assert book.future("alice", ops[0].request_id) is None
+    assert "m" not in book.queues  # an empty queue is not kept either

@@ -1,6 +1,7 @@
 """GPU: two slots train in bf16 through megatron's real forward-backward schedule, with each
 slot's gradients in its own megatron DistributedDataParallel; one slot's NaN leaves the other
-bitwise unchanged; unloading gives every byte back."""
+bitwise unchanged; unloading gives every byte back; ``forward_backward_logprobs`` returns the
+log-probs of the schedule's own forward."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from mizzen_ci import register_cuda_ci
 
 register_cuda_ci(
-    est_time=25,
+    est_time=30,
     hardware=["hopper"],
     num_gpus=1,
     labels=["lora", "train", "megatron"],
@@ -90,6 +91,26 @@ def test_two_slots_learn_through_megatron_schedule_and_ddp(kit, nccl_rank, monke
     executor.unload_slot(1)
     after = settled_allocated_bytes(expected=baseline)
     assert after == baseline, f"{after - baseline} bytes still allocated after unloading"
+
+
+def test_fused_logprobs_come_through_megatron_schedule(kit, nccl_rank):
+    """``forward_backward_logprobs`` on CUDA: the log-probs megatron's schedule hands back from
+    the loss are the separate forward's within bf16 rounding (a forward recording gradients may
+    take other kernels), in batch order, the base-only micro-batch included."""
+    from mizzen_train.losses import CrossEntropyLoss
+
+    executor = _executor(kit)
+    executor.load_slot(0, 8, 16.0, seed=1)
+    executor.load_slot(1, 4, 8.0, seed=2)
+    batch = _batch(kit, [0, 0, 0, 1, 1, 1, -1, -1], seed=3)  # the last micro-batch trains nothing
+    separate = executor.forward_logprobs(batch)
+    reports, fused = executor.forward_backward_logprobs(batch, CrossEntropyLoss())
+    assert sorted(reports) == [0, 1] and fused.shape == separate.shape == (8, 32)
+    assert fused.device.type == "cpu" and fused.dtype is torch.float32
+    assert fused[6:].abs().min() > 0, "the base-only micro-batch was not computed"
+    torch.testing.assert_close(fused, separate, rtol=0, atol=3e-2)
+    # the rows are not interchangeable: a misplaced micro-batch would not pass the line above
+    assert (separate[:2] - separate[4:6]).abs().max() > 0.1
 
 
 def _poison_run(kit, poison: bool) -> dict:

@@ -449,8 +449,10 @@ class SlotExecutor:
     ) -> tuple[dict[int, SlotLossReport], torch.Tensor]:
         """:meth:`forward_backward`, and the log-probability of every target token taken from
         the same forward pass: ``forward_logprobs(batch)`` as it was before this call (the
-        weights this forward ran with), same shape and placement, without a second forward.  A
-        micro-batch that trains nothing (base-only rows) gets a forward of its own."""
+        weights this forward ran with; equal on the CPU, within rounding on CUDA, where a
+        forward that records gradients may take other kernels), same shape and placement,
+        without a second forward.  A micro-batch that trains nothing (base-only rows) gets a
+        forward of its own."""
         reports, logprobs = self._checked_forward_backward(batch, loss_fn, keep_logprobs=True)
         assert logprobs is not None
         return reports, logprobs
@@ -586,6 +588,9 @@ class SlotExecutor:
     ) -> list[torch.Tensor]:
         """Each local micro-batch's ``[b, s]`` target log-probabilities: the ones its loss kept
         (``reduced`` in order of the micro-batches that trained), or a forward of its own."""
+        trained = sum(micro_batch.trains for micro_batch in prepared)
+        if len(reduced) != trained:  # one entry per micro-batch run (no pipeline stages here)
+            raise RuntimeError(f"{len(reduced)} loss results for {trained} micro-batches")
         kept = iter(reduced)
         parts = []
         with torch.no_grad():

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 #: ``gaussian``: N(0, 1/rank).
 LORA_INITS = ("kaiming_uniform", "gaussian")
 
+#: The largest LoRA seed (seeds are 32-bit: each layer's generator seed is derived from it, and
+#: torch's generator takes a signed 64-bit one).
+MAX_LORA_SEED = 2**32 - 1
+
 #: The linear layers of megatron-core's local GPT layer spec that LoRA targets by default.
 DEFAULT_TARGET_MODULES = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 

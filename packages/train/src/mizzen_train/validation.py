@@ -33,7 +33,13 @@ import torch
 from mizzen_train.batch import SlotBatch
 from mizzen_train.errors import SlotConfigError
 from mizzen_train.losses import ClippedPolicyGradientLoss, CrossEntropyLoss
-from mizzen_train.specs import LORA_INITS, AdamParams, ExecutorConfig, LoraSlotSpec
+from mizzen_train.specs import (
+    LORA_INITS,
+    MAX_LORA_SEED,
+    AdamParams,
+    ExecutorConfig,
+    LoraSlotSpec,
+)
 
 #: Loss functions the executor knows how to run.
 SUPPORTED_LOSSES = (CrossEntropyLoss, ClippedPolicyGradientLoss)
@@ -175,8 +181,11 @@ def check_slot_request(
     _positive_finite("alpha", spec.alpha, "give a positive LoRA alpha (delta scale alpha/rank)")
     if spec.init not in LORA_INITS:
         raise SlotConfigError("init", spec.init, "unknown initialiser", f"use one of {LORA_INITS}")
-    if isinstance(spec.seed, bool) or not isinstance(spec.seed, int) or spec.seed < 0:
-        raise SlotConfigError("seed", spec.seed, "must be an integer >= 0", "pass e.g. seed=0")
+    seed = spec.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_LORA_SEED:
+        raise SlotConfigError(
+            "seed", seed, f"must be an integer in [0, {MAX_LORA_SEED}]", "pass e.g. seed=0"
+        )
 
 
 def check_adapter_weights(

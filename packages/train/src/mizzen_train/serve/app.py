@@ -31,9 +31,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from mizzen_train.serve.operations import Overloaded
+from mizzen_train.serve.operations import Closing, Overloaded
 from mizzen_train.serve.state import ModelRecord, check_name
 from mizzen_train.serve.wire import PROTOBUF, WireError, decode_forward_backward, parse_json
+from mizzen_train.specs import MAX_LORA_SEED
 
 __all__ = ["build_app", "sweep_sessions"]
 
@@ -123,25 +124,48 @@ def _json(payload: Any, status: int = 200, headers: dict | None = None):
     return Response(json.dumps(payload), status, headers=headers, media_type="application/json")
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its body arrived: nobody to answer."""
+
+
 async def _body(request, service: Service) -> bytes:
-    limit = service.config.server.max_body_bytes
+    """The request body: at most ``server.max_body_bytes`` (413), whole within
+    ``server.body_timeout_s`` (408); a client that hangs up mid-body raises :class:`ClientGone`."""
+    from starlette.requests import ClientDisconnect
+
+    server = service.config.server
+    limit = server.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise WireError(413, f"body: larger than {limit} bytes. Fix: send fewer datums a call")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise WireError(413, f"body: larger than {limit} bytes. Fix: send fewer datums a call")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise WireError(
+                    413, f"body: larger than {limit} bytes. Fix: send fewer datums a call"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), server.body_timeout_s)
+    except TimeoutError:
+        raise WireError(408, f"body: not received whole within {server.body_timeout_s:g} s "
+                             "(server.body_timeout_s). Fix: send the body at once") from None  # fmt: skip
+    except ClientDisconnect:
+        raise ClientGone() from None
 
 
 def _future(op) -> Any:
     return _json({"request_id": op.request_id, "model_id": op.model_id})
 
 
-def _owned_model(service: Service, tenant: str, model_id: Any) -> int:
+def _owned_model(service: Service, tenant: str, model_id: Any, *, unload: bool = False) -> int:
+    """The slot of ``tenant``'s live model ``model_id``; 404 for anything else, and for a model
+    whose unload is queued unless this is an ``unload`` (which gets the queued one's future)."""
     if (
         service.state.model_of(tenant, model_id) is None
         or model_id not in service.scheduler.slot_of
@@ -150,6 +174,8 @@ def _owned_model(service: Service, tenant: str, model_id: Any) -> int:
             404, f"model_id {str(model_id)[:80]!r}: no live model of this key. Fix: create_model, "
             "or load a saved checkpoint into a new one (live weights end with a server restart)",
         )  # fmt: skip
+    if not unload and service.book.closing(model_id):
+        raise Closing(model_id)
     # a request on a model is a request of its session: it keeps the session alive
     session = service.sessions.get(model_id.partition(":train:")[0])
     if session is not None and session.tenant == tenant:
@@ -158,7 +184,10 @@ def _owned_model(service: Service, tenant: str, model_id: Any) -> int:
 
 
 def _submit(service: Service, tenant: str, model_id: str, kind: str, payload, seq_id, request):
-    key = ("seq", seq_id) if seq_id is not None else request.headers.get("x-idempotency-key")
+    header = request.headers.get("x-idempotency-key")
+    key = ("seq", kind, seq_id) if seq_id is not None else None
+    if key is None and header is not None:
+        key = ("header", kind, header)
     op, fresh = service.book.submit(tenant, model_id, kind, payload, key=key)
     if not fresh:
         log.info("op %s %s tenant=%s model=%s retried", kind, op.request_id, tenant, model_id)
@@ -244,6 +273,9 @@ async def create_model(service, tenant, request):
     lora = body.lora_config or types.LoraConfig(rank=8)
     if not 1 <= lora.rank <= config.model.max_rank:
         raise WireError(400, f"lora_config.rank: {lora.rank}; served 1..{config.model.max_rank}")
+    if lora.seed is not None and not 0 <= lora.seed <= MAX_LORA_SEED:
+        raise WireError(400, f"lora_config.seed: {lora.seed}; must be in [0, {MAX_LORA_SEED}]. "
+                             "Fix: pass a 32-bit seed")  # fmt: skip
     if not (lora.train_mlp and lora.train_attn):
         raise WireError(400, "lora_config: train_mlp and train_attn must stay true (the slots "
                              "adapt every attention and MLP linear)")  # fmt: skip
@@ -262,13 +294,16 @@ def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payl
     model_id = f"{session_id}:train:{model_seq_id}"
     known = service.book.find(tenant, model_id, ("create",))
     if known is not None:
-        return _future(known)
-    live = [m for m in service.scheduler.slot_of if service.state.model_of(tenant, m)]
-    if len(live) >= service.config.server.max_models_per_key:
-        raise WireError(422, f"this key holds {len(live)} live models (the limit). Fix: unload one")
+        if model_id in service.scheduler.slot_of and not service.book.closing(model_id):
+            return _future(known)  # a retry of a create of a live (or still queued) model
+        raise WireError(409, f"model_seq_id {model_seq_id}: model {model_id[:80]!r} was created "
+                             "and has been unloaded. Fix: use a new model_seq_id")  # fmt: skip
+    held = service.scheduler.models_of(tenant)  # reserved at submit, created or not yet
+    if held >= service.config.server.max_models_per_key:
+        raise WireError(422, f"this key holds {held} live models (the limit). Fix: unload one")
     record = ModelRecord(model_id, tenant, service.config.base_model_name, rank, seed, time.time())
     with service.book.cond:
-        service.scheduler.reserve_slot(model_id)
+        service.scheduler.reserve_slot(model_id, tenant)
     if kind == "create_model":
         payload = record
     else:
@@ -282,7 +317,7 @@ async def unload_model(service, tenant, request):
     from tinker import types
 
     body = parse_json(types.UnloadModelRequest, await _body(request, service), "unload_model")
-    _owned_model(service, tenant, body.model_id)
+    _owned_model(service, tenant, body.model_id, unload=True)
     return _submit(service, tenant, body.model_id, "unload_model", None, None, request)
 
 
@@ -297,7 +332,7 @@ async def get_info(service, tenant, request):
         "type": "get_info", "model_id": record.model_id, "is_lora": True,
         "lora_rank": record.rank, "model_name": record.base_model,
         "model_data": {"arch": "llama", "model_name": record.base_model,
-                       "tokenizer_id": str(service.scheduler.model_dir)},
+                       "tokenizer_id": record.base_model},
     })  # fmt: skip
 
 
@@ -346,6 +381,11 @@ async def optim_step(service, tenant, request):
               params.grad_clip_norm)  # fmt: skip
     if not all(math.isfinite(v) for v in values) or params.learning_rate < 0:
         raise WireError(400, "adam_params: every value must be finite and learning_rate >= 0")
+    if not (0 <= params.beta1 < 1 and 0 <= params.beta2 < 1 and params.eps > 0
+            and params.weight_decay >= 0 and params.grad_clip_norm >= 0):  # fmt: skip
+        raise WireError(400, "adam_params: need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 "
+                             "and grad_clip_norm >= 0 (0: no clipping). Fix: e.g. "
+                             "AdamParams(learning_rate=1e-4)")  # fmt: skip
     _owned_model(service, tenant, body.model_id)
     return _submit(service, tenant, body.model_id, "optim_step", params, body.seq_id, request)
 
@@ -421,7 +461,7 @@ async def list_checkpoints(service, tenant, request):
 async def weights_info(service, tenant, request):
     try:
         path = json.loads(await _body(request, service)).get("tinker_path")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         raise WireError(400, 'weights_info: body must be {"tinker_path": ...}') from None
     kind = "sampler_weights" if "/sampler_weights/" in str(path) else "weights"
     model_id, _ = service.state.owned_checkpoint(tenant, path, kind)
@@ -535,6 +575,10 @@ def _endpoint(service: Service, handler, needs_key: bool):
                     raise WireError(401, "X-API-Key: missing or unknown. Fix: set TINKER_API_KEY "
                                          "to a key of the server's key file")  # fmt: skip
             return await handler(service, tenant, request)
+        except ClientGone:  # nobody to answer; not an error of the server
+            log.info("%s %s: the client closed the connection mid-body", request.method,
+                     request.url.path)  # fmt: skip
+            return _json({"detail": "the client closed the connection"}, 400)
         except Overloaded as exc:
             return _json({"detail": str(exc)}, 429, {"Retry-After": str(exc.retry_after_s)})
         except WireError as exc:

@@ -138,7 +138,11 @@ def _one_row(index, datum, needed, loss_fn, vocab_size, max_seq_len, rows) -> No
             raise WireError(
                 400, f"{where}.loss_fn_inputs.{name}: {array.shape[0]} values for {length} tokens"
             )
-    targets = arrays["target_tokens"].astype(np.int64)
+    raw_targets = arrays["target_tokens"]
+    targets = raw_targets.astype(np.int64)
+    if raw_targets.dtype.kind == "f" and not np.array_equal(targets, raw_targets):
+        raise WireError(400, f"{where}.loss_fn_inputs.target_tokens: not whole numbers. Fix: "
+                             "send token ids (int64)")  # fmt: skip
     for name, ids in (("model_input", tokens), ("loss_fn_inputs.target_tokens", targets)):
         if ids.min() < 0 or ids.max() >= vocab_size:
             raise WireError(400, f"{where}.{name}: token ids must be in [0, {vocab_size})")

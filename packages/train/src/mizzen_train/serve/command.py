@@ -90,7 +90,9 @@ def _serve(config, keys, sock: socket.socket) -> int:
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     state = ServerState(config.state_dir)
-    book = OperationBook(max_queue=config.server.max_queue)
+    book = OperationBook(
+        max_queue=config.server.max_queue, keep_bytes=config.server.kept_result_bytes
+    )
     metrics = ServeMetrics()
     sampling = Sampling(config, state)
     scheduler = Scheduler(config, state, book, metrics, publish=sampling.publish)

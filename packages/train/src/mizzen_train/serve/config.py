@@ -57,6 +57,14 @@ class ServerSection:
     long_poll_s: float = opt(
         20.0, kind="float", low=0.0, high=40.0, help="how long retrieve_future waits for a result"
     )
+    body_timeout_s: float = opt(
+        60.0, kind="float", low=1.0, high=3600.0,
+        help="a request body not received whole in this long is refused (408)",
+    )  # fmt: skip
+    kept_result_bytes: int = opt(
+        256 * 1024 * 1024, kind="int", low=1024,
+        help="finished results kept for retrieve_future, in bytes (oldest forgotten first)",
+    )  # fmt: skip
     session_timeout_s: float = opt(
         600.0, kind="float", low=0.0, high=7 * 86400.0,
         help="a session without a heartbeat this long ends, its models unloaded (0: never)",

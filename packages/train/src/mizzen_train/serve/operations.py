@@ -7,12 +7,18 @@ Invariants:
 - Operations of one model run in submission order (one FIFO queue per model; the scheduler only
   ever takes a queue's head).
 - A retried request returns the original future: the SDK numbers every request of a training
-  client (``seq_id``), so ``(model_id, seq_id)`` identifies it; requests without one use the
-  ``X-Idempotency-Key`` header.  A retry of a finished request returns its stored outcome.
+  client (``seq_id``), so ``(model_id, kind, seq_id)`` identifies it; requests without one use
+  the ``X-Idempotency-Key`` header, also per kind (a key reused for another kind of request is
+  another request).  A retry of a finished request returns its stored outcome.
+- A model whose ``unload_model`` is queued is *closing*: any other operation on it is refused
+  (:class:`Closing`, 404) until the unload has run, and then the model is gone; a second unload
+  returns the first one's future.
 - Admission control: a model whose queue holds ``max_queue`` pending operations gets
   :class:`Overloaded` (HTTP 429 with ``Retry-After``); nothing is queued.
 - A future is visible only to the tenant that submitted it; finished futures are kept for the
-  last ``keep`` operations, then forgotten (oldest first).
+  last ``keep`` operations and within ``keep_bytes`` of results, then forgotten (oldest first).
+  An operation's payload (its rows) is dropped once it has run: a finished future holds only
+  its outcome.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 from mizzen_train.serve.wire import WireError
 
-__all__ = ["Operation", "OperationBook", "Overloaded"]
+__all__ = ["Closing", "Operation", "OperationBook", "Overloaded"]
 
 
 class Overloaded(WireError):
@@ -35,6 +41,16 @@ class Overloaded(WireError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(429, message)
         self.retry_after_s = retry_after_s
+
+
+class Closing(WireError):
+    """The model's unload is queued: nothing else is accepted for it (404)."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(
+            404, f"model_id {model_id[:80]!r}: being unloaded (an unload_model is queued). Fix: "
+            "create_model, or load a saved checkpoint into a new one",
+        )  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -50,6 +66,8 @@ class Operation:
     outcome: tuple[str, bytes] | None = None
     failure: tuple[str, str] | None = None
     started: float | None = None
+    #: result bytes the book counted when the operation left its queue (pop)
+    counted_bytes: int = 0
 
     waiters: list = field(default_factory=list)  # (loop, asyncio.Event) of long polls
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -61,6 +79,13 @@ class Operation:
     def fail(self, message: str, category: str = "user") -> None:
         self.failure = (message, category)
         self._finish()
+
+    @property
+    def result_bytes(self) -> int:
+        """What the finished operation keeps for ``retrieve_future``, in bytes."""
+        if self.outcome is not None:
+            return len(self.outcome[1])
+        return len(self.failure[0]) if self.failure is not None else 0
 
     def _finish(self) -> None:
         with self.lock:
@@ -89,13 +114,19 @@ class Operation:
 class OperationBook:
     """The futures of every tenant and the per-model queues (thread-safe)."""
 
-    def __init__(self, *, max_queue: int, keep: int = 10_000) -> None:
+    def __init__(
+        self, *, max_queue: int, keep: int = 10_000, keep_bytes: int = 256 * 1024 * 1024
+    ) -> None:
         self.max_queue = max_queue
         self.keep = keep
+        self.keep_bytes = keep_bytes
         self.cond = threading.Condition()
         self.queues: dict[str, deque[Operation]] = {}
         self._futures: OrderedDict[str, Operation] = OrderedDict()
         self._by_key: dict[tuple[str, str, object], str] = {}
+        #: model id -> its queued unload (until that has run)
+        self._closing: dict[str, Operation] = {}
+        self._kept_bytes = 0  # result bytes of the finished operations counted by pop()
 
     def submit(
         self,
@@ -107,12 +138,19 @@ class OperationBook:
         key: object = None,
         queued: bool = True,
     ) -> tuple[Operation, bool]:
-        """``(operation, fresh)``: the original one on a retry (``fresh`` False)."""
+        """``(operation, fresh)``: the original one on a retry (``fresh`` False).  Raises
+        :class:`Closing` for a model whose unload is queued (a second unload gets the first),
+        :class:`Overloaded` for a full queue."""
         with self.cond:
             if key is not None:
                 known = self._by_key.get((tenant, model_id, key))
                 if known is not None and known in self._futures:
                     return self._futures[known], False
+            closing = self._closing.get(model_id)
+            if closing is not None:
+                if kind == "unload_model":
+                    return closing, False
+                raise Closing(model_id)
             queue = self.queues.setdefault(model_id, deque()) if queued else deque()
             if queued and len(queue) >= self.max_queue:
                 raise Overloaded(
@@ -125,16 +163,24 @@ class OperationBook:
                 self._by_key[(tenant, model_id, key)] = op.request_id
             if queued:
                 queue.append(op)
+                if kind == "unload_model":
+                    self._closing[model_id] = op
                 self.cond.notify_all()
             self._forget_old()
             return op, True
 
+    def closing(self, model_id: str) -> bool:
+        """Whether ``model_id``'s unload is queued and has not run yet."""
+        with self.cond:
+            return model_id in self._closing
+
     def _forget_old(self) -> None:
-        while len(self._futures) > self.keep:
+        while len(self._futures) > self.keep or self._kept_bytes > self.keep_bytes:
             request_id, op = next(iter(self._futures.items()))
             if not op.done.is_set():
                 break
             del self._futures[request_id]
+            self._kept_bytes -= op.counted_bytes
         if len(self._by_key) > 2 * self.keep:
             self._by_key = {k: v for k, v in self._by_key.items() if v in self._futures}
 
@@ -157,9 +203,19 @@ class OperationBook:
         return sorted((q[0] for q in self.queues.values() if q), key=lambda op: op.submitted)
 
     def pop(self, ops: list[Operation]) -> None:
+        """Take the run ``ops`` off their queues: their payloads are dropped (a finished future
+        keeps only its outcome), their results counted against ``keep_bytes``."""
         with self.cond:
             for op in ops:
                 queue = self.queues[op.model_id]
                 assert queue[0] is op
                 queue.popleft()
+                if not queue:
+                    del self.queues[op.model_id]
+                if self._closing.get(op.model_id) is op:
+                    del self._closing[op.model_id]
+                op.payload = None
+                op.counted_bytes = op.result_bytes
+                self._kept_bytes += op.counted_bytes
+            self._forget_old()
             self.cond.notify_all()

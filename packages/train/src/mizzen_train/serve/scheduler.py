@@ -54,6 +54,7 @@ class Scheduler:
         self.metrics = metrics
         self.publish = publish  # (model_id, name, directory) -> None, loads an adapter to sample
         self.slot_of: dict[str, int] = {}
+        self.owner_of: dict[str, str] = {}  # model id -> tenant, for every reserved slot
         self.ready = threading.Event()
         self.startup_error: str | None = None
         self.stopping = False
@@ -133,17 +134,28 @@ class Scheduler:
 
     # -- slots ----------------------------------------------------------------------------------
 
-    def reserve_slot(self, model_id: str) -> int:
-        """A free slot for a new model (call under ``book.cond``); 422 when all K are in use."""
+    def reserve_slot(self, model_id: str, tenant: str) -> int:
+        """A free slot for a new model of ``tenant`` (call under ``book.cond``); 422 when all K
+        are in use."""
         used = set(self.slot_of.values())
         for slot in range(self.config.model.slots):
             if slot not in used:
                 self.slot_of[model_id] = slot
+                self.owner_of[model_id] = tenant
                 return slot
         raise WireError(
             422, f"all {self.config.model.slots} LoRA slots are in use. Fix: unload a model "
             "(TrainingClient's model) or ask the operator for a server with more slots",
         )  # fmt: skip
+
+    def models_of(self, tenant: str) -> int:
+        """How many slots ``tenant`` holds (reserved at submit: created, or being created)."""
+        return sum(owner == tenant for owner in self.owner_of.values())
+
+    def _free_slot(self, model_id: str) -> None:
+        """Forget ``model_id``'s slot (call under ``book.cond``)."""
+        self.slot_of.pop(model_id, None)
+        self.owner_of.pop(model_id, None)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -189,6 +201,13 @@ class Scheduler:
                     f"the executor failed ({self.executor.failed}); restart the server", "server"
                 )
             return
+        orphans = [op for op in group if op.model_id not in self.slot_of]
+        if orphans and group[0].kind != "unload_model":  # cannot happen: the book refuses
+            for op in orphans:  # operations on a closing model (kept as a guard)
+                op.fail(f"model_id {op.model_id[:80]!r}: unloaded before this ran", "user")
+            group = [op for op in group if op not in orphans]
+            if not group:
+                return
         run: Callable[[list[Operation]], None] = getattr(self, f"_run_{group[0].kind}")
         try:
             run(group)
@@ -264,7 +283,7 @@ class Scheduler:
             self.executor.load_slot(slot, record.rank, float(record.rank), seed=record.seed)
         except Exception:
             with self.book.cond:
-                self.slot_of.pop(op.model_id, None)
+                self._free_slot(op.model_id)
             raise
         self.state.add_model(record)
         op.succeed(JSON, _json({"model_id": op.model_id, "type": "create_model"}))
@@ -276,7 +295,7 @@ class Scheduler:
             if slot in self.executor.loaded_slots:
                 self.executor.unload_slot(slot)
             with self.book.cond:
-                del self.slot_of[op.model_id]
+                self._free_slot(op.model_id)
         op.succeed(JSON, _json({"model_id": op.model_id, "type": "unload_model"}))
 
     def _run_save_weights(self, group: list[Operation]) -> None:

@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,12 +72,21 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
         return body
     if encoding != "zstd":
         raise WireError(415, f"Content-Encoding {encoding!r} is not served. Fix: send zstd or none")
+    import io
+
     import zstandard
 
+    # read at most limit + 1 bytes of output, whatever size the frame declares (a small frame may
+    # declare, and hold, gigabytes)
     try:
-        return zstandard.ZstdDecompressor().decompress(body, max_output_size=limit)
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
+            data = reader.read(limit + 1)
     except zstandard.ZstdError:
-        raise WireError(400, "body: not a zstd frame within the size limit") from None
+        raise WireError(400, "body: not a zstd frame") from None
+    if len(data) > limit:
+        raise WireError(413, f"body: more than {limit} bytes once decompressed. Fix: send fewer "
+                             "datums a call")  # fmt: skip
+    return data
 
 
 def decode_forward_backward(
@@ -141,13 +151,15 @@ def _tensor(where: str, message: Any):
     if message.dtype not in dtypes:
         raise WireError(400, f"forward_backward: {where}: dtype must be float32 or int64")
     dtype_name, np_dtype = dtypes[message.dtype]
-    shape = list(message.shape)
+    shape = [int(n) for n in message.shape]
+    if any(n < 0 for n in shape):
+        raise WireError(400, f"forward_backward: {where}: shape {shape[:8]} has a negative size")
     if message.HasField("sparse_csr"):
         raise WireError(400, f"forward_backward: {where}: sparse tensors are not served")
     if len(message.dense) % np.dtype(np_dtype).itemsize:
         raise WireError(400, f"forward_backward: {where}: bytes are not whole {dtype_name}s")
     array = np.frombuffer(message.dense, dtype=np_dtype).copy()
-    if shape and int(np.prod(shape)) != array.size:
+    if shape and math.prod(shape) != array.size:  # Python ints: no wrap-around
         raise WireError(400, f"forward_backward: {where}: shape {shape} holds {array.size} values")
     return types.TensorData(data=array, dtype=dtype_name, shape=shape or [array.size])
 

@@ -1,0 +1,221 @@
+"""``mizzen-train serve`` against requests nobody lists, over raw HTTP on 127.0.0.1.
+
+Each case was a defect a probe found: one request must never fail the shared executor (every
+tenant's), exhaust the server's memory, let a key hold more than its share of slots, answer a
+request with another one's result, or answer 500 / log a traceback for what is the client's
+doing.  Every refusal is a 4xx naming the field and the fix; after each, the server serves.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from mizzen_ci import register_cpu_ci
+
+register_cpu_ci(est_time=45, labels=["train"])
+
+BASE = "tiny-llama"
+SEQUENCE = [ord(c) + 3 for c in "the cat sat on the mat, and the dog sat on the log!"]
+
+
+@pytest.fixture(scope="module")
+def kit(serve_kit):
+    serve_kit.restart("server.max_models_per_key=2", "server.body_timeout_s=1.5")
+    return serve_kit
+
+
+def post(kit, path, tenant="alice", **kwargs):
+    headers = {**kit.headers(tenant), **kwargs.pop("headers", {})}
+    return httpx.post(f"{kit.url}{path}", headers=headers, timeout=60, **kwargs)
+
+
+def result(kit, tenant, request_id) -> dict:
+    """The future's outcome: its JSON, or ``{"protobuf": ...}`` (a forward_backward's)."""
+    while True:
+        response = post(kit, "/api/v1/retrieve_future", tenant, json={"request_id": request_id})
+        if "json" not in response.headers["content-type"]:
+            return {"protobuf": response.content}
+        body = response.json()
+        if body.get("type") != "try_again":
+            return body
+
+
+def session(kit, tenant) -> str:
+    response = post(
+        kit,
+        "/api/v1/create_session",
+        tenant,
+        json={"tags": [], "user_metadata": None, "sdk_version": "x"},
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["session_id"]
+
+
+def create(kit, tenant, session_id, seq, *, wait=True, **lora):
+    body = {"session_id": session_id, "model_seq_id": seq, "base_model": BASE,
+            "lora_config": {"rank": 2, **lora}}  # fmt: skip
+    response = post(kit, "/api/v1/create_model", tenant, json=body)
+    if wait and response.status_code == 200:
+        done = result(kit, tenant, response.json()["request_id"])
+        assert done.get("type") == "create_model", done
+    return response
+
+
+def fb_body(model_id, seq_id, rows=1, targets=None, shape=None) -> bytes:
+    """The SDK's protobuf body; ``shape`` is written into the message as it is (the SDK's own
+    types would refuse it)."""
+    from tinker import types
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    targets = SEQUENCE[1:] if targets is None else targets
+    dtype = "float32" if isinstance(targets[0], float) else "int64"
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(SEQUENCE[:-1]),
+        loss_fn_inputs={"target_tokens": types.TensorData(data=targets, dtype=dtype)},
+    )
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=[datum] * rows,
+                                                          loss_fn="cross_entropy"),
+        model_id=model_id, seq_id=seq_id,
+    )  # fmt: skip
+    message = forward_backward_request_to_proto(request)
+    if shape is not None:
+        tensor = message.data[0].loss_fn_inputs["target_tokens"]
+        del tensor.shape[:]
+        tensor.shape.extend(shape)
+    return message.SerializeToString()
+
+
+def forward_backward(kit, tenant, model_id, seq_id, rows=1, **kwargs):
+    return post(kit, "/api/v1/forward_backward", tenant, content=fb_body(model_id, seq_id, rows,
+                **kwargs), headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+
+
+def unload(kit, tenant, model_id, **kwargs):
+    return post(kit, "/api/v1/unload_model", tenant, json={"model_id": model_id}, **kwargs)
+
+
+def still_serves(kit, tenant="carol") -> None:
+    """A fresh model of ``tenant`` trains one step: the executor (every tenant's) is usable."""
+    sid = session(kit, tenant)
+    model_id = create(kit, tenant, sid, 0).json()["model_id"]
+    done = result(kit, tenant, forward_backward(kit, tenant, model_id, 1).json()["request_id"])
+    assert "error" not in done, done
+    assert result(kit, tenant, unload(kit, tenant, model_id).json()["request_id"])["type"] == (
+        "unload_model"
+    )
+
+
+def test_a_seed_beyond_32_bits_is_refused_and_the_executor_keeps_serving(kit):
+    sid = session(kit, "alice")
+    response = create(kit, "alice", sid, 0, seed=2**50)
+    assert response.status_code == 400, response.text
+    assert "lora_config.seed" in response.json()["detail"] and "Fix:" in response.json()["detail"]
+    still_serves(kit)
+
+
+def test_a_key_holds_at_most_its_models_even_while_creates_are_queued(kit):
+    sid = session(kit, "bob")
+    busy = create(kit, "bob", sid, 0).json()["model_id"]
+    # the executor is busy with a large step: the creates below are queued, not yet run
+    pending = forward_backward(kit, "bob", busy, 1, rows=48)
+    second = create(kit, "bob", sid, 1, wait=False)
+    third = create(kit, "bob", sid, 2, wait=False)
+    assert second.status_code == 200, second.text
+    assert third.status_code == 422 and "holds 2 live models" in third.json()["detail"], third.text
+    result(kit, "bob", pending.json()["request_id"])
+    for model_id in (busy, second.json()["model_id"]):
+        result(kit, "bob", unload(kit, "bob", model_id).json()["request_id"])
+
+
+def test_a_model_whose_unload_is_queued_takes_no_more_operations(kit):
+    sid = session(kit, "dave")
+    model_id = create(kit, "dave", sid, 0).json()["model_id"]
+    pending = forward_backward(kit, "dave", model_id, 1, rows=48)  # the unload waits behind it
+    first = unload(kit, "dave", model_id)
+    step = {"model_id": model_id, "seq_id": 2, "adam_params": {"learning_rate": 1e-3}}
+    refused = post(kit, "/api/v1/optim_step", "dave", json=step)
+    assert refused.status_code == 404 and "being unloaded" in refused.json()["detail"], refused.text
+    save = post(kit, "/api/v1/save_weights", "dave", json={"model_id": model_id, "path": "x"})
+    assert save.status_code == 404, save.text
+    second = unload(kit, "dave", model_id)  # the session's end, or the client's retry
+    assert second.json()["request_id"] == first.json()["request_id"]
+    assert "error" not in result(kit, "dave", pending.json()["request_id"])
+    assert result(kit, "dave", first.json()["request_id"])["type"] == "unload_model"
+    # the same model_seq_id again: the model is gone, not "created" again by an old answer
+    again = create(kit, "dave", sid, 0, wait=False)
+    assert again.status_code == 409 and "model_seq_id 0" in again.json()["detail"], again.text
+    assert "Traceback" not in kit.log()
+
+
+def test_an_idempotency_key_reused_for_another_kind_is_another_request(kit):
+    sid = session(kit, "alice")
+    model_id = create(kit, "alice", sid, 5).json()["model_id"]
+    headers = {"X-Idempotency-Key": "k-1"}
+    save = post(kit, "/api/v1/save_weights", "alice", headers=headers,
+                json={"model_id": model_id, "path": "idem"})  # fmt: skip
+    gone = unload(kit, "alice", model_id, headers=headers)
+    assert gone.json()["request_id"] != save.json()["request_id"]
+    assert result(kit, "alice", gone.json()["request_id"])["type"] == "unload_model"
+    after = forward_backward(kit, "alice", model_id, 9)
+    assert after.status_code == 404, after.text  # unloaded for real
+
+
+@pytest.mark.parametrize(
+    ("case", "field"),
+    [
+        ({"shape": [-1, -5]}, "negative size"),
+        ({"shape": [2**32, 2**32]}, "holds"),
+        ({"targets": [3.7] * (len(SEQUENCE) - 1)}, "not whole numbers"),
+    ],
+    ids=["negative-shape", "wrapping-shape", "fractional-token"],
+)
+def test_malformed_tensors_are_400_naming_the_input(kit, case, field):
+    sid = session(kit, "alice")
+    model_id = create(kit, "alice", sid, 7).json()["model_id"]
+    response = forward_backward(kit, "alice", model_id, 1, **case)
+    assert response.status_code == 400, response.text
+    assert "target_tokens" in response.json()["detail"] and field in response.json()["detail"]
+    result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])
+
+
+def test_odd_bodies_get_4xx_and_no_traceback(kit):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    response = post(kit, "/api/v1/weights_info", content=deep)
+    assert response.status_code == 400, response.text
+    step = {"model_id": "m", "adam_params": {"learning_rate": 1e-3, "beta1": 1.0}}
+    response = post(kit, "/api/v1/optim_step", json=step)
+    assert response.status_code == 400 and "beta1" in response.json()["detail"], response.text
+    # a client that hangs up mid-body, and one that never finishes its body
+    address = urlsplit(kit.url)
+    head = (f"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\nX-API-Key: "
+            f"{kit.headers('alice')['X-API-Key']}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n{").encode()  # fmt: skip
+    with socket.create_connection((address.hostname, address.port)) as hung_up:
+        hung_up.sendall(head)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as slow:
+        slow.sendall(head)
+        started = time.monotonic()
+        answer = b""
+        while b"}" not in answer and (chunk := slow.recv(4096)):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started < 20
+        assert b"server.body_timeout_s" in answer
+    time.sleep(0.5)
+    log = kit.log()
+    assert "Traceback" not in log and "the client closed the connection mid-body" in log
+    still_serves(kit)
+
+
+def test_get_info_names_no_server_path(kit):
+    sid = session(kit, "alice")
+    model_id = create(kit, "alice", sid, 8).json()["model_id"]
+    info = post(kit, "/api/v1/get_info", json={"model_id": model_id}).json()
+    assert str(kit.state_dir) not in str(info) and info["model_data"]["tokenizer_id"] == BASE
+    result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])
