@@ -99,6 +99,19 @@ def test_a_fifo_or_a_directory_as_config_is_refused_without_opening_it(tmp_path,
         ("run.seed=99999999999999999999", "64-bit"),
         ('run.dir="a\\u0000b"', "control character"),
         ("model.tiny={d = 1979-05-27}", "TOML date or time"),
+        # a number past what its consumer takes: every field has a ceiling, declared or not
+        ("tenants.\u00b2.lr=1", "list index '\u00b2' does not exist"),
+        ("run.threads=9223372036854775807", "run.threads=9223372036854775807: must be <= 1024"),
+        ("parallel.timeout_s=1e300", "must be <= 1e+12"),
+        ("tenants.0.lora_seed=9223372036854775807", "must be <= 4294967295"),
+        ("tenants.0.lora_rank=4611686018427387904", "must be <= 1024"),
+        ("tenants.0.rows=2147483647", "must be <= 65536"),
+        ("run.seed=2147483648", "must be <= 2147483647"),
+        # the tiny model's values, not only its keys
+        ('model.tiny.seed="x"', "model.tiny.seed='x': must be an integer"),
+        ("model.tiny.hidden_size=0", "must be in [1, 1048576]"),
+        ("model.tiny.hidden_size=66", "must divide hidden_size=66"),
+        ("model.tiny.tie_word_embeddings=1", "must be true or false"),
     ],
 )
 def test_overrides_that_cannot_apply_are_one_line(tmp_path, capsys, override, needle):

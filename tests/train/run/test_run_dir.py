@@ -102,7 +102,7 @@ def test_a_fresh_run_never_writes_into_a_foreign_directory(tmp_path, capsys):
     (run_dir / "thesis.tex").write_text("precious")
     code, err = _main(capsys, "sft", "--config", str(_config(tmp_path, run_dir)))
     assert code == 2 and "is not empty and holds no run (thesis.tex)" in err, err
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "thesis.tex"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["thesis.tex"]  # not even a lock
     assert (run_dir / "thesis.tex").read_text() == "precious"
 
 
@@ -132,7 +132,7 @@ def test_what_a_failed_start_left_does_not_block_the_next(tmp_path):
 
     run_dir = tmp_path / "run"
     (run_dir / "base-model-tiny-0123456789").mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("")
+    (run_dir / ".lock").write_text("12345\n")
     with hold_run_dir(run_dir, resume=False):
         assert (run_dir / ".lock").read_text().strip() == str(os.getpid())
 

@@ -112,6 +112,8 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path):
         ('{"prompt": "x", "response": ""}', "'response' is ''"),
         ('{"messages": [{"role": "user", "content": "x"}]}', "last message must be a non-empty"),
         ('{"messages": [{"role": "user"}]}', "messages[0] is"),
+        ("[" * 100_000 + "]" * 100_000, "not a readable JSON record (nested too deep)"),
+        ('{"prompt": ' + "9" * 5000 + "}", "not a readable JSON record (Exceeds the limit"),
     ],
 )
 def test_bad_records_name_the_field_file_and_line(tmp_path, byte_tokenizer, line, message):
@@ -176,3 +178,18 @@ def test_packing_fills_rows_with_separate_segments_and_resumes_exactly(byte_toke
     other = load_sft_dataset("example:colours_eval", byte_tokenizer, field="f", seq_len=192)
     with pytest.raises(Exception, match="resume on the dataset the state was taken on"):
         PackedStream(other, rows=4, seq_len=192, pad_id=0, seed=3).load_state_dict(saved)
+
+
+def test_lines_end_at_newlines_only_and_bad_bytes_name_their_line(tmp_path, byte_tokenizer):
+    """JSON strings may hold U+2028 and U+0085 raw: they do not end a JSON Lines line; a byte
+    that is not UTF-8 is named by its line."""
+    from mizzen_train.data import SftDataError, load_sft_dataset
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a\u2028b", "response": "c\u0085d"}\n{"prompt": "x", '
+                    '"response": "y"}\n', encoding="utf-8")  # fmt: skip
+    assert "\u2028" in path.read_text(encoding="utf-8")  # raw, not escaped
+    assert len(load_sft_dataset(path, byte_tokenizer, field="f", seq_len=64)) == 2
+    path.write_bytes(b'{"prompt": "a", "response": "b"}\n{"prompt": "\xff", "response": "b"}\n')
+    with pytest.raises(SftDataError, match=r"^f: .*d.jsonl:2: not UTF-8 \(byte 0xff\)"):
+        load_sft_dataset(path, byte_tokenizer, field="f", seq_len=64)

@@ -154,12 +154,15 @@ def _field_overrides(args: argparse.Namespace) -> list[str]:
 
 def _config_errors() -> tuple[type[BaseException], ...]:
     from mizzen_rollout.api import DataError, RewardSpecError
-    from mizzen_train.errors import HFModelError
+    from mizzen_train.errors import HFModelError, SlotConfigError
     from mizzen_train.eval_dispatch import EvalSpecError
     from mizzen_train.run.config import ConfigError
     from mizzen_train.run.state import RunStateError
 
-    return (ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError)
+    return (
+        ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError,
+        SlotConfigError,
+    )  # fmt: skip
 
 
 def _config_class(name: str):
@@ -225,14 +228,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``mizzen-train export RUN_DIR``: the run's own configuration (run.json) says its command."""
     from pathlib import Path
 
-    from mizzen_train.run.state import RunStateError, complete_checkpoints, read_run_config
+    from mizzen_train.run.state import (
+        RunStateError,
+        checkpoint_step,
+        complete_checkpoints,
+        read_run_config,
+    )
     from mizzen_train.run.trainer import export_run
 
     run_dir = Path(args.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunStateError(f"{run_dir} is not a directory; give a run's run.dir")
     stored, source = read_run_config(run_dir)
-    steps = [int(c.name[5:]) for c in complete_checkpoints(run_dir) if c.name[5:].isdigit()]
+    steps = [checkpoint_step(c) for c in complete_checkpoints(run_dir)]
     if args.step is not None and args.step not in steps:  # checked before a model is built
         have = ", ".join(map(str, steps)) or "none"
         raise RunStateError(

@@ -315,11 +315,17 @@ def load_sft_dataset(
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SftDataError(f"{path}: not UTF-8 ({exc}). Fix: re-encode the file") from None
+        lineno = raw[: exc.start].count(b"\n") + 1
+        raise SftDataError(
+            f"{field}: {path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x}). Fix: re-encode "
+            "the file"
+        ) from None
     examples: list[SftExample] = []
     dropped = 0
     longest: tuple[int, str] | None = None
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines end lines at "\n" only: str.splitlines would also cut at U+2028, U+0085, ...,
+    # which a JSON string may hold raw
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         if limit is not None and len(examples) >= limit:
@@ -329,6 +335,9 @@ def load_sft_dataset(
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SftDataError(f"{where}: not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:  # a huge integer, nesting too deep
+            reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:120]
+            raise SftDataError(f"{where}: not a readable JSON record ({reason})") from None
         record = _record(obj, len(examples), where)
         ids, mask = tokenizer.encode(record, where)
         if len(ids) - 1 > seq_len:

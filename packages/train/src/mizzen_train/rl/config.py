@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
+    MAX_THREADS,
     ConfigError,
     Presence,
     Section,
@@ -84,7 +85,9 @@ class RolloutSection:
     )  # fmt: skip
     num_engines: int = opt(1, kind="int", low=1, high=64, help="embedded / ray: engines")
     engine_urls: tuple = opt((), kind="list[str]", help="urls: SGLang (or embedded) servers")
-    engine_threads: int = opt(1, kind="int", low=1, help="torch threads per embedded engine")
+    engine_threads: int = opt(
+        1, kind="int", low=1, high=MAX_THREADS, help="torch threads per embedded engine"
+    )
     engine_device: str = opt(
         "auto", kind="str", choices=("auto", "cpu", "cuda"), help="embedded: auto = run.device"
     )

@@ -19,6 +19,10 @@ Invariants:
   override through a value, an integer beyond 64 bits, a control character in a string, a date or
   a non-finite number in a free-form table: each is a ConfigError, never another exception and
   never a hang.
+- Every number has a ceiling, whether or not its field declares one: an ``int`` field takes at
+  most :data:`DEFAULT_INT_HIGH` and a ``float`` at most :data:`DEFAULT_FLOAT_HIGH` in magnitude
+  unless it declares its own ``high`` (a count, a seed or a timeout beyond those reaches torch or
+  the standard library as an overflow, not as a rule).
 - This module imports the standard library only.
 """
 
@@ -38,6 +42,16 @@ from typing import Any
 #: A configuration file's size limit; ints beyond 64 bits; how deep a free-form table nests.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 INT_CEILING = 2**63 - 1
+#: The ceilings of a field that declares no ``high`` of its own (32-bit counts; 1e12 seconds or
+#: any other float quantity: far beyond every real setting, within every consumer's range).
+DEFAULT_INT_HIGH = 2**31 - 1
+DEFAULT_FLOAT_HIGH = 1e12
+#: torch threads a field may ask for (torch takes any int and spawns them); the largest LoRA
+#: rank, and rows of one step or micro-batch, any configuration may ask for (beyond them a run
+#: fails allocating, after it has started, instead of at the door)
+MAX_THREADS = 1024
+MAX_LORA_RANK = 1024
+MAX_ROWS = 65536
 MAX_TABLE_DEPTH = 16
 
 __all__ = [
@@ -117,6 +131,12 @@ Sections = Mapping[str, Section]
 # -- reading ------------------------------------------------------------------------------------
 
 
+def _is_index(part: str) -> bool:
+    """A ``--set`` path part that is a list index: ASCII digits only (``str.isdigit`` also
+    takes "²", which ``int`` refuses)."""
+    return part.isascii() and part.isdecimal()
+
+
 def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> Any:
     kind = meta["kind"]
 
@@ -165,10 +185,17 @@ def check_value(path: str, value: Any, meta: Mapping[str, Any], source: str) -> 
     if choices is not None and value not in choices:
         raise fail(f"must be one of {list(choices)}", f"use one of {list(choices)}")
     low, high = meta.get("low"), meta.get("high")
+    if high is None:
+        high = {"int": DEFAULT_INT_HIGH, "float": DEFAULT_FLOAT_HIGH}.get(kind)
+        if kind == "float" and isinstance(value, float) and value < -DEFAULT_FLOAT_HIGH:
+            raise fail(f"must be >= {-DEFAULT_FLOAT_HIGH:g}", "use a smaller magnitude")
+        if kind == "int" and isinstance(value, int) and value < -DEFAULT_INT_HIGH:
+            raise fail(f"must be >= {-DEFAULT_INT_HIGH}", "use a smaller magnitude")
     if low is not None and isinstance(value, int | float) and value < low:
         raise fail(f"must be >= {low}", f"use a value >= {low}")
     if high is not None and isinstance(value, int | float) and value > high:
-        raise fail(f"must be <= {high}", f"use a value <= {high}")
+        raise fail(f"must be <= {high:g}" if kind == "float" else f"must be <= {high}",
+                   f"use a value <= {high:g}" if kind == "float" else f"use a value <= {high}")  # fmt: skip
     return value
 
 
@@ -322,12 +349,12 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             if not isinstance(node, dict):
                 raise _through_scalar(key, parts[:depth])
             if part not in node:
-                node[part] = [] if nxt.isdigit() else {}
+                node[part] = [] if _is_index(nxt) else {}
             node = node[part]
         last = parts[-1]
         value = _parse_value(text.strip())
         if isinstance(node, list):
-            if last.isdigit() and int(last) == len(node):
+            if _is_index(last) and int(last) == len(node):
                 node.append(value)
             else:
                 node[_index(last, node, key)] = value
@@ -346,7 +373,7 @@ def _through_scalar(key: str, parent: Sequence[str]) -> ConfigError:
 
 
 def _index(part: str, node: list, key: str) -> int:
-    if not part.isdigit() or int(part) > len(node):
+    if not _is_index(part) or int(part) > len(node):
         raise ConfigError(
             key, MISSING, f"list index {part!r} does not exist (the list has {len(node)})",
             f"use an index below {len(node) + 1} (== {len(node)} appends)", source="--set",

@@ -60,14 +60,38 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a huge integer, nesting too deep
             broken += 1
             continue
-        if isinstance(record, dict) and isinstance(record.get("kind"), str):
+        if _well_formed(record):
             records.append(record)
         else:
             broken += 1
     return records, broken
+
+
+#: fields a reader of the log relies on -> the type they must have where present
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "kind": str, "step": int, "status": str, "tenant": str, "evaluator": str,
+}  # fmt: skip
+#: what each kind of record must hold
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "train": ("step",), "eval": ("step", "tenant", "evaluator"), "eval_point": ("step", "status"),
+}  # fmt: skip
+
+
+def _well_formed(record: Any) -> bool:
+    """A record the readers can use: a table with a ``kind``, the fields its kind needs, and
+    every field they read of its type (a bool is no step)."""
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return False
+    if any(name not in record for name in _REQUIRED.get(record["kind"], ())):
+        return False
+    for name, kind in _FIELD_TYPES.items():
+        value = record.get(name)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return False
+    return True
 
 
 def rewrite_for_resume(path: Path, resume_step: int) -> tuple[list[dict[str, Any]], int]:
@@ -76,8 +100,7 @@ def rewrite_for_resume(path: Path, resume_step: int) -> tuple[list[dict[str, Any
     kept = [
         r
         for r in records
-        if not (r["kind"] == "train" and int(r.get("step", 0)) > resume_step)
-        and r["kind"] != "summary"
+        if not (r["kind"] == "train" and r["step"] > resume_step) and r["kind"] != "summary"
     ]
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with open(tmp, "w", encoding="utf-8") as handle:

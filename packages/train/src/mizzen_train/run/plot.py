@@ -69,6 +69,12 @@ def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
     figure = curves_figure(metrics)
     import matplotlib.pyplot as plt  # after curves_figure chose the Agg backend
 
+    kinds = figure.canvas.get_supported_filetypes()
+    if out.suffix and out.suffix[1:].lower() not in kinds:
+        plt.close(figure)
+        raise PlotError(f"-o {out}: {out.suffix!r} is not an image format matplotlib writes; "
+                        f"use one of {sorted(kinds)}, e.g. {out.with_suffix('.png')}")  # fmt: skip
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -29,6 +29,9 @@ from typing import Any, ClassVar, Self
 from mizzen_rollout.api import ENGINE_MAX_BATCH, MIN_SECRET_LENGTH, SecretError, register_url
 from mizzen_train.eval_engines import ENGINE_LIFETIMES
 from mizzen_train.run.config import (
+    MAX_LORA_RANK,
+    MAX_ROWS,
+    MAX_THREADS,
     ConfigError,
     Presence,
     Section,
@@ -41,6 +44,7 @@ from mizzen_train.run.config import (
 from mizzen_train.run.layout import owned_entry
 from mizzen_train.run.loggers import check_loggers
 from mizzen_train.run.parallel import ParallelConfig
+from mizzen_train.specs import MAX_LORA_SEED
 
 __all__ = [
     "ENGINE_MAX_BATCH",
@@ -77,8 +81,10 @@ class RunConfig:
     dtype: str = opt(
         "auto", kind="str", choices=("auto", "fp32", "bf16"), help="auto: bf16 on cuda, else fp32"
     )
-    micro_batch_size: int = opt(4, kind="int", low=1, help="rows per micro-batch")
-    threads: int = opt(0, kind="int", low=0, help="torch CPU threads (0: torch's default)")
+    micro_batch_size: int = opt(4, kind="int", low=1, high=MAX_ROWS, help="rows per micro-batch")
+    threads: int = opt(
+        0, kind="int", low=0, high=MAX_THREADS, help="torch CPU threads (0: torch's default)"
+    )
     log_interval: int = opt(1, kind="int", low=1, help="print a progress line every N steps")
     plot: bool = opt(True, kind="bool", help="draw curves.png at the end (needs matplotlib)")
     export_merged: bool = opt(
@@ -115,12 +121,14 @@ class AdapterTrainingConfig:
     """A tenant's LoRA shape, AdamW settings and schedule: the fields SFT and RL tenants share."""
 
     lr: float = opt(kind="float", low=0.0, help="peak learning rate (AdamW), > 0")
-    lora_rank: int = opt(16, kind="int", low=1, help="LoRA rank")
+    lora_rank: int = opt(16, kind="int", low=1, high=MAX_LORA_RANK, help="LoRA rank")
     lora_alpha: float = opt(32.0, kind="float", low=0.0, help="LoRA alpha (scale alpha/rank)")
     lora_init: str = opt(
         "kaiming_uniform", kind="str", choices=("kaiming_uniform", "gaussian"), help="A init"
     )
-    lora_seed: int = opt(0, kind="int", low=0, help="seed of the A initialisation")
+    lora_seed: int = opt(
+        0, kind="int", low=0, high=MAX_LORA_SEED, help="seed of the A initialisation"
+    )
     lr_schedule: str = opt(
         "constant", kind="str", choices=("constant", "cosine", "linear"), help="after warmup"
     )
@@ -150,7 +158,9 @@ class EvaluatorConfig:
     temperature: float = opt(0.0, kind="float", low=0.0, help="generate: 0 = greedy")
     engine_urls: tuple = opt((), kind="list[str]", help="generate: SGLang/embedded server URLs")
     num_engines: int = opt(1, kind="int", low=1, high=64, help="generate: embedded engines")
-    engine_threads: int = opt(1, kind="int", low=1, help="generate: torch threads per engine")
+    engine_threads: int = opt(
+        1, kind="int", low=1, high=MAX_THREADS, help="generate: torch threads per engine"
+    )
     startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
     request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per engine call")
     batch_size: int = opt(
@@ -351,6 +361,7 @@ def check_model(model: ModelConfig, source: str, *, tensor_parallel: int = 1) ->
                 f"is not a field of the tiny {model.plugin or 'Llama'} config",
                 f"use some of {sorted(fields)}", source=source,
             )  # fmt: skip
+        _check_tiny_values(model, source)
     elif model.tiny:
         raise ConfigError(
             "model.tiny", model.tiny, 'applies to model.path = "tiny" only',
@@ -501,6 +512,63 @@ def _check_plugin(model: ModelConfig, source: str, tensor_parallel: int) -> None
             f"plugin model {model.plugin!r} has no tensor parallel layers (plain nn.Linear)",
             "use tensor parallel size 1 with a plugin model", source=source,
         )  # fmt: skip
+
+
+#: the tiny model's numbers: sizes and ids within these (a bigger one fails allocating), seeds
+#: within MAX_LORA_SEED, floats positive and finite
+MAX_TINY_SIZE = 2**20
+_TINY_FLOATS = frozenset({"rope_theta"})
+_TINY_SIZES = frozenset({"head_dim", "max_position_embeddings", "vocab_size"})
+
+
+def _check_tiny_values(model: ModelConfig, source: str) -> None:
+    """Each ``[model.tiny]`` value of its default's type and in range (the default decides:
+    an int, a float or a bool), and the attention heads dividing the hidden size."""
+    defaults = _tiny_defaults(model.plugin)
+    for name, value in model.tiny.items():
+        default = defaults.get(name, 1.0 if name in _TINY_FLOATS else 1)
+        where = f"model.tiny.{name}"
+
+        def fail(rule: str, fix: str, where=where, value=value) -> ConfigError:
+            return ConfigError(where, value, rule, fix, source=source)
+
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise fail("must be true or false", "write true or false")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise fail("must be an integer", f"write e.g. {name} = {default}")
+            high = MAX_LORA_SEED if name == "seed" else MAX_TINY_SIZE
+            size = name in _TINY_SIZES or name.endswith("_size") or name.startswith("num_")
+            low = 1 if size else 0
+            if not low <= value <= high:
+                raise fail(f"must be in [{low}, {high}]", f"use e.g. {name} = {default}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise fail("must be a number", f"write e.g. {name} = {default}")
+            if not 0 < value <= 1e12:
+                raise fail("must be positive and at most 1e12", f"use e.g. {name} = {default}")
+    merged = {**defaults, **model.tiny}
+    hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
+    groups = merged.get("num_key_value_heads", heads)
+    numbers = all(isinstance(n, int) and n > 0 for n in (hidden, heads, groups))
+    if numbers and (heads % groups or ("head_dim" not in merged and hidden % heads)):
+        raise ConfigError(
+            "model.tiny.num_attention_heads", heads,
+            f"must divide hidden_size={hidden}, and num_key_value_heads={groups} must divide "
+            "it", "choose heads that divide the hidden size (e.g. hidden_size = 64, "
+            "num_attention_heads = 4, num_key_value_heads = 2)", source=source,
+        )  # fmt: skip
+
+
+def _tiny_defaults(plugin: str = "") -> dict[str, Any]:
+    if plugin:
+        import mizzen_plugins
+
+        return dict(mizzen_plugins.get(plugin).tiny_config or {})
+    from mizzen_rollout.api import load_tiny_config
+
+    return dict(load_tiny_config())
 
 
 def _tiny_fields(plugin: str = "") -> set[str]:

@@ -14,6 +14,10 @@ Invariants:
 - A checkpoint directory is written under a temporary name (``.tmp-step-...``), fsynced and
   renamed: a ``step-*`` directory is complete by construction, so a killed run leaves at worst a
   temporary directory, which the next start removes.  Resume takes the newest ``step-*``.
+- Names are matched exactly (:data:`CHECKPOINT_NAME`, :data:`PARTIAL_NAME`): anything else under
+  ``checkpoints`` (a user's ``step-00000002.keep``) is never read, pruned or removed.
+- ``run.json`` is read only as a regular file of at most :data:`MAX_RECORD_BYTES` (a FIFO, a
+  device or a huge file is refused, never waited on or read whole).
 - With several ranks (:mod:`mizzen_train.run.parallel`), the writer rank alone creates, commits
   and prunes checkpoint directories; every rank writes only the slot shards the slot checkpoint
   elects it for.  A checkpoint records no parallel layout of its own: the slot checkpoints are
@@ -29,7 +33,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mizzen_train.run.layout import CHECKPOINTS_DIR, RUN_FILE
+from mizzen_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
@@ -45,6 +51,10 @@ RNG_FILE = "rng.pt"
 #: ``.tmp-`` entry of ``checkpoints/``: a killed start's is removed like a partial checkpoint).
 RESHARD_DIR = ".tmp-reshard"
 FORMAT = "mizzen-sft-run/1"
+#: A complete checkpoint's directory name, and a partial one's (what a killed save leaves).
+CHECKPOINT_NAME = re.compile(r"step-(\d{8,})")
+PARTIAL_NAME = re.compile(r"\.tmp-step-\d{8,}-[0-9a-f]{8}")
+MAX_RECORD_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FORMAT = "mizzen-sft-checkpoint/1"
 
 #: Config fields a resumed run may not change (they define what the checkpoint holds).
@@ -89,6 +99,15 @@ def check_run_dir(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> 
     path = run_dir / RUN_FILE
     if path.exists() or resume:
         _read_run(run_dir, config, resume=resume)
+    if resume:  # what the run reads and rewrites is of the kind it wrote
+        for name, is_kind, kind in ((METRICS_FILE, os.path.isfile, "a regular file"),
+                                    (CHECKPOINTS_DIR, os.path.isdir, "a directory")):  # fmt: skip
+            entry = run_dir / name
+            if os.path.lexists(entry) and (entry.is_symlink() or not is_kind(entry)):
+                raise RunStateError(
+                    f"{entry}: not {kind} (the run wrote it as one); restore it, or move it "
+                    "away and resume without it"
+                )
 
 
 def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
@@ -103,7 +122,7 @@ def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunI
             "another run.dir"
         )
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_record_text(path))
         run_id = record["run_id"]
         created = float(record["created"])
         stored = record["config"]
@@ -113,6 +132,10 @@ def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunI
         raise RunStateError(f"{path}: format {record.get('format')!r}, expected {FORMAT!r}")
     if not isinstance(run_id, str) or not isinstance(stored, dict):
         raise RunStateError(f"{path}: malformed run record; restore it")
+    tenants = stored.get("tenants", [])
+    if not isinstance(tenants, list) or not all(isinstance(t, dict) for t in tenants):
+        raise RunStateError(f"{path}: malformed run record (config.tenants is not a list of "
+                            "tables); restore it")  # fmt: skip
     _check_same_run(stored, config, path)
     return RunIdentity(run_id, created, True)
 
@@ -122,7 +145,7 @@ def read_run_config(run_dir: Path) -> tuple[dict[str, Any], str]:
     file's name for messages; RunStateError when it holds no readable run."""
     path = run_dir / RUN_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_record_text(path))
     except FileNotFoundError:
         raise RunStateError(
             f"{run_dir} holds no run ({RUN_FILE} is missing); give a run.dir"
@@ -184,6 +207,26 @@ def _check_same_run(stored: Mapping[str, Any], config: Mapping[str, Any], path: 
 # -- checkpoints ----------------------------------------------------------------------------
 
 
+def read_record_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
+    """A small record file's text: a regular file (opened without waiting on a FIFO) of at most
+    ``limit`` bytes, UTF-8; OSError / ValueError otherwise (callers name the file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a complete checkpoint directory's name, or None for any other name."""
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -197,7 +240,7 @@ def remove_partial_checkpoints(run_dir: Path) -> list[str]:
     removed = []
     if root.is_dir():
         for entry in sorted(root.iterdir()):
-            if entry.name.startswith(".tmp-"):
+            if PARTIAL_NAME.fullmatch(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
     return removed
@@ -207,7 +250,8 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
 
 
 def rng_state() -> dict[str, Any]:

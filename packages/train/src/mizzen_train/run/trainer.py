@@ -86,6 +86,7 @@ from mizzen_train.run.state import (
     LoadedCheckpoint,
     RunStateError,
     check_run_dir,
+    checkpoint_step,
     checkpoints_dir,
     complete_checkpoints,
     load_checkpoint,
@@ -165,6 +166,7 @@ class Trainer:
     def __init__(self, config: RunLayout, *, resume: bool, stream: TextIO | None) -> None:
         self.config = config
         self.resume = resume
+        self.trains = True  # False for mizzen-train export: it reads a checkpoint, trains nothing
         self.progress = Progress(config.run.steps, stream=stream, command=self.command)
         self.run_dir = config.run_dir
         self.eval_points = set(config.eval_points())
@@ -257,6 +259,7 @@ class Trainer:
         config = self.config
         self.device, self.dtype = device, dtype
         check_run_dir(self.run_dir, config.to_dict(), resume=self.resume)
+        self._check_resume_steps()
         self._check_snapshot_path()
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
@@ -279,6 +282,22 @@ class Trainer:
                 context_supported=_context_parallel_supported(),
             )  # fmt: skip
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def _check_resume_steps(self) -> None:
+        """``--resume`` continues towards ``run.steps``: a run already past it has nothing to
+        run, and its export would be the newer checkpoint's adapters under an older step."""
+        if not (self.resume and self.trains):
+            return
+        found = complete_checkpoints(self.run_dir)
+        newest = checkpoint_step(found[-1]) if found else None
+        if newest is not None and newest > self.config.run.steps:
+            raise ConfigError(
+                "run.steps", self.config.run.steps,
+                f"the run's newest checkpoint is step {newest} ({found[-1]}); a resumed run "
+                "cannot go back", f"resume with run.steps >= {newest}, or export an earlier step "
+                f"with mizzen-train export {self.run_dir} --step N",
+                source=self.config.source,
+            )  # fmt: skip
 
     def _check_snapshot_path(self) -> None:
         """``eval.snapshot_dir`` on disk: no symbolic link below the run directory (an eval point
@@ -712,7 +731,7 @@ class Trainer:
         tenant it holds a slot of.  After :meth:`validate`, in the rank's world."""
         self._build_model()
         identity = open_run(self.run_dir, self.config.to_dict(), resume=True)
-        checkpoints = {int(p.name.rsplit("-", 1)[1]): p for p in complete_checkpoints(self.run_dir)}
+        checkpoints = {checkpoint_step(p): p for p in complete_checkpoints(self.run_dir)}
         if not checkpoints or (step is not None and step not in checkpoints):
             held = ", ".join(str(s) for s in sorted(checkpoints)) or "none"
             raise RunStateError(
@@ -859,6 +878,7 @@ def export_run(
     plan = plan_world(ParallelConfig(timeout_s=config.parallel.timeout_s), {})
     device, dtype = resolve_device(config)
     trainer = trainer_cls(config, resume=True, stream=None)
+    trainer.trains = False
     with hold_run_dir(config.run_dir, resume=True), join_world(plan, device) as world:
         trainer.join(world)
         trainer.validate(device, dtype)

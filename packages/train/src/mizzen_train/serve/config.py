@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
+    MAX_LORA_RANK,
+    MAX_ROWS,
+    MAX_THREADS,
     ConfigError,
     Presence,
     Section,
@@ -79,14 +82,18 @@ class ModelSection:
     device: str = opt("auto", kind="str", choices=("auto", "cpu", "cuda"), help="device")
     dtype: str = opt("auto", kind="str", choices=("auto", "fp32", "bf16"), help="dtype")
     slots: int = opt(4, kind="int", low=1, high=1024, help="K: LoRA slots (live models)")
-    max_rank: int = opt(32, kind="int", low=1, high=1024, help="largest LoRA rank a model may ask")
-    micro_batch_size: int = opt(1, kind="int", low=1, help="rows per executor micro-batch")
+    max_rank: int = opt(
+        32, kind="int", low=1, high=MAX_LORA_RANK, help="largest LoRA rank a model may ask"
+    )
+    micro_batch_size: int = opt(
+        1, kind="int", low=1, high=MAX_ROWS, help="rows per executor micro-batch"
+    )
     seq_bucket: int = opt(
         32, kind="int", low=1, help="rows are padded to a multiple; equal buckets batch together"
     )
     seed: int = opt(0, kind="int", low=0, help='seed of the "tiny" model weights')
     threads: int = opt(
-        0, kind="int", low=0, high=1024, help="torch CPU threads (0: torch's default)"
+        0, kind="int", low=0, high=MAX_THREADS, help="torch CPU threads (0: torch's default)"
     )
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
+    MAX_ROWS,
     ConfigError,
     Presence,
     Section,
@@ -74,7 +75,7 @@ class TenantConfig(AdapterTrainingConfig):
     data: str = opt(
         kind="str", input_file=True, help="training data: a JSON-lines file or example:NAME"
     )
-    rows: int = opt(kind="int", low=1, help="packed rows of this tenant per step")
+    rows: int = opt(kind="int", low=1, high=MAX_ROWS, help="packed rows of this tenant per step")
 
 
 @dataclass(frozen=True)
