@@ -162,3 +162,22 @@ def test_metrics_records_of_the_wrong_shape_are_dropped_as_broken(run_dir):
         handle.write("\n".join(odd) + "\n")
     records, broken = read_metrics(path)
     assert records == good and broken == len(odd)
+
+
+@pytest.mark.parametrize("damage", ["no-slots", "no-cursor", "cursor-seed"])
+def test_a_damaged_newest_checkpoint_is_one_line(run_dir, tmp_path, damage):
+    import json
+
+    newest = run_dir / "checkpoints" / "step-00000004"
+    state_file = newest / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    if damage == "no-slots":
+        shutil.rmtree(newest / "slots")
+    elif damage == "no-cursor":
+        del state["streams"]["a"]["cursor"]
+    else:
+        state["streams"]["a"]["cursor"]["seed"] = "x"
+    state_file.write_text(json.dumps(state))
+    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    _refused(result)
+    assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1

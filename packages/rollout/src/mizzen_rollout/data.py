@@ -303,8 +303,12 @@ class DataCursor:
             raise DataError(
                 f"cursor state position is {position!r}; it must be in [0, {len(self.dataset)})"
             )
-        self.seed = int(state["seed"])
-        self.shuffle = bool(state["shuffle"])
+        seed, shuffle = state.get("seed"), state.get("shuffle")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not isinstance(shuffle, bool):
+            raise DataError(f"cursor state seed={seed!r} shuffle={shuffle!r}: an integer and a "
+                            "boolean; fix: resume from an intact checkpoint")  # fmt: skip
+        self.seed = seed
+        self.shuffle = shuffle
         self.epoch = epoch
         self.position = position
         self._order_cache = None

@@ -154,14 +154,14 @@ def _field_overrides(args: argparse.Namespace) -> list[str]:
 
 def _config_errors() -> tuple[type[BaseException], ...]:
     from mizzen_rollout.api import DataError, RewardSpecError
-    from mizzen_train.errors import HFModelError, SlotConfigError
+    from mizzen_train.errors import HFModelError, SlotCheckpointError, SlotConfigError
     from mizzen_train.eval_dispatch import EvalSpecError
     from mizzen_train.run.config import ConfigError
     from mizzen_train.run.state import RunStateError
 
     return (
         ConfigError, DataError, HFModelError, RunStateError, RewardSpecError, EvalSpecError,
-        SlotConfigError,
+        SlotConfigError, SlotCheckpointError,
     )  # fmt: skip
 
 

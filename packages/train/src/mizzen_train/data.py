@@ -455,7 +455,11 @@ class PackedStream:
                 f"data stream state {str(state)[:80]} is not a version-{self.STATE_VERSION} "
                 "state; resume with the mizzen-train that wrote the checkpoint"
             )
-        self.cursor.load_state_dict(dict(state["cursor"]))
+        cursor = state.get("cursor")
+        if not isinstance(cursor, Mapping):
+            raise SftDataError(f"data stream state cursor={str(cursor)[:80]}: not a table; "
+                               "resume from an intact checkpoint")  # fmt: skip
+        self.cursor.load_state_dict(dict(cursor))
         carry = state.get("carry")
         if not isinstance(carry, list) or not all(
             isinstance(i, int) and 0 <= i < len(self.dataset) for i in carry
