@@ -106,7 +106,7 @@ def test_a_fifo_or_a_directory_as_config_is_refused_without_opening_it(tmp_path,
         ("tenants.0.lora_seed=9223372036854775807", "must be <= 4294967295"),
         ("tenants.0.lora_rank=4611686018427387904", "must be <= 1024"),
         ("tenants.0.rows=2147483647", "must be <= 65536"),
-        ("run.seed=2147483648", "must be <= 2147483647"),
+        ("run.steps=2147483648", "must be <= 2147483647"),  # no high of its own: the default
         # the tiny model's values, not only its keys
         ('model.tiny.seed="x"', "model.tiny.seed='x': must be an integer"),
         ("model.tiny.hidden_size=0", "must be in [1, 1048576]"),

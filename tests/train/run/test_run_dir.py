@@ -82,11 +82,16 @@ def test_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path, capsys):
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
+        # what the holder writes while it starts: its tiny model and run.json, half-written
+        writing = [".tmp-base-model-tiny-0123456789-abcd1234", ".run.json.tmp-abcd1234"]
+        for name in writing:
+            (run_dir / name).mkdir()
         for argv in (("sft", "--config"), ("sft", "--resume", "--config")):
             code, err = _main(capsys, *argv, str(_config(tmp_path, run_dir)))
             assert code == 2, err
             assert f"is in use by pid {holder.pid}" in err and len(err.splitlines()) == 1, err
-        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"], "the refused run wrote"
+        listing = sorted(p.name for p in run_dir.iterdir())
+        assert listing == sorted([".lock", *writing]), "the refused run wrote"
     finally:
         holder.kill()
         holder.wait()

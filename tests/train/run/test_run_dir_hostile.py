@@ -79,10 +79,14 @@ def test_a_users_folder_beside_the_checkpoints_survives_pruning_and_export(run_d
     backup = checkpoints / "step-00000002.keep"
     shutil.copytree(checkpoints / "step-00000002", backup)
     (checkpoints / ".tmp-notes").mkdir()  # not a partial checkpoint's name either
+    for lookalike in ("step-000000002", "step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0669"):
+        shutil.copytree(checkpoints / "step-00000002", checkpoints / lookalike)
     resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 8)))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     kept = sorted(p.name for p in checkpoints.iterdir())
-    assert kept == [".tmp-notes", "step-00000002.keep", "step-00000006", "step-00000008"], kept
+    assert kept == sorted([".tmp-notes", "step-00000002.keep", "step-000000002",
+                           "step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0669",
+                           "step-00000006", "step-00000008"]), kept  # fmt: skip
     exported = _train("export", str(run_dir), "--step", "8")
     assert exported.returncode == 0, exported.stderr[-2000:]
 
@@ -162,6 +166,22 @@ def test_metrics_records_of_the_wrong_shape_are_dropped_as_broken(run_dir):
         handle.write("\n".join(odd) + "\n")
     records, broken = read_metrics(path)
     assert records == good and broken == len(odd)
+    # a kind the run does not read back is kept whatever it holds (a user evaluator's note)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"kind": "event", "event": "note", "status": 200, "step": "late"}\n')
+    records, broken = read_metrics(path)
+    assert records[-1]["status"] == 200 and broken == len(odd)
+
+
+def test_checkpoints_on_another_volume_behind_a_link_resume(run_dir, tmp_path):
+    elsewhere = tmp_path / "volume" / "checkpoints"
+    elsewhere.parent.mkdir()
+    shutil.move(run_dir / "checkpoints", elsewhere)
+    (run_dir / "checkpoints").symlink_to(elsewhere)
+    resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stderr and "step 4" in resumed.stderr, resumed.stderr[-2000:]
+    assert (elsewhere / "step-00000006").is_dir()
 
 
 @pytest.mark.parametrize("damage", ["no-slots", "no-cursor", "cursor-seed"])

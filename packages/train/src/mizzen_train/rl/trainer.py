@@ -845,7 +845,8 @@ async def _outcome(pending: asyncio.Future) -> Any:
 
 def _last_rewards(records: list[dict[str, Any]]) -> dict[str, float]:
     """Each tenant's ``reward_mean`` of its last training record."""
-    return {r["tenant"]: r["reward_mean"] for r in records if r["kind"] == "train"}
+    return {r["tenant"]: r["reward_mean"] for r in records
+            if r["kind"] == "train" and "reward_mean" in r}  # fmt: skip
 
 
 def _data_path(spec: str) -> str:

@@ -50,6 +50,10 @@ DEFAULT_FLOAT_HIGH = 1e12
 #: rank, and rows of one step or micro-batch, any configuration may ask for (beyond them a run
 #: fails allocating, after it has started, instead of at the door)
 MAX_THREADS = 1024
+#: a byte-size field's ceiling (1 TiB)
+MAX_BYTES = 2**40
+#: a seed field's ceiling (random.seed and torch.manual_seed take 64-bit seeds)
+MAX_SEED = INT_CEILING
 MAX_LORA_RANK = 1024
 MAX_ROWS = 65536
 MAX_TABLE_DEPTH = 16

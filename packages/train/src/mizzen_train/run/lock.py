@@ -33,7 +33,11 @@ from mizzen_train.run.state import RunStateError
 __all__ = ["hold_run_dir"]
 
 #: What a start that never became a run may leave in its directory (all written by mizzen).
-_LEFTOVER_PREFIXES = (TINY_MODEL_PREFIX,)
+_LEFTOVER_PREFIXES = (
+    TINY_MODEL_PREFIX,
+    f".tmp-{TINY_MODEL_PREFIX}",  # the tiny model being written (hf.tiny's temporary sibling)
+    f".{RUN_FILE}.tmp-",  # run.json being written (state's atomic write)
+)
 _LEFTOVER_NAMES = frozenset({LOCK_FILE})
 
 
@@ -48,6 +52,7 @@ def hold_run_dir(run_dir: Path, *, resume: bool) -> Iterator[None]:
             f"--resume: {run_dir} holds no run ({RUN_FILE} is missing); drop --resume to start one"
         )
     if not resume and run_dir.is_dir():
+        _refuse_if_held(run_dir)  # a run starting there now: "in use", not "not empty"
         _check_fresh(run_dir)  # before the lock file exists: a refusal writes nothing
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

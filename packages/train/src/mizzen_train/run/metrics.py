@@ -70,27 +70,35 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, broken
 
 
-#: fields a reader of the log relies on -> the type they must have where present
-_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "kind": str, "step": int, "status": str, "tenant": str, "evaluator": str,
-}  # fmt: skip
-#: what each kind of record must hold
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    "train": ("step",), "eval": ("step", "tenant", "evaluator"), "eval_point": ("step", "status"),
+_NUMBER = (int, float)
+#: the kinds of record the run reads back (resume, eval bookkeeping, summary, plot) -> each
+#: field it reads -> (its type, whether every record of the kind holds it); other kinds (events)
+#: are kept as they are, whatever they hold
+_READ_BACK: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
+    "train": {"step": (int, True), "tenant": (str, True), "loss": (_NUMBER, True),
+              "reward_mean": (_NUMBER, False)},
+    "eval": {"step": (int, True), "tenant": (str, True), "evaluator": (str, True),
+             "status": (str, True), "metrics": (dict, False), "reason": (str, False)},
+    "eval_point": {"step": (int, True), "status": (str, True)},
 }  # fmt: skip
 
 
 def _well_formed(record: Any) -> bool:
-    """A record the readers can use: a table with a ``kind``, the fields its kind needs, and
-    every field they read of its type (a bool is no step)."""
+    """A record the readers can use: a table with a ``kind``; of a kind the run reads back,
+    every field they read present where required and of its type (a bool is no step); an eval
+    record holds its metrics when ``ok`` and its reason otherwise."""
     if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         return False
-    if any(name not in record for name in _REQUIRED.get(record["kind"], ())):
-        return False
-    for name, kind in _FIELD_TYPES.items():
-        value = record.get(name)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+    for name, (kind, required) in _READ_BACK.get(record["kind"], {}).items():
+        if name not in record:
+            if required:
+                return False
+            continue
+        value = record[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
             return False
+    if record["kind"] == "eval":
+        return ("metrics" if record["status"] == "ok" else "reason") in record
     return True
 
 

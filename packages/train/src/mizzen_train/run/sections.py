@@ -31,6 +31,7 @@ from mizzen_train.eval_engines import ENGINE_LIFETIMES
 from mizzen_train.run.config import (
     MAX_LORA_RANK,
     MAX_ROWS,
+    MAX_SEED,
     MAX_THREADS,
     ConfigError,
     Presence,
@@ -74,7 +75,7 @@ class RunConfig:
         kind="int", low=1, help="save a checkpoint every N steps (and always at the last step)"
     )
     keep_checkpoints: int = opt(2, kind="int", low=1, help="newest checkpoints kept on disk")
-    seed: int = opt(0, kind="int", low=0, help="seed of the trainer's RNGs")
+    seed: int = opt(0, kind="int", low=0, high=MAX_SEED, help="seed of the trainer's RNGs")
     device: str = opt(
         "auto", kind="str", choices=("auto", "cpu", "cuda"), help="auto: cuda when available"
     )
@@ -138,7 +139,7 @@ class AdapterTrainingConfig:
     betas: tuple = opt((0.9, 0.999), kind="list[float]", help="AdamW betas")
     eps: float = opt(1e-8, kind="float", low=0.0, help="AdamW eps")
     max_grad_norm: float = opt(1.0, kind="float", low=0.0, help="clip norm (0: no clipping)")
-    data_seed: int = opt(0, kind="int", low=0, help="seed of the data order")
+    data_seed: int = opt(0, kind="int", low=0, high=MAX_SEED, help="seed of the data order")
 
 
 EVALUATOR_KINDS = ("generate", "loss", "python")
@@ -548,6 +549,8 @@ def _check_tiny_values(model: ModelConfig, source: str) -> None:
                 raise fail("must be a number", f"write e.g. {name} = {default}")
             if not 0 < value <= 1e12:
                 raise fail("must be positive and at most 1e12", f"use e.g. {name} = {default}")
+    if model.plugin:  # a plugin's head size may be its own (its config class checks it)
+        return
     merged = {**defaults, **model.tiny}
     hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
     groups = merged.get("num_key_value_heads", heads)

@@ -52,8 +52,8 @@ RNG_FILE = "rng.pt"
 RESHARD_DIR = ".tmp-reshard"
 FORMAT = "mizzen-sft-run/1"
 #: A complete checkpoint's directory name, and a partial one's (what a killed save leaves).
-CHECKPOINT_NAME = re.compile(r"step-(\d{8,})")
-PARTIAL_NAME = re.compile(r"\.tmp-step-\d{8,}-[0-9a-f]{8}")
+CHECKPOINT_NAME = re.compile(r"step-([0-9]{8,})")
+PARTIAL_NAME = re.compile(r"\.tmp-step-[0-9]{8,}-[0-9a-f]{8}")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 CHECKPOINT_FORMAT = "mizzen-sft-checkpoint/1"
 
@@ -102,8 +102,8 @@ def check_run_dir(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> 
     if resume:  # what the run reads and rewrites is of the kind it wrote
         for name, is_kind, kind in ((METRICS_FILE, os.path.isfile, "a regular file"),
                                     (CHECKPOINTS_DIR, os.path.isdir, "a directory")):  # fmt: skip
-            entry = run_dir / name
-            if os.path.lexists(entry) and (entry.is_symlink() or not is_kind(entry)):
+            entry = run_dir / name  # a link to one is fine (checkpoints on another volume)
+            if os.path.lexists(entry) and not is_kind(entry):
                 raise RunStateError(
                     f"{entry}: not {kind} (the run wrote it as one); restore it, or move it "
                     "away and resume without it"
@@ -224,7 +224,9 @@ def read_record_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
 def checkpoint_step(path: Path) -> int | None:
     """The step of a complete checkpoint directory's name, or None for any other name."""
     match = CHECKPOINT_NAME.fullmatch(path.name)
-    return int(match.group(1)) if match else None
+    if match is None or checkpoint_name(int(match.group(1))) != path.name:  # one name a step
+        return None
+    return int(match.group(1))
 
 
 def checkpoint_name(step: int) -> str:
@@ -240,7 +242,7 @@ def remove_partial_checkpoints(run_dir: Path) -> list[str]:
     removed = []
     if root.is_dir():
         for entry in sorted(root.iterdir()):
-            if PARTIAL_NAME.fullmatch(entry.name):
+            if PARTIAL_NAME.fullmatch(entry.name) or entry.name == RESHARD_DIR:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry.name)
     return removed

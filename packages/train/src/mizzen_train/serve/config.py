@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mizzen_train.run.config import (
+    MAX_BYTES,
     MAX_LORA_RANK,
     MAX_ROWS,
+    MAX_SEED,
     MAX_THREADS,
     ConfigError,
     Presence,
@@ -53,7 +55,7 @@ class ServerSection:
     max_queue: int = opt(64, kind="int", low=1, high=100_000, help="pending operations per model")
     max_models_per_key: int = opt(8, kind="int", low=1, help="live models one API key may hold")
     max_body_bytes: int = opt(
-        16 * 1024 * 1024, kind="int", low=1024, help="largest request body accepted"
+        16 * 1024 * 1024, kind="int", low=1024, high=MAX_BYTES, help="largest request body accepted"
     )
     max_datums: int = opt(512, kind="int", low=1, help="datums per forward/forward_backward")
     max_batch_rows: int = opt(64, kind="int", low=1, help="rows of one batched executor step")
@@ -65,7 +67,7 @@ class ServerSection:
         help="a request body not received whole in this long is refused (408)",
     )  # fmt: skip
     kept_result_bytes: int = opt(
-        256 * 1024 * 1024, kind="int", low=1024,
+        256 * 1024 * 1024, kind="int", low=1024, high=MAX_BYTES,
         help="finished results kept for retrieve_future, in bytes (oldest forgotten first)",
     )  # fmt: skip
     session_timeout_s: float = opt(
@@ -91,7 +93,7 @@ class ModelSection:
     seq_bucket: int = opt(
         32, kind="int", low=1, help="rows are padded to a multiple; equal buckets batch together"
     )
-    seed: int = opt(0, kind="int", low=0, help='seed of the "tiny" model weights')
+    seed: int = opt(0, kind="int", low=0, high=MAX_SEED, help='seed of the "tiny" model weights')
     threads: int = opt(
         0, kind="int", low=0, high=MAX_THREADS, help="torch CPU threads (0: torch's default)"
     )
