@@ -18,7 +18,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=60, labels=["train"])
+register_cpu_ci(est_time=120, labels=["train"])
 
 CONFIG = """
 [run]

@@ -17,7 +17,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=45, labels=["train"])
+register_cpu_ci(est_time=60, labels=["train"])
 
 BASE = "tiny-llama"
 SEQUENCE = [ord(c) + 3 for c in "the cat sat on the mat, and the dog sat on the log!"]
