@@ -260,6 +260,13 @@ def launch_ranks(
                     "rank that hangs may wait for a lock one of them held. Fix: run the test "
                     "that started them with `pytest.mark.in_child`, or pass start='spawn'"
                 )
+            if start == "fork" and any("exited with code -" in p for p in problems):
+                problems.append(
+                    "a forked rank died by a signal: an earlier test in this pytest process may "
+                    "have left state a fork cannot carry (a whole mizzen-train command run "
+                    f"in-process, threads {threads or 'none now'}). Fix: run such a command as a "
+                    "subprocess, or its test with `pytest.mark.in_child`"
+                )
         finally:
             # A spawned rank ends with a barrier and destroy_process_group after writing its
             # result: when every rank succeeded it may finish them; otherwise it is killed now.

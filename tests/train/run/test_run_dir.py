@@ -111,19 +111,28 @@ def test_a_fresh_run_never_writes_into_a_foreign_directory(tmp_path, capsys):
     assert (run_dir / "thesis.tex").read_text() == "precious"
 
 
-def test_a_snapshot_dir_linked_elsewhere_is_refused_before_anything_runs(tmp_path, capsys):
+def test_a_snapshot_dir_linked_elsewhere_is_refused_before_anything_runs(tmp_path):
     """Eval points delete ``<snapshot_dir>/step-NNNNNNNN``: through a link to ``checkpoints``
     that is the run's checkpoint of the same step.  The configured path is the run's own
     (``snapshots``), only the disk says where it leads."""
+
+    def train(*argv: str) -> tuple[int, str]:  # a process of its own: a run in the pytest
+        # worker would leave torch's and gloo's threads there, and the next test's forked
+        # ranks crash on them
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
+        done = subprocess.run([sys.executable, "-m", "mizzen_train", *argv], env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return done.returncode, done.stderr
+
     run_dir = tmp_path / "run"
-    code, err = _main(capsys, "sft", "--config", str(_config(tmp_path, run_dir, steps=2)))
+    code, err = train("sft", "--config", str(_config(tmp_path, run_dir, steps=2)))
     assert code == 0, err
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints, "the first run saved no checkpoint (vacuous)"
     (run_dir / "snapshots").symlink_to("checkpoints")
     config = _config(tmp_path, run_dir, steps=2, evaluate=True)
     config.write_text(config.read_text().replace("interval = 20", "interval = 2"))
-    code, err = _main(capsys, "sft", "--resume", "--config", str(config))
+    code, err = train("sft", "--resume", "--config", str(config))
     assert code == 2, err
     assert f"eval.snapshot_dir='snapshots': {run_dir / 'snapshots'} is a symbolic link" in err
     assert (
