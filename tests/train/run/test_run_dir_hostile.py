@@ -152,6 +152,8 @@ def test_an_entry_of_the_wrong_kind_is_refused_before_anything_changes(
 
 
 def test_metrics_records_of_the_wrong_shape_are_dropped_as_broken(run_dir):
+    import json
+
     from mizzen_train.run.metrics import read_metrics
 
     path = run_dir / "metrics.jsonl"
@@ -160,17 +162,29 @@ def test_metrics_records_of_the_wrong_shape_are_dropped_as_broken(run_dir):
     odd = [
         '{"kind": "train", "step": "x"}', '{"kind": "eval_point"}', '{"kind": "train"}',
         '{"kind": "eval", "step": true, "tenant": "a", "evaluator": "e"}',
+        '{"kind": "train", "step": 1, "tenant": "a", "loss": [1]}',
+        '{"kind": "train", "step": 1, "tenant": "a", "loss": "1.5"}',
         "[" * 100_000 + "]" * 100_000, '{"kind": "train", "step": ' + "9" * 5000 + "}",
     ]  # fmt: skip
     with open(path, "a", encoding="utf-8") as handle:
         handle.write("\n".join(odd) + "\n")
     records, broken = read_metrics(path)
     assert records == good and broken == len(odd)
-    # a kind the run does not read back is kept whatever it holds (a user evaluator's note)
+    # a kind the run does not read back is kept whatever it holds (a user evaluator's note), and
+    # records as the trainers write them, nulls included
+    written = [
+        {"kind": "event", "event": "note", "status": 200, "step": "late"},
+        {"kind": "eval", "step": 2, "tenant": "a", "evaluator": "e", "status": "ok",
+         "metrics": {"score": 1.0}, "reason": None, "wall_s": 0.1},
+        {"kind": "eval", "step": 4, "tenant": "a", "evaluator": "e", "status": "skipped",
+         "metrics": {}, "reason": "engine down", "wall_s": 0.0},
+        {"kind": "train", "step": 5, "tenant": "a", "loss": None, "reward_mean": 0.5},
+        {"kind": "train", "step": 6, "tenant": "a", "loss": "nan", "reward_mean": "-inf"},
+    ]  # fmt: skip
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write('{"kind": "event", "event": "note", "status": 200, "step": "late"}\n')
+        handle.write("".join(json.dumps(record) + "\n" for record in written))
     records, broken = read_metrics(path)
-    assert records[-1]["status"] == 200 and broken == len(odd)
+    assert records[-len(written) :] == written and broken == len(odd)
 
 
 def test_checkpoints_on_another_volume_behind_a_link_resume(run_dir, tmp_path):

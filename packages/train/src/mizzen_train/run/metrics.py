@@ -71,6 +71,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 _NUMBER = (int, float)
+_NULLABLE = frozenset({"loss", "reward_mean", "metrics", "reason"})  # may be written as null
+_NON_FINITE = frozenset({"nan", "inf", "-inf"})  # a number as _clean writes a non-finite one
 #: the kinds of record the run reads back (resume, eval bookkeeping, summary, plot) -> each
 #: field it reads -> (its type, whether every record of the kind holds it); other kinds (events)
 #: are kept as they are, whatever they hold
@@ -85,8 +87,8 @@ _READ_BACK: dict[str, dict[str, tuple[type | tuple[type, ...], bool]]] = {
 
 def _well_formed(record: Any) -> bool:
     """A record the readers can use: a table with a ``kind``; of a kind the run reads back,
-    every field they read present where required and of its type (a bool is no step); an eval
-    record holds its metrics when ``ok`` and its reason otherwise."""
+    every field they read present where required and of its type (a bool is no step; the
+    fields the trainers write as null may be null); an ``ok`` eval record holds its metrics."""
     if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
         return False
     for name, (kind, required) in _READ_BACK.get(record["kind"], {}).items():
@@ -95,10 +97,14 @@ def _well_formed(record: Any) -> bool:
                 return False
             continue
         value = record[name]
+        if value is None and name in _NULLABLE:
+            continue
+        if kind is _NUMBER and isinstance(value, str) and value in _NON_FINITE:
+            continue
         if not isinstance(value, kind) or isinstance(value, bool):
             return False
-    if record["kind"] == "eval":
-        return ("metrics" if record["status"] == "ok" else "reason") in record
+    if record["kind"] == "eval" and record["status"] == "ok":
+        return isinstance(record.get("metrics"), dict)
     return True
 
 

@@ -815,7 +815,7 @@ def _final_eval(records: list[Mapping[str, Any]], final_step: int) -> dict[str, 
     for record in records:
         if record["kind"] == "eval" and int(record["step"]) == final_step:
             final.setdefault(record["tenant"], {})[record["evaluator"]] = (
-                record["metrics"] if record["status"] == "ok" else {"skipped": record["reason"]}
+                record["metrics"] if record["status"] == "ok" else {"skipped": record.get("reason")}
             )
     return final
 
