@@ -422,6 +422,28 @@ def read_config_source(
     return raw, source
 
 
+def read_regular_file(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of ``path``: a regular file (opened without waiting on a FIFO, so one is
+    refused, never waited on) of at most ``limit`` bytes.  OSError when it cannot be opened or
+    read; ValueError ("is not a regular file ...", "is N bytes, more than ...") otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ValueError("is not a regular file (a directory, FIFO or device)")
+    with os.fdopen(fd, "rb") as handle:  # closes fd
+        if info.st_size > limit:
+            raise ValueError(f"is {info.st_size} bytes, more than {limit}")
+        data = handle.read(limit + 1)
+    if len(data) > limit:  # it grew while being read
+        raise ValueError(f"is more than {limit} bytes")
+    return data
+
+
 def _read_toml(path: str | os.PathLike, source: str) -> dict[str, Any]:
     """The table of the TOML file ``path``: a regular file of at most :data:`MAX_CONFIG_BYTES`,
     UTF-8, nested at most as deep as the parser can go; anything else is a ConfigError."""
@@ -430,25 +452,15 @@ def _read_toml(path: str | os.PathLike, source: str) -> dict[str, Any]:
         return ConfigError("--config", source, rule, fix)
 
     try:
-        info = os.stat(path)
+        text = read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise refuse("no such file", "give a TOML file") from None
     except OSError as exc:
         raise refuse(f"cannot be read ({exc.strerror})", "check it") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise refuse("is not a regular file (a directory, FIFO or device)", "give a TOML file")
-    if info.st_size > MAX_CONFIG_BYTES:
-        raise refuse(
-            f"is {info.st_size} bytes, more than {MAX_CONFIG_BYTES}", "give a smaller file"
-        )
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise refuse(f"is not UTF-8 (byte {exc.start})", "save it as UTF-8") from None
-    except OSError as exc:
-        raise refuse(f"cannot be read ({exc.strerror})", "check it") from None
+    except ValueError as exc:  # not a regular file, or too large
+        raise refuse(str(exc), f"give a TOML file of at most {MAX_CONFIG_BYTES} bytes") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -35,7 +35,6 @@ import os
 import random
 import re
 import shutil
-import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from mizzen_train.run.config import read_regular_file
 from mizzen_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE
 
 STATE_FILE = "trainer_state.json"
@@ -207,18 +207,10 @@ def _check_same_run(stored: Mapping[str, Any], config: Mapping[str, Any], path: 
 # -- checkpoints ----------------------------------------------------------------------------
 
 
-def read_record_text(path: Path, limit: int = MAX_RECORD_BYTES) -> str:
-    """A small record file's text: a regular file (opened without waiting on a FIFO) of at most
-    ``limit`` bytes, UTF-8; OSError / ValueError otherwise (callers name the file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit} bytes")
-    return data.decode("utf-8")
+def read_record_text(path: Path) -> str:
+    """A record file's text (:func:`~mizzen_train.run.config.read_regular_file`, at most
+    :data:`MAX_RECORD_BYTES`, UTF-8); OSError / ValueError otherwise (callers name the file)."""
+    return read_regular_file(path, MAX_RECORD_BYTES).decode("utf-8")
 
 
 def checkpoint_step(path: Path) -> int | None:

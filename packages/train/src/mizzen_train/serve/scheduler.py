@@ -201,10 +201,12 @@ class Scheduler:
                     f"the executor failed ({self.executor.failed}); restart the server", "server"
                 )
             return
+        # operations queued behind a create that failed (it freed the slot): nothing to run on
         orphans = [op for op in group if op.model_id not in self.slot_of]
-        if orphans and group[0].kind != "unload_model":  # cannot happen: the book refuses
-            for op in orphans:  # operations on a closing model (kept as a guard)
-                op.fail(f"model_id {op.model_id[:80]!r}: unloaded before this ran", "user")
+        if orphans and group[0].kind != "unload_model":
+            for op in orphans:
+                op.fail(f"model_id {op.model_id[:80]!r}: has no slot (its create failed, or it "
+                        "was unloaded) before this ran", "user")  # fmt: skip
             group = [op for op in group if op not in orphans]
             if not group:
                 return
