@@ -228,3 +228,22 @@ def test_length_buckets_cover_and_are_optimal(lengths, call_cost):
                 run = 0
         best = min(best, cost)
     assert bucket_cost(buckets, call_cost) == (best if rounded else 0)
+
+
+def test_layout_of_input_ids_rows_streams_and_mismatches():
+    """Every model plugin takes its layout from here: [B, L] rows, a [T] stream with or without
+    cu_seqlens (a tensor or a layout), and the refusals of shapes that do not fit."""
+    rows = torch.zeros(3, 5, dtype=torch.long)
+    assert PackedLayout.of_input_ids(rows).lengths == (5, 5, 5)
+    stream = torch.zeros(9, dtype=torch.long)
+    assert PackedLayout.of_input_ids(stream).lengths == (9,)
+    cu = torch.tensor([0, 4, 4, 9])
+    assert PackedLayout.of_input_ids(stream, cu).lengths == (4, 0, 5)
+    layout = PackedLayout.from_lengths([2, 7])
+    assert PackedLayout.of_input_ids(stream, layout) == layout
+    with pytest.raises(ValueError, match="not both"):
+        PackedLayout.of_input_ids(rows, cu)
+    with pytest.raises(ValueError, match=r"must be \[T\] or \[B, L\], got \(1, 1, 9\)"):
+        PackedLayout.of_input_ids(stream.view(1, 1, 9))
+    with pytest.raises(ValueError, match="describes 9 tokens but input_ids has 8"):
+        PackedLayout.of_input_ids(stream[:8], cu)

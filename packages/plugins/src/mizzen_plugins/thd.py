@@ -100,6 +100,34 @@ class PackedLayout:
             )
         return cls(lengths, device)
 
+    @classmethod
+    def of_input_ids(
+        cls, input_ids: torch.Tensor, cu_seqlens: torch.Tensor | PackedLayout | None = None
+    ) -> PackedLayout:
+        """The layout of a model's ``input_ids`` on their device: ``[B, L]`` rows (no
+        ``cu_seqlens``: B segments of L), or a packed ``[T]`` stream with its ``cu_seqlens`` (a
+        tensor or a layout; none: one segment).  Built once per forward, shared by every layer."""
+        device = input_ids.device
+        if input_ids.dim() == 2:
+            if cu_seqlens is not None:
+                raise ValueError(
+                    "pass either [B, L] input_ids or packed [T] input_ids with cu_seqlens, not both"
+                )
+            return cls.from_lengths([input_ids.shape[1]] * input_ids.shape[0], device)
+        if input_ids.dim() != 1:
+            raise ValueError(f"input_ids must be [T] or [B, L], got {tuple(input_ids.shape)}")
+        if cu_seqlens is None:
+            return cls.from_lengths([input_ids.shape[0]], device)
+        layout = (
+            cu_seqlens if isinstance(cu_seqlens, PackedLayout) else cls.from_cu_seqlens(cu_seqlens)
+        )
+        if layout.num_tokens != input_ids.shape[0]:
+            raise ValueError(
+                f"cu_seqlens describes {layout.num_tokens} tokens but input_ids has "
+                f"{input_ids.shape[0]}; pass the cu_seqlens of this packed batch"
+            )
+        return layout.to(device)
+
     def cached(self, key: object, build):
         """Memoise ``build()`` on this layout under ``key`` (plans reused by every layer)."""
         cache = self.__dict__.setdefault("_plan_cache", {})

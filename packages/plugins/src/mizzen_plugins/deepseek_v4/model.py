@@ -136,36 +136,13 @@ class DeepSeekV4CausalLM(nn.Module):
     ) -> torch.Tensor:
         """``[T]`` packed (with ``cu_seqlens``) -> ``[T, vocab]``; ``[B, L]`` -> ``[B, L, vocab]``."""
         batch_shape = input_ids.shape
-        layout = _layout_of(input_ids, cu_seqlens)
+        layout = PackedLayout.of_input_ids(input_ids, cu_seqlens)
         x = self.embedding(input_ids.reshape(-1))
         for block in self.layers:
             x = block(x, layout)
         x = self.final_norm(x)
         weight = self.embedding.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, weight).reshape(*batch_shape, -1)
-
-
-def _layout_of(input_ids: torch.Tensor, cu_seqlens) -> PackedLayout:
-    device = input_ids.device
-    if input_ids.dim() == 2:
-        if cu_seqlens is not None:
-            raise ValueError("pass [B, L] input_ids or packed [T] input_ids with cu_seqlens")
-        return PackedLayout.from_lengths([input_ids.shape[1]] * input_ids.shape[0], device)
-    if input_ids.dim() != 1:
-        raise ValueError(f"input_ids must be [T] or [B, L], got {tuple(input_ids.shape)}")
-    if cu_seqlens is None:
-        return PackedLayout.from_lengths([input_ids.shape[0]], device)
-    layout = (
-        cu_seqlens
-        if isinstance(cu_seqlens, PackedLayout)
-        else PackedLayout.from_cu_seqlens(cu_seqlens)
-    )
-    if layout.num_tokens != input_ids.shape[0]:
-        raise ValueError(
-            f"cu_seqlens describes {layout.num_tokens} tokens but input_ids has "
-            f"{input_ids.shape[0]}; pass the cu_seqlens of this packed batch"
-        )
-    return layout.to(device)
 
 
 def build_causal_lm(hf_config: Mapping[str, Any]) -> DeepSeekV4CausalLM:

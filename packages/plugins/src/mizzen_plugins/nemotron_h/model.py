@@ -146,41 +146,12 @@ class HybridCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The final-normed hidden states (shapes as in :meth:`forward`, width ``hidden_size``)."""
         batch_shape = input_ids.shape
-        layout = _layout_of(input_ids, cu_seqlens)
+        layout = PackedLayout.of_input_ids(input_ids, cu_seqlens)
         x = self.embedding(input_ids.reshape(-1))
         for block in self.layers:
             x = block(x, layout)
         x = self.final_norm(x)
         return x.reshape(*batch_shape, -1)
-
-
-def _layout_of(
-    input_ids: torch.Tensor, cu_seqlens: torch.Tensor | PackedLayout | None
-) -> PackedLayout:
-    """The packed layout of ``input_ids`` (built once per forward, shared by every layer)."""
-    device = input_ids.device
-    if input_ids.dim() == 2:
-        if cu_seqlens is not None:
-            raise ValueError(
-                "pass either [B, L] input_ids or packed [T] input_ids with cu_seqlens, not both"
-            )
-        batch, seqlen = input_ids.shape
-        return PackedLayout.from_lengths([seqlen] * batch, device)
-    if input_ids.dim() != 1:
-        raise ValueError(f"input_ids must be [T] or [B, L], got {tuple(input_ids.shape)}")
-    if cu_seqlens is None:
-        return PackedLayout.from_lengths([input_ids.shape[0]], device)
-    layout = (
-        cu_seqlens
-        if isinstance(cu_seqlens, PackedLayout)
-        else PackedLayout.from_cu_seqlens(cu_seqlens)
-    )
-    if layout.num_tokens != input_ids.shape[0]:
-        raise ValueError(
-            f"cu_seqlens describes {layout.num_tokens} tokens but input_ids has "
-            f"{input_ids.shape[0]}; pass the cu_seqlens of this packed batch"
-        )
-    return layout.to(device)
 
 
 def build_model(config: NemotronHConfig) -> HybridCausalLM:
