@@ -43,13 +43,15 @@ def export_snapshot(version, tenant, directory):
 async def load_published(tenant, ref):
     if scenario == "engine refuses":
         raise RuntimeError("the engine refused the adapter")
+    if scenario == "engine load cancelled":
+        raise asyncio.CancelledError()  # e.g. the engine manager shutting down mid-load
     loaded.append(ref.name)
 
 trainer.export_snapshot, trainer._load_published = export_snapshot, load_published
 try:
     asyncio.run(trainer._publish("t"))
     outcome = "published"
-except Exception as exc:
+except BaseException as exc:  # a cancellation too: it must be agreed like any failure
     outcome = f"{type(exc).__name__}: {exc}"
 after = [None, None]
 torch.distributed.all_gather_object(after, rank)  # both ranks still in step
@@ -85,6 +87,7 @@ def _run_two_ranks(tmp_path, scenario: str) -> list[dict]:
     ("scenario", "failing", "error"),
     [
         ("engine refuses", 0, "RuntimeError: the engine refused the adapter"),
+        ("engine load cancelled", 0, "CancelledError: "),
         ("export fails on rank 0", 0, "OSError: [Errno 28] No space left on device"),
         ("export fails on rank 1", 1, "OSError: [Errno 28] No space left on device"),
     ],
@@ -101,3 +104,25 @@ def test_a_publish_that_succeeds_loads_on_the_writer_alone(tmp_path):
     results = _run_two_ranks(tmp_path, "no failure")
     assert [r["outcome"] for r in results] == ["published", "published"], results
     assert [r["loaded"] for r in results] == [["t@v3"], []], results
+
+
+def test_a_cancelled_rollout_is_a_failure_to_agree_on_a_cancelled_step_is_not():
+    """The step awaits its rollout through ``_outcome``: a rollout cancelled on its own (an
+    engine shut down under it) comes back as a value, which every rank then agrees on; when the
+    step itself is cancelled, the cancellation propagates."""
+    import asyncio
+
+    from mizzen_train.rl.trainer import _outcome
+
+    async def scenario():
+        rollout = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        rollout.cancel()
+        assert isinstance(await _outcome(rollout), asyncio.CancelledError)
+        step = asyncio.ensure_future(_outcome(asyncio.ensure_future(asyncio.sleep(10))))
+        await asyncio.sleep(0)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+
+    asyncio.run(scenario())

@@ -48,7 +48,8 @@ Invariants:
   collectives); the writer alone writes it, loads it into the engines, logs and evaluates.
   Each writer-only part of a publish (a stale directory removed, the files written, the engines'
   load or unload) is agreed by every rank before the next collective: a failure on one rank
-  fails them all (:meth:`RlTrainer._agreed`), none is left waiting in a collective.
+  (a cancellation too) fails them all (:meth:`RlTrainer._agreed`), none is left waiting in a
+  collective.
   Every step's rows must split over the data-parallel ranks into whole micro-batches, checked
   before the model is built (:meth:`RlTrainer.step_rows`).
 - Fault drill: ``MIZZEN_RL_INJECT_NAN="<tenant>@<step>[,...]"`` makes that tenant's advantages
@@ -422,25 +423,25 @@ class RlTrainer(Trainer):
         fails (the failing one with its error, the others with
         :class:`~mizzen_train.run.parallel.RankFailed`), so no rank goes on to a collective a
         failed rank never reaches (it died with a peer's "connection closed" otherwise)."""
-        failure: Exception | None = None
+        failure: BaseException | None = None
         try:
             action()
-        except Exception as exc:  # raised below on this rank, agreed by the others
+        except BaseException as exc:  # raised below on this rank, agreed by the others
             failure = exc
         self._agree(failure)
 
     async def _on_writer_engines(self, action: Callable[[], Awaitable[None]]) -> None:
         """:meth:`_agreed` for a change to the writer's engines (``action``, awaited on the
         writer alone)."""
-        failure: Exception | None = None
+        failure: BaseException | None = None
         if self.world.is_writer:
             try:
                 await action()
-            except Exception as exc:
+            except BaseException as exc:  # a cancelled load too: the others must not wait
                 failure = exc
         self._agree(failure)
 
-    def _agree(self, failure: Exception | None) -> None:
+    def _agree(self, failure: BaseException | None) -> None:
         def outcome() -> None:
             if failure is not None:
                 raise failure
@@ -836,9 +837,15 @@ def _blamed(active: list[RlTenantConfig], unit: int) -> RlTenantConfig:
 
 
 async def _outcome(pending: asyncio.Future) -> Any:
-    """What ``pending`` returned, or the exception it raised (as a value)."""
+    """What ``pending`` returned, or the exception it raised (as a value: the step agrees on it),
+    a cancellation of ``pending`` alone included; a cancellation of the awaiting task propagates."""
     try:
         return await pending
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return exc
     except Exception as exc:
         return exc
 

@@ -259,8 +259,9 @@ class RankWorld:
             torch.distributed.barrier()
 
     def agreed(self, step: Callable[[], T]) -> T:
-        """Run ``step`` on the writer first, then on the other ranks; if it raised anywhere,
-        raise on every rank: the failing rank its own error, the others :class:`RankFailed`."""
+        """Run ``step`` on the writer first, then on the other ranks; if it raised anywhere
+        (anything: a cancellation or an interrupt too), raise on every rank: the failing rank its
+        own exception, the others :class:`RankFailed`."""
         if self.size == 1:
             return step()
         result: Any = None
@@ -269,7 +270,7 @@ class RankWorld:
         if self.is_writer:
             try:
                 result = step()
-            except Exception as exc:
+            except BaseException as exc:  # a cancellation or interrupt is agreed too
                 own = exc
             failed_first = self.share(own is not None)
         else:
@@ -277,7 +278,7 @@ class RankWorld:
             if not failed_first:
                 try:
                     result = step()
-                except Exception as exc:
+                except BaseException as exc:
                     own = exc
         failures = self._gather(None if own is None else f"{type(own).__name__}: {own}")
         if own is not None:
