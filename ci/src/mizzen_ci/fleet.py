@@ -14,7 +14,11 @@ Invariants:
   ``HIP_VISIBLE_DEVICES`` on AMD) and the variables that would renumber or hide devices under it.
 - Pool derivation is deterministic: on one generation, the smallest pool (fewest GPUs per runner) that
   has enough GPUs and every needed capability; ties broken by fewer extra capabilities, then name.
-- A malformed table raises :class:`FleetError` naming the file, the entry and the fix.
+- A malformed table raises :class:`FleetError` naming the file, the entry and the fix, and
+  nothing else: every value is read through one reader that checks its shape where it is read
+  (a table, an array of tables whose every entry is a table, a list of names, a string, a count
+  ≥ 1, seconds in range), so no TOML value of another shape reaches the code that derives from
+  it; TOML nested too deeply to parse is a FleetError too.
 - Hosting is part of the table and checked: every GPU pool is self-hosted (its ``runs_on`` starts
   with ``self-hosted``) and names the runner group that holds its machines (``runner_group``; the
   group is what restricts those runners to the default branch's GPU workflow — labels alone do
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -270,39 +275,121 @@ def parse_fleet(text: str, path: Path | str) -> Fleet:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise FleetError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise FleetError(
+            f"{path}: not valid TOML: arrays or tables nested too deeply. Fix: write the table "
+            "flat, as ci/fleet.toml documents it"
+        ) from None
     return _parse(path, data)
 
 
-def _need(path: Path, where: str, table: dict, key: str, kind: type | tuple[type, ...]):
-    if key not in table:
-        raise FleetError(f"{path}: {where} lacks `{key}`; add it")
-    value = table[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise FleetError(f"{path}: {where}.{key} must be {_kind_name(kind)}, got {value!r}")
+# --------------------------------------------------------------------------------------------
+# Reading the table: every value goes through _read, which checks its shape where it is read
+# (tables, arrays of tables, lists of names, scalars), so no other shape reaches the code below.
+
+_REQUIRED = object()
+MAX_JOB_SETUP_S = 3600  # a set-up longer than an hour is a mistake in the table
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What one value of ``fleet.toml`` must be: its name in messages, how to write one, its test."""
+
+    name: str
+    example: str  # how to write one, ``{key}`` standing for its key
+    accepts: Callable[[object], bool]
+
+
+STRING = _Shape("a string", '`{key} = "…"`', lambda v: isinstance(v, str))
+COUNT = _Shape("an integer ≥ 1", "`{key} = 1`", lambda v: _is_int(v) and v >= 1)
+SECONDS = _Shape(
+    f"seconds from 0 to {MAX_JOB_SETUP_S}",
+    "`{key} = 60`",
+    lambda v: (_is_int(v) or isinstance(v, float)) and 0 <= v <= MAX_JOB_SETUP_S,
+)
+TABLE = _Shape("a table", "a [{key}] section with its keys below it", lambda v: isinstance(v, dict))
+TABLES = _Shape(
+    "a list of tables",
+    "one [[{key}]] section per entry, with its keys below it",
+    lambda v: isinstance(v, list),  # each entry is checked on its own (named by its number)
+)
+NAMES = _Shape(
+    "a list of non-empty strings",
+    '`{key} = ["a", "b"]`',
+    lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
+)
+
+
+def _shown(value) -> str:
+    """A value as a message shows it: TOML-like, one line, bounded."""
+    if value is None:
+        return "nothing"
+    try:
+        text = "true" if value is True else "false" if value is False else repr(value)
+    except RecursionError:
+        text = f"a deeply nested {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _read(path: Path, where: str, table: dict, key: str, shape: _Shape, default=_REQUIRED):
+    """``table[key]``, checked to be ``shape`` (``default`` when absent, if one is given)."""
+    if key not in table and default is _REQUIRED:
+        raise FleetError(f"{path}: {where} lacks `{key}`. Fix: add {shape.example.format(key=key)}")
+    value = table.get(key, default)
+    if not shape.accepts(value):
+        at = key if where == "the top level" else f"{where}.{key}"
+        raise FleetError(
+            f"{path}: {at} must be {shape.name}, got {_shown(value)}. "
+            f"Fix: write {shape.example.format(key=key)}"
+        )
     return value
 
 
-def _kind_name(kind) -> str:
-    names = {str: "a string", int: "an integer", list: "a list", dict: "a table"}
-    if isinstance(kind, tuple):
-        return " or ".join(names.get(k, k.__name__) for k in kind)
-    return names.get(kind, kind.__name__)
+def _entries(path: Path, data: dict, key: str, what: str) -> list[tuple[str, dict]]:
+    """The ``[[key]]`` entries, each checked to be a table: ``[("[[key]] #N", table), …]``."""
+    entries = []
+    for i, raw in enumerate(_read(path, "the top level", data, key, TABLES, default=[])):
+        where = f"[[{key}]] #{i + 1}"
+        if not isinstance(raw, dict):
+            raise FleetError(
+                f"{path}: {where} must be a table, got {_shown(raw)}. Fix: write each {what} "
+                f"as a [[{key}]] section with its keys below it"
+            )
+        entries.append((where, raw))
+    return entries
 
 
-def _strings(path: Path, where: str, value) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise FleetError(f"{path}: {where} must be a list of non-empty strings, got {value!r}")
+def _names(path: Path, where: str, table: dict, key: str, default=_REQUIRED) -> tuple[str, ...]:
+    """A list of non-empty strings, none twice."""
+    value = _read(path, where, table, key, NAMES, default)
     if len(set(value)) != len(value):
-        raise FleetError(f"{path}: {where} lists a name twice: {value!r}")
+        at = key if where == "the top level" else f"{where}.{key}"
+        raise FleetError(f"{path}: {at} lists a name twice: {_shown(value)}. Fix: list each once")
     return tuple(value)
+
+
+def _runs_on(path: Path, where: str, table: dict) -> tuple[str, ...]:
+    labels = _names(path, where, table, "runs_on")
+    if not labels:
+        raise FleetError(
+            f"{path}: {where}.runs_on is empty. Fix: list the runner labels, e.g. "
+            f'["ubuntu-latest"] or ["{SELF_HOSTED}", "linux", "h100"]'
+        )
+    return labels
 
 
 def _vendor(path: Path, where: str, raw: dict) -> Vendor:
     """The generation's vendor, and its identifiers under that vendor's key only."""
-    value = _need(path, where, raw, "vendor", str)
+    value = _read(path, where, raw, "vendor", STRING)
     vendor = VENDORS.get(value)
     if vendor is None:
-        raise FleetError(f"{path}: {where}.vendor must be one of {sorted(VENDORS)}, got {value!r}")
+        raise FleetError(
+            f"{path}: {where}.vendor must be one of {sorted(VENDORS)}, got {_shown(value)}"
+        )
     for other in VENDORS.values():
         if other is not vendor and other.targets_key in raw:
             raise FleetError(
@@ -319,38 +406,24 @@ def _target_shape(vendor: Vendor) -> str:
     return "an ISA name such as 'gfx90a', 'gfx942' (gfx and 3-4 lowercase hex digits, no features)"
 
 
-MAX_JOB_SETUP_S = 3600  # a set-up longer than an hour is a mistake in the table
-
-
 def _setup(path: Path, where: str, raw: dict) -> float:
     """``job_setup_s``: seconds a job holds its runner before its first test (checkout,
     environment, image); required, so that no plan silently assumes a set-up of zero."""
-    value = _need(path, where, raw, "job_setup_s", (int, float))
-    if not (0 <= value <= MAX_JOB_SETUP_S):
-        raise FleetError(
-            f"{path}: {where}.job_setup_s must be seconds from 0 to {MAX_JOB_SETUP_S}, "
-            f"got {value!r}"
-        )
-    return float(value)
+    return float(_read(path, where, raw, "job_setup_s", SECONDS))
 
 
-def _parse(path: Path, data: dict) -> Fleet:
-    capabilities = frozenset(_strings(path, "capabilities", data.get("capabilities", [])))
-    labels = frozenset(_strings(path, "labels", _need(path, "the top level", data, "labels", list)))
-
+def _generations(path: Path, data: dict) -> list[Generation]:
     generations: list[Generation] = []
     owner: dict[str, str] = {}
-    for i, raw in enumerate(_need(path, "the top level", data, "arch", list)):
-        where = f"[[arch]] #{i + 1}"
-        name = _need(path, where, raw, "name", str)
-        vendor = _vendor(path, f"{where} ({name})", raw)
-        targets = _strings(
-            path, f"{where} ({name}).{vendor.targets_key}", raw.get(vendor.targets_key)
-        )
+    for where, raw in _entries(path, data, "arch", "generation"):
+        name = _read(path, where, raw, "name", STRING)
+        where = f"{where} ({name})"
+        vendor = _vendor(path, where, raw)
+        targets = _names(path, where, raw, vendor.targets_key, default=None)
         for target in targets:
             if not vendor.is_target(target):
                 raise FleetError(
-                    f"{path}: {where} ({name}): {vendor.target_word} {target!r} is not "
+                    f"{path}: {where}: {vendor.target_word} {target!r} is not "
                     f"{_target_shape(vendor)}"
                 )
             if target in owner:
@@ -359,71 +432,81 @@ def _parse(path: Path, data: dict) -> Fleet:
                     f"and {name}; an identifier belongs to one generation"
                 )
             owner[target] = name
-        if any(a.name == name for a in generations):
+        if name in {a.name for a in generations}:
             raise FleetError(f"{path}: arch {name!r} is listed twice")
-        generations.append(
-            Generation(
-                name, vendor.name, targets, _strings(path, f"{where}.gpus", raw.get("gpus", []))
-            )
-        )
+        gpus = _names(path, where, raw, "gpus", default=[])
+        generations.append(Generation(name, vendor.name, targets, gpus))
+    return generations
 
-    generation_names = {a.name for a in generations}
-    pools: list[Pool] = []
-    for i, raw in enumerate(data.get("pool", [])):
-        where = f"[[pool]] #{i + 1}"
-        name = _need(path, where, raw, "name", str)
-        arch = _need(path, where, raw, "arch", str)
-        if arch not in generation_names:
-            raise FleetError(
-                f"{path}: pool {name}: arch {arch!r} is not one of {sorted(generation_names)}"
-            )
-        gpus = _need(path, where, raw, "gpus_per_runner", int)
-        runners = _need(path, where, raw, "runners", int)
-        if gpus < 1 or runners < 1:
-            raise FleetError(f"{path}: pool {name}: gpus_per_runner and runners must be ≥ 1")
-        caps = frozenset(_strings(path, f"pool {name}.capabilities", raw.get("capabilities", [])))
-        if not caps <= capabilities:
-            raise FleetError(
-                f"{path}: pool {name}: unknown capabilities {sorted(caps - capabilities)}; "
-                f"known: {sorted(capabilities)}"
-            )
-        if any(p.name == name for p in pools):
-            raise FleetError(f"{path}: pool {name!r} is listed twice")
-        runs_on = _strings(path, f"pool {name}.runs_on", raw.get("runs_on"))
-        if runs_on[0] != SELF_HOSTED:
-            raise FleetError(
-                f"{path}: pool {name}: a GPU pool is self-hosted; its runs_on starts with "
-                f"{SELF_HOSTED!r}, got {list(runs_on)}"
-            )
-        group = _need(path, where, raw, "runner_group", str)
-        if not group.strip():
-            raise FleetError(f"{path}: pool {name}: runner_group is empty; name the group")
-        pools.append(
-            Pool(
-                name=name,
-                arch=arch,
-                gpu=_need(path, where, raw, "gpu", str),
-                gpus_per_runner=gpus,
-                runners=runners,
-                runs_on=runs_on,
-                runner_group=group,
-                job_setup_s=_setup(path, f"pool {name}", raw),
-                capabilities=caps,
-            )
-        )
 
-    raw_cpu = _need(path, "the top level", data, "cpu_pool", dict)
-    cpu_pool = CpuPool(
-        name=_need(path, "[cpu_pool]", raw_cpu, "name", str),
-        runs_on=_strings(path, "cpu_pool.runs_on", raw_cpu.get("runs_on")),
-        runners=_need(path, "[cpu_pool]", raw_cpu, "runners", int),
-        job_setup_s=_setup(path, "[cpu_pool]", raw_cpu),
+def _pool(path: Path, where: str, raw: dict, generations: set[str], known: frozenset[str]) -> Pool:
+    name = _read(path, where, raw, "name", STRING)
+    arch = _read(path, where, raw, "arch", STRING)
+    if arch not in generations:
+        raise FleetError(f"{path}: pool {name}: arch {arch!r} is not one of {sorted(generations)}")
+    where = f"pool {name}"
+    gpus = _read(path, where, raw, "gpus_per_runner", COUNT)
+    runners = _read(path, where, raw, "runners", COUNT)
+    caps = frozenset(_names(path, where, raw, "capabilities", default=[]))
+    if not caps <= known:
+        raise FleetError(
+            f"{path}: pool {name}: unknown capabilities {sorted(caps - known)}; "
+            f"known: {sorted(known)}"
+        )
+    runs_on = _runs_on(path, where, raw)
+    if runs_on[0] != SELF_HOSTED:
+        raise FleetError(
+            f"{path}: pool {name}: a GPU pool is self-hosted; its runs_on starts with "
+            f"{SELF_HOSTED!r}, got {list(runs_on)}"
+        )
+    group = _read(path, where, raw, "runner_group", STRING)
+    if not group.strip():
+        raise FleetError(f"{path}: pool {name}: runner_group is empty; name the group")
+    return Pool(
+        name=name,
+        arch=arch,
+        gpu=_read(path, where, raw, "gpu", STRING),
+        gpus_per_runner=gpus,
+        runners=runners,
+        runs_on=runs_on,
+        runner_group=group,
+        job_setup_s=_setup(path, where, raw),
+        capabilities=caps,
     )
-    if SELF_HOSTED in cpu_pool.runs_on or "runner_group" in raw_cpu:
+
+
+def _cpu_pool(path: Path, data: dict) -> CpuPool:
+    raw = _read(path, "the top level", data, "cpu_pool", TABLE)
+    cpu_pool = CpuPool(
+        name=_read(path, "[cpu_pool]", raw, "name", STRING),
+        runs_on=_runs_on(path, "[cpu_pool]", raw),
+        runners=_read(path, "[cpu_pool]", raw, "runners", COUNT),
+        job_setup_s=_setup(path, "[cpu_pool]", raw),
+    )
+    if SELF_HOSTED in cpu_pool.runs_on or "runner_group" in raw:
         raise FleetError(
             f"{path}: [cpu_pool] runs on GitHub-hosted runners (untrusted pull requests get "
             f"exactly these): drop {SELF_HOSTED!r} and runner_group from it"
         )
+    return cpu_pool
+
+
+def _parse(path: Path, data: dict) -> Fleet:
+    capabilities = frozenset(_names(path, "the top level", data, "capabilities", default=[]))
+    labels = frozenset(_names(path, "the top level", data, "labels"))
+    if "arch" not in data:
+        raise FleetError(
+            f"{path}: the top level lacks `arch`. Fix: add an [[arch]] section per generation"
+        )
+    generations = _generations(path, data)
+    names = {a.name for a in generations}
+    pools: list[Pool] = []
+    for where, raw in _entries(path, data, "pool", "runner pool"):
+        pool = _pool(path, where, raw, names, capabilities)
+        if pool.name in {p.name for p in pools}:
+            raise FleetError(f"{path}: pool {pool.name!r} is listed twice")
+        pools.append(pool)
+    cpu_pool = _cpu_pool(path, data)
     if any(p.name == cpu_pool.name for p in pools):
         raise FleetError(f"{path}: the cpu pool and a GPU pool are both named {cpu_pool.name!r}")
     return Fleet(path, tuple(generations), capabilities, labels, tuple(pools), cpu_pool)

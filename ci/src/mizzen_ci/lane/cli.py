@@ -14,6 +14,10 @@ Invariants:
   that fails the lane (the planner never sends one there), locally it is reported only.
 - Disabled registrations are listed with their reason and not run; a broken registration fails
   the lane.  A lane with nothing to run fails: running nothing is not a pass.
+- Every output path (``--report-dir``, ``--history``, ``--flake-record``,
+  ``--record-execution``, ``$GITHUB_STEP_SUMMARY``) is checked first
+  (:mod:`mizzen_ci.output_files`): one that cannot be written refuses the lane before anything
+  is created, run or printed.
 - The children's compile caches (:mod:`.compile_cache`) are checked, and created when new, before
   anything runs: an unsafe cache directory refuses the lane.
 - Files registered with ``shares_gpu=True`` run up to ``--gpu-seats`` (default
@@ -47,6 +51,7 @@ from ..fleet import (
 )
 from ..imports import workspace_source_dirs
 from ..output import plain, plain_lines
+from ..output_files import OutputPathError, check_dir, check_file
 from ..packing.gpus import DEFAULT_GPU_SEATS, MAX_GPU_SEATS
 from ..registry.rules import MAX_NUM_GPUS
 from . import compile_cache
@@ -220,6 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     arch = args.arch
     name = nox_session_name(arch)
+    report_dir, flake_path, history_path = _outputs(root, name, args)
     gpus, hardware_note = lane_gpus(fleet, arch, args.fake_gpus)
     sel = select(root, fleet, arch, len(gpus), args.paths, args.plan, args.job)
     if sel.runnable and importlib.util.find_spec("pytest") is None:
@@ -238,7 +244,6 @@ def _run(args: argparse.Namespace) -> int:
     ]
     sel.runnable = [f for f in sel.runnable if f.file not in {s.file for s, _ in skipped}]
 
-    report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
     print(f"mizzen {name}: {hardware_note}")
     print(
@@ -313,14 +318,31 @@ def _run(args: argparse.Namespace) -> int:
         arch, args.job, results, sel.not_runnable, sel.disabled, sel.broken, in_ci, cache,
         quarantined=flaky.listed if flaky.mode == "record" else {}, quarantine_skipped=skipped,
     )  # fmt: skip
-    history_path = None
-    if not (args.no_history or args.collect_only):  # a dry run times nothing real
-        history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
-    flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
     code = write_reports(outcome, report_dir, flake_path, history_path)
     if recording is not None:
         _store_execution(root, recording, args.record_execution, name)
     return code
+
+
+def _outputs(root: Path, name: str, args: argparse.Namespace) -> tuple[Path, Path, Path | None]:
+    """(report folder, flake record, duration history or None), every output path of the lane
+    checked before anything is created, run or printed: LaneRefusal naming the option."""
+    report_dir = (args.report_dir or root / ARTIFACTS / name).resolve()
+    flake_path = (args.flake_record or root / ARTIFACTS / "flakes.jsonl").resolve()
+    history_path = None
+    if not (args.no_history or args.collect_only):  # a dry run times nothing real
+        history_path = (args.history or root / ARTIFACTS / "history" / f"{name}.jsonl").resolve()
+    files = [("--flake-record", flake_path), ("--history", history_path),
+             ("--record-execution", args.record_execution),
+             ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY") or None)]  # fmt: skip
+    try:
+        check_dir("--report-dir", report_dir)
+        for option, path in files:
+            if path is not None:
+                check_file(option, path)
+    except OutputPathError as e:
+        raise LaneRefusal(str(e)) from None
+    return report_dir, flake_path, history_path
 
 
 def _store_execution(root: Path, recording, store: Path, name: str) -> None:

@@ -127,6 +127,24 @@ def resolve(root: Path, rev: str) -> str:
     return _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
 
 
+def checkout_differs(root: Path | str, head_sha: str) -> str | None:
+    """Why the files under ``root`` are not commit ``head_sha``'s (``None`` when they are): the
+    checkout is another commit, or a tracked file is changed or an untracked one (not ignored)
+    is there.  The planner reads the registry and the imports from the files, so a plan named
+    after ``head_sha`` must be made from exactly its files.  Raises :class:`GitError`."""
+    root = Path(root)
+    current = _git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}").strip()
+    if current != head_sha:
+        return f"the checkout is at {current[:12]}, not at {head_sha[:12]}"
+    changed = [p for p in _git(root, "diff", "--name-only", "-z", "--no-ext-diff", "HEAD").split(
+        "\0") if p]  # fmt: skip
+    changed += [p for p in _git(root, "ls-files", "--others", "--exclude-standard", "-z").split(
+        "\0") if p]  # fmt: skip
+    if changed:
+        return f"{len(changed)} file(s) differ from {head_sha[:12]} (first: {changed[0]!r})"
+    return None
+
+
 def files_containing(root: Path, rev: str, text: str, under: str) -> list[str]:
     """The paths under the folder ``under`` whose content at revision ``rev`` contains ``text``
     (``git grep -l -F``, no pathspec magic); :class:`GitError` when the revision is missing."""

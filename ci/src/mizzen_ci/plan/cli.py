@@ -22,6 +22,10 @@ Invariants:
   ``runs_on`` labels come from ``ci/fleet.toml`` as the *base* revision has it (read with git);
   the change's own table only checks the change's registrations.  A pull request whose base
   has no readable fleet table is refused (exit 2).  An unknown fork status is untrusted.
+- Every output path (``--output``, ``--summary``, ``--github-output``; ``comment``'s
+  ``--github-output`` and ``--reply``) is checked before anything is written or printed, and the
+  outputs are written all or nothing (:mod:`mizzen_ci.output_files`) before the answer is printed:
+  a path that cannot be written is exit 2 naming the option, with no output half-written.
 - Exit 0 when a plan was made; 1 when it was made but the registry has violations (written,
   annotated and printed first: CI fails on what it cannot trust); 2 for bad input.
 - ``comment`` prints, as JSON, the commands the body holds (the grammar of
@@ -51,6 +55,7 @@ from ..fleet import (
     parse_fleet,
     root_and_fleet,
 )
+from ..output_files import OutputPathError, Outputs
 from ..sources import RefusedFile, read_bytes
 from . import report
 from .change import Change, GitError, file_at, git_change, ignored_paths
@@ -61,6 +66,7 @@ from .pipeline import (
     DEFAULT_MIN_JOB_MINUTES,
     PlanOptions,
     build_plan,
+    check_checkout_is_head,
     default_history,
 )
 from .request import (
@@ -202,7 +208,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         if command == "comment":
             return _comment(args)
         return _plan(args)
-    except (RequestError, PlanInputError) as e:
+    except (RequestError, PlanInputError, OutputPathError) as e:
         print(output.plain(f"mizzen-ci {command}: {e}"), file=sys.stderr)
         return 2
 
@@ -216,13 +222,23 @@ _SHA = re.compile(r"[0-9a-f]{40}")
 
 
 def _comment(args: argparse.Namespace) -> int:
+    outputs = Outputs()  # every output path checked before anything is read, written or printed
+    outputs.check("--github-output", args.github_output)
+    outputs.check("--reply", args.reply)
     body = _read_comment(args.body_file)
     commands, refused = read_commands(body)
     association = args.association.upper()
     accepted = bool(commands) and association in TRUSTED_ASSOCIATIONS
     rerun_failed = accepted and any(c == "rerun-failed" for c, _ in commands)
     if args.reply is not None:
-        reply = _reply(args, commands if accepted else [])
+        outputs.add("--reply", args.reply, _reply(args, commands if accepted else []))
+    outputs.add(
+        "--github-output",
+        args.github_output,
+        f"run={str(accepted).lower()}\nrerun_failed={str(rerun_failed).lower()}\n",
+        append=True,
+    )
+    outputs.commit()  # all or nothing, before the answer is printed
     print(
         json.dumps(
             {
@@ -233,11 +249,6 @@ def _comment(args: argparse.Namespace) -> int:
             }
         )
     )
-    if args.github_output:
-        with args.github_output.open("a", encoding="utf-8") as f:
-            f.write(f"run={str(accepted).lower()}\nrerun_failed={str(rerun_failed).lower()}\n")
-    if args.reply is not None:
-        args.reply.write_text(reply, encoding="utf-8")
     return 0
 
 
@@ -318,7 +329,17 @@ def base_fleet(root: Path, change: Change) -> Fleet:
         raise PlanInputError(f"the base revision's fleet table is broken: {e}") from None
 
 
+PLAN_OUTPUTS = (
+    ("--output", "output"),
+    ("--summary", "summary"),
+    ("--github-output", "github_output"),
+)
+
+
 def _plan(args: argparse.Namespace) -> int:
+    outputs = Outputs()  # every output path checked before anything is written or printed
+    for option, name in PLAN_OUTPUTS:
+        outputs.check(option, getattr(args, name))
     root, fleet = root_and_fleet(args)
     if args.budget_minutes <= 0 or args.min_job_minutes < 0:
         raise PlanInputError("--budget-minutes must be > 0 and --min-job-minutes ≥ 0")
@@ -350,27 +371,19 @@ def _plan(args: argparse.Namespace) -> int:
         cache_dir=cache_dir,
     )
     change = git_change(root, args.base, args.head)
+    check_checkout_is_head(root, change)  # the files read below are the head's
     pools = base_fleet(root, change) if args.event == "pull_request" else fleet
+    _check_setup_fits(pools, options.budget_seconds)
     plan = build_plan(root, fleet, change, inputs, options, pools=pools)
     if dropped:
         plan.warnings.append(history.dropped_warning(dropped, "last-run record"))
 
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(plan.dumps())
-    if args.summary:
-        with args.summary.open("a", encoding="utf-8") as f:
-            f.write(report.markdown(plan) + "\n")
+    outputs.add("--output", args.output, plan.dumps())
+    outputs.add("--summary", args.summary, report.markdown(plan) + "\n", append=True)
     if args.github_output:
-        chosen = matrix(plan, args.matrix)
-        with args.github_output.open("a", encoding="utf-8") as f:
-            f.write(f"matrix={json.dumps(chosen, separators=(',', ':'))}\n")
-            f.write(f"jobs={len(chosen['include'])}\n")
-            f.write(f"sha={plan.head or ''}\n")
-            f.write(f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n")
-            f.write(f"trusted={str(plan.trusted).lower()}\n")
-            f.write(f"fast_fail={str(plan.fast_fail).lower()}\n")
-            f.write(f"compile_cache={compile_cache_scope(plan.event)}\n")
+        outputs.add("--github-output", args.github_output, _github_output(plan, args.matrix),
+                    append=True)  # fmt: skip
+    outputs.commit()  # all or nothing, before anything is printed
     for w in plan.warnings:
         output.emit("warning", w, title="mizzen plan")
     for e in plan.errors:
@@ -388,6 +401,31 @@ def _plan(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _check_setup_fits(fleet: Fleet, budget_seconds: float) -> None:
+    """Every pool's job set-up leaves time for tests inside the budget (the packing needs it)."""
+    pool = max((*fleet.pools, fleet.cpu_pool), key=lambda p: p.job_setup_s)
+    if pool.job_setup_s >= budget_seconds:
+        raise PlanInputError(
+            f"--budget-minutes {budget_seconds / 60:g} leaves no time for tests: a job of pool "
+            f"{pool.name} spends {pool.job_setup_s:g} s on its set-up ({fleet.path}). Fix: give "
+            f"a budget above {pool.job_setup_s / 60:g} minutes"
+        )
+
+
+def _github_output(plan: Plan, runners: str) -> str:
+    """The ``$GITHUB_OUTPUT`` lines of a plan (see the module docstring)."""
+    chosen = matrix(plan, runners)
+    return (
+        f"matrix={json.dumps(chosen, separators=(',', ':'))}\n"
+        f"jobs={len(chosen['include'])}\n"
+        f"sha={plan.head or ''}\n"
+        f"blocked={sum(n.code == UNTRUSTED for n in plan.not_scheduled)}\n"
+        f"trusted={str(plan.trusted).lower()}\n"
+        f"fast_fail={str(plan.fast_fail).lower()}\n"
+        f"compile_cache={compile_cache_scope(plan.event)}\n"
+    )
 
 
 def _report_ignored(root: Path, head: str | None) -> None:

@@ -37,6 +37,9 @@ Invariants:
 - Fast-fail saves GPU minutes; it is not a trust boundary.  Under ``pull_request`` a fork's own
   ``pr.yml`` is what runs, so a fork can make its CPU run pass; what may run on a GPU runner is
   still decided by the trusted plan (trust, approval, the pinned head).
+- ``--summary`` is checked before anything is read and appended whole
+  (:mod:`mizzen_ci.output_files`) before the verdict is printed; a path that cannot be written
+  is exit 2 naming it.
 - The API answers are data from disk: each file is a regular file of bounded size, each field is
   type-checked before use (a malformed answer is exit 2 naming the field), and every name taken
   from them (job names come from the pull request's own ``pr.yml``) is escaped when printed.
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import output
+from ..output_files import OutputPathError, Outputs
 from ..sources import RefusedFile, read_bytes
 from .model import Plan, PlanError
 from .request import BYPASS_FASTFAIL
@@ -266,7 +270,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(command: str, args: argparse.Namespace) -> int:
+    outputs = Outputs()
     try:
+        outputs.check("--summary", args.summary)  # before anything is read, written or printed
         plan = Plan.load(args.plan)
         if plan.head is None or not _SHA.fullmatch(plan.head):
             raise AnswerError(f"{args.plan}: the plan names no commit (head)")
@@ -278,12 +284,13 @@ def run(command: str, args: argparse.Namespace) -> int:
         jobs = parse_jobs(_load(args.jobs, "jobs answer"), str(args.jobs)) if args.jobs else None
         pull = parse_pull(_load(args.pull, "pull request answer"), str(args.pull))
         verdict = judge(plan, runs, jobs, pull, args.started_by)
-    except (AnswerError, PlanError) as e:
+        if verdict.state != "wait":
+            text = f"## Fast-fail: {verdict.state}\n\n{output.markdown(verdict.why)}\n\n"
+            outputs.add("--summary", args.summary, text, append=True)
+        outputs.commit()  # whole or not at all, before the verdict is printed
+    except (AnswerError, PlanError, OutputPathError) as e:
         print(output.plain(f"mizzen-ci fastfail: {e}"), file=sys.stderr)
         return 2
     print(verdict.state)
     print(output.plain(f"fast-fail: {verdict.state}: {verdict.why}"), file=sys.stderr)
-    if args.summary and verdict.state != "wait":
-        with args.summary.open("a", encoding="utf-8") as f:
-            f.write(f"## Fast-fail: {verdict.state}\n\n{output.markdown(verdict.why)}\n\n")
     return 0

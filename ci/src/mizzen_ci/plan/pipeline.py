@@ -28,7 +28,7 @@ from ..fleet import Fleet
 from ..registry.rules import MAX_EST_TIME_SECONDS
 from . import base_runs, observed
 from .base_runs import BaseRuns
-from .change import Change
+from .change import Change, GitError, checkout_differs
 from .impact import Analyser, Impact
 from .index import CACHE_FILE, PlanIndex, build_index
 from .jobs import pack_jobs
@@ -143,6 +143,26 @@ def _shown_path(path: Path, root: Path) -> str:
         return path.resolve().relative_to(root).as_posix()
     except ValueError:
         return str(path)
+
+
+def check_checkout_is_head(root: Path, change: Change) -> None:
+    """A plan for a named head (not the working tree) is made from that commit's files: the CLI
+    refuses (:class:`RequestError`) when the checkout under ``root`` holds other files (the
+    registry and imports are read from the checkout, so a plan named after one commit would
+    select the tests of another)."""
+    if change.worktree or not change.usable or not change.head:
+        return
+    try:
+        why = checkout_differs(root, change.head)
+    except GitError as e:
+        why = f"cannot compare the checkout with it: {e}"
+    if why is not None:
+        raise RequestError(
+            f"--head {change.head[:12]}: the planner reads the tests from the checkout, and {why}."
+            f" Fix: check out {change.head[:12]} in a clean tree (`git checkout --detach "
+            f"{change.head[:12]}`, with the changes committed or stashed), or leave out --head to "
+            "plan the working tree as it is"
+        )
 
 
 def _check_options(options: PlanOptions) -> None:
