@@ -199,3 +199,42 @@ def test_from_env_names_missing_variables() -> None:
         HarborSettings.from_env({})
     with pytest.raises(HarborConfigError, match="cannot parse"):
         HarborSettings.from_env({ENV_VARS["max_iterations"]: "lots"})
+
+
+@pytest.mark.parametrize("setting", ["agent_kwargs", "environment_kwargs"])
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "characters long"),  # past the decoder's recursion
+        (
+            "[" * 20_000,
+            "brackets nested 20000 deep, over the limit of 33",
+        ),  # short, unbalanced, still too deep
+        ('{"a": ' * 40 + "1" + "}" * 40, "brackets nested"),
+        ('{"prompt": "' + "x" * 200_000 + '"}', "characters long"),
+        ('{"n": ' + "9" * 5000 + "}", "not valid JSON"),  # int() refuses 5000 digits
+    ],
+)
+def test_hostile_kwargs_variables_are_config_errors(
+    tmp_path: Path, tasks_dir: Path, setting: str, raw: str, problem: str
+) -> None:
+    env = harbor_env_vars(**base(tmp_path, tasks_dir))
+    with pytest.raises(HarborConfigError) as error:
+        HarborSettings.from_env({**env, ENV_VARS[setting]: raw})
+    message = str(error.value)
+    assert message.startswith(f"{ENV_VARS[setting]} ({setting}): ") and problem in message
+    assert "rule: a JSON object" in message and "fix:" in message and len(message) < 600
+    assert error.value.__context__ is None and error.value.__cause__ is None
+
+
+def test_kwargs_too_long_for_a_worker_variable_are_refused_on_the_launcher(
+    tmp_path: Path, tasks_dir: Path
+) -> None:
+    kwargs = {"system_prompt": "x" * 200_000}
+    with pytest.raises(HarborConfigError, match=r"AGENT_KWARGS \(agent_kwargs\): is \d+ char"):
+        harbor_env_vars(**base(tmp_path, tasks_dir), agent_kwargs=kwargs)
+    nested = {"a": 1}
+    for _ in range(31):  # 32 levels below the top: the most that travels
+        nested = {"a": nested}
+    env = harbor_env_vars(**base(tmp_path, tasks_dir), agent_kwargs=nested)
+    assert HarborSettings.from_env(env).agent_kwargs == nested

@@ -25,7 +25,10 @@ Invariants:
   a password-like `--flag` in a list (`["--api-key", S]`). Every text refused as a credential is
   registered in the mask set (`mizzen_rollout.masking`), so nothing later shows it either.
   Numbers, booleans and null under
-  password-like names are fine (`max_tokens`, `max_thinking_tokens`). Kwargs must be JSON.
+  password-like names are fine (`max_tokens`, `max_thinking_tokens`). Kwargs must be JSON: a
+  JSON object of at most `MAX_KWARGS_CHARS` characters (the most one variable can carry to a
+  process Linux starts) nested at most `_MAX_KWARGS_DEPTH` levels below the top object, checked
+  before the text is decoded (`bounded_json`); `to_env` refuses longer ones on the launcher.
 - `engine_api_key_var` is an environment variable NAME: UPPER_CASE words of letters and digits
   (each at most 16 characters, at most 3 digits), not the value of a password-like variable or a
   registered secret; anything else looks like a key pasted in its place and is refused (and
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mizzen_rollout.harbor.bounded_json import loads_bounded
 from mizzen_rollout.harbor.errors import HarborConfigError, ProviderCredentialError
 from mizzen_rollout.harbor.redaction import (
     credential_shape,
@@ -62,6 +66,8 @@ DEFAULT_REWARD_KEY = "reward"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _KWARGS = ("environment_kwargs", "agent_kwargs")
 _MAX_KWARGS_DEPTH = 32
+#: Linux's MAX_ARG_STRLEN (one `NAME=value` string handed to exec) is 128 KiB
+MAX_KWARGS_CHARS = 128 * 1024 - 64
 #: fields of a mapping that NAME its other fields (`{"name": "OPENAI_API_KEY", "value": ...}`)
 _NAMING_FIELDS = frozenset(
     {"name", "key", "header", "field", "var", "variable", "env", "flag", "option", "param",
@@ -284,7 +290,7 @@ class HarborSettings:
             if item.name == "keep_sandbox" and not value:
                 continue
             if isinstance(value, dict):
-                text = json.dumps(value, sort_keys=True)
+                text = _kwargs_text(item.name, value)
             elif isinstance(value, bool):
                 text = "1" if value else "0"
             else:
@@ -373,6 +379,8 @@ def _positive(name: str, value: Any) -> float:
 
 
 def _parse(name: str, variable: str, raw: str) -> Any:
+    if name in _KWARGS:
+        return _parse_kwargs(name, variable, raw)
     problem = ""
     try:
         if name in ("tasks_dir", "trials_dir"):
@@ -381,12 +389,8 @@ def _parse(name: str, variable: str, raw: str) -> Any:
             return float(raw)
         if name == "max_iterations":
             return int(raw)
-        if name in _KWARGS:
-            return json.loads(raw)
         if name == "keep_sandbox":
             return raw.strip().lower() in ("1", "true", "yes")
-    except json.JSONDecodeError as exc:  # exc.doc is the whole (maybe secret-holding) text
-        problem = f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
     except ValueError:
         problem = f"cannot parse {shown(raw)}"
     if problem:  # raised outside the except, so no exception holding `raw` is chained
@@ -395,6 +399,33 @@ def _parse(name: str, variable: str, raw: str) -> Any:
             f"mizzen_rollout.harbor.harbor_env_vars(...) does"
         )
     return raw
+
+
+def _parse_kwargs(name: str, variable: str, raw: str) -> Any:
+    """The kwargs JSON of `raw`, bounded before decoding (a 100k-deep `[[[...` would otherwise
+    exhaust the decoder's recursion); the error never repeats `raw`."""
+    value, problem = loads_bounded(raw, max_chars=MAX_KWARGS_CHARS, max_depth=_MAX_KWARGS_DEPTH + 1)
+    if problem:
+        raise HarborConfigError(
+            f"{variable} ({name}): {problem} (its value is not repeated); rule: a JSON object of "
+            f"at most {MAX_KWARGS_CHARS} characters, brackets nested at most "
+            f"{_MAX_KWARGS_DEPTH + 1} deep (the object and {_MAX_KWARGS_DEPTH} levels below it); "
+            "fix: write it as mizzen_rollout.harbor.harbor_env_vars(...) does, "
+            "and pass bulky agent or environment inputs as files in the task, not in kwargs"
+        )
+    return value
+
+
+def _kwargs_text(name: str, value: dict[str, Any]) -> str:
+    text = json.dumps(value, sort_keys=True)
+    if len(text) > MAX_KWARGS_CHARS:
+        raise _error(
+            name,
+            f"is {len(text)} characters as JSON, over the limit of {MAX_KWARGS_CHARS} (the "
+            "most one worker variable can carry)",
+            "pass bulky agent or environment inputs as files in the task rather than in kwargs",
+        )
+    return text
 
 
 _KWARGS_FIX = (
