@@ -16,6 +16,8 @@ Invariants:
 - Once the trial exists, nothing raises: a failed trial or one past its wall-clock limit
   (`MIZZEN_HARBOR_TRIAL_TIMEOUT_S`) gives reward 0.0 with its exit status. On timeout the trial is
   cancelled (Harbor records it and tears the sandbox down) within `CANCEL_GRACE_S`.
+  What the trial wrote is read bounded (`outcome.trial_outcome`): a malformed trajectory or a
+  reward that is not a finite number becomes `warnings` / an `InvalidReward` error, never a raise.
 - `prompt` is not sent anywhere: Harbor agents build their own prompt from the task's
   instruction.md and what they observe in the sandbox; the sample's prompt is that instruction.
 - Provider keys are resolved on the worker into this process's environment only (never into the
