@@ -448,26 +448,15 @@ def _generate_ray(args, prompts, config, reward, progress) -> tuple[RolloutBatch
 
 
 def _check_engine_url(url: str) -> None:
-    """Register the credentials `url` carries, then require ``http(s)://host[:port][/path]``."""
-    from urllib.parse import urlsplit
+    """Register the credentials `url` carries, then require the engine URL rule of
+    :func:`~mizzen_rollout.engines.client.check_engine_url` (``http(s)://host[:port][/path]``)."""
+    from .engines.client import check_engine_url
 
     register_url(url, source="--engine-url")
-    problem = ""
     try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a port out of range or not a number
+        check_engine_url(url)
     except ValueError as exc:
-        problem, port = str(exc), None
-    if not problem and parts.scheme not in ("http", "https"):
-        problem = "the scheme is not http or https"
-    elif not problem and not parts.hostname:
-        problem = "it has no host"
-    elif not problem and port == 0:
-        problem = "port 0 is not a server's port"
-    if problem:
-        raise UsageError(
-            f"--engine-url {url}: {problem}; fix: give a server URL such as http://127.0.0.1:30000"
-        )
+        raise UsageError(f"--engine-url {url}: {exc}") from None
 
 
 def _check_output_path(path: str, flag: str) -> None:
@@ -549,7 +538,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("  " + line)
     failed = [s for g in batch.groups + batch.dropped for s in g.samples if s.error]
     if failed:
-        print(f"  first error: {failed[0].request_id}: {failed[0].error}")
+        print(f"  first error: {shown_line(f'{failed[0].request_id}: {failed[0].error}')}")
     if args.metrics_out:
         Path(args.metrics_out).write_text(mask_json(metrics.to_dict(), indent=2) + "\n")
     return (

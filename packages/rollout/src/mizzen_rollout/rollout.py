@@ -16,7 +16,11 @@ Invariants:
   repeated; a server that schedules requests itself (SGLang) may batch them otherwise.  A batch
   the engine refuses fails its samples alike; each sample's ``latency_s`` is its call's.
 - An engine error becomes a ``FAILED`` sample with the message; a reward error likewise (see
-  :mod:`.rewards`); the batch itself never raises for either.
+  :mod:`.rewards`); the batch itself never raises for either.  Every sample is validated
+  (:meth:`~mizzen_rollout.samples.Sample.validate`) as soon as its result is in and once more at
+  the end: one that breaks the sample rules becomes ``FAILED`` with the rule in its error and its
+  engine-filled fields (prompt and response tokens, text, mask, log-probs) emptied, so the
+  batch and the samples it returns are always valid.
 - With ``SamplingParams.seed`` set, sample ``i`` of a group is seeded with a hash of (seed,
   request id), so samples differ within a group yet the batch is reproducible.
 - Text prompts are tokenised once per prompt by the engine (``/tokenize``) and sent as
@@ -51,7 +55,7 @@ from .engines.base import (
 )
 from .metrics import RolloutMetrics
 from .rewards import RewardFn, score_sample
-from .samples import Sample, SampleGroup, SampleStatus
+from .samples import Sample, SampleGroup, SampleStatus, SampleValidationError
 
 __all__ = [
     "Dispatcher",
@@ -181,6 +185,18 @@ def _apply_result(sample: Sample, result: GenerateResult | ChatResult) -> None:
     meta["completion_token_count"] = result.completion_tokens
 
 
+def _checked(sample: Sample) -> None:
+    """Validate ``sample``; one that breaks the rules becomes ``FAILED`` with what the engine
+    filled in emptied (the module's invariant)."""
+    try:
+        sample.validate()
+    except SampleValidationError as exc:
+        sample.status = SampleStatus.FAILED
+        sample.error = f"the answer breaks the sample rules: {exc}"
+        sample.prompt_tokens, sample.response_text, sample.response_tokens = [], "", []
+        sample.loss_mask, sample.rollout_logprobs, sample.reward = [], None, None
+
+
 async def run_rollout(
     prompts: Sequence[PromptRecord],
     dispatcher: Dispatcher,
@@ -237,6 +253,7 @@ async def run_rollout(
                     results = list(await asyncio.gather(*map(dispatcher.generate, requests)))
             for sample, result in zip(samples, results, strict=True):
                 _apply_result(sample, result)
+                _checked(sample)
         except EngineError as exc:
             for sample in samples:
                 sample.status = SampleStatus.FAILED
@@ -259,6 +276,8 @@ async def run_rollout(
                 prompt_tokens = await dispatcher.tokenize(record.input)
             except EngineError as exc:
                 tokenize_error = f"tokenize failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # a bug somewhere below must not take the batch down
+                tokenize_error = f"tokenize failed: unexpected {type(exc).__name__}: {exc}"
         samples = []
         for i in range(config.n_samples):
             sample = Sample(
@@ -308,7 +327,7 @@ async def run_rollout(
     kept, dropped = [], []
     for group in groups:
         for sample in group.samples:
-            sample.validate()
+            _checked(sample)
         (kept if all(f(group) for f in config.filters) else dropped).append(group)
     metrics = RolloutMetrics.from_samples(
         [s for g in groups for s in g.samples],

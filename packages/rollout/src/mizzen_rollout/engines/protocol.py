@@ -57,12 +57,21 @@ Facts taken from SGLang's documentation and source (read, not copied):
 
 Invariants:
 - Standard library only.  An answer that breaks the protocol raises :class:`EngineProtocolError`
-  naming the field path.
+  naming the field path and the rule, never another exception, whatever the JSON holds.
+- What an answer parses into keeps the sample rules (:meth:`mizzen_rollout.samples.Sample.validate`)
+  so a result can always become a sample: token ids (``output_ids``, log-prob entries, chat
+  ``token_ids`` / ``prompt_token_ids``, ``/tokenize`` ``tokens``) are integers in
+  ``[0, MAX_TOKEN_ID)``; token counts are integers >= 0; a log-prob is a number <= 0 that is not
+  NaN or +Infinity (-Infinity, a token the distribution excluded, is read as ``-1e30`` so samples
+  stay JSON; a value above 0 by at most :data:`LOGPROB_ROUNDING`, float rounding of a probability
+  of 1, is read as ``0.0``); texts (``text``, chat ``content``, which may be null) are strings.
+- A hostile value is shown in an error as a cut ``repr`` (escaped, at most ~80 characters).
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -106,33 +115,104 @@ FINISH_REASON_TYPES = frozenset({"stop", "length", "abort"})
 LORA_UPDATE_RESPONSE_FIELDS = frozenset({"success", "error_message", "loaded_adapters"})
 
 
+#: Token ids are below this (a vocabulary of 2**31 ids is more than any model has; SGLang's and
+#: torch's token tensors are int32 / int64).
+MAX_TOKEN_ID = 2**31
+#: A log-prob above 0 by at most this much is float rounding of a probability of 1: read as 0.0.
+LOGPROB_ROUNDING = 1e-6
+#: -Infinity (a token the distribution excluded) is read as this, so samples stay JSON.
+LOGPROB_FLOOR = -1e30
+_SHOWN_CHARS = 80
+_SHOWN = reprlib.Repr(maxlevel=3, maxlist=6, maxtuple=6, maxdict=6, maxstring=60, maxlong=40,
+                      maxother=60)  # fmt: skip
+
+
 # ============================================================================= helpers
+def shown(value: Any) -> str:
+    """``value`` as an error shows it: a ``repr`` (control characters escaped) cut in depth,
+    entries and length (at most about 80 characters), whatever a hostile server sent."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
 def _require(body: Mapping[str, Any], key: str, where: str, engine: str) -> Any:
     if not isinstance(body, Mapping) or key not in body:
+        got = (
+            f"keys {shown(sorted(str(k) for k in body)[:10])}"
+            if isinstance(body, Mapping)
+            else type(body).__name__
+        )
         raise EngineProtocolError(
-            f"{engine}: response has no '{where}{key}' (SGLang documents it); got keys "
-            f"{sorted(body) if isinstance(body, Mapping) else type(body).__name__}",
+            f"{engine}: response has no '{where}{key}' (SGLang documents it); got {got}",
             engine=engine,
         )
     return body[key]
 
 
-def _as_int(value: Any, path: str, engine: str) -> int:
+def _as_int(value: Any, path: str, engine: str, *, low: int = 0, high: int | None = None) -> int:
+    """An integer in ``[low, high)`` (``high`` None: no upper bound)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise EngineProtocolError(
-            f"{engine}: response field '{path}' is {value!r}, not an integer", engine=engine
+            f"{engine}: response field '{path}' is {shown(value)}, not an integer", engine=engine
+        )
+    if value < low or (high is not None and value >= high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise EngineProtocolError(
+            f"{engine}: response field '{path}' is {shown(value)}; it must be an integer {bound}",
+            engine=engine,
         )
     return value
 
 
-def _logprob(value: Any, path: str, engine: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+def _token_id(value: Any, path: str, engine: str) -> int:
+    return _as_int(value, path, engine, low=0, high=MAX_TOKEN_ID)
+
+
+def _token_ids(raw: Any, path: str, engine: str) -> tuple[int, ...]:
+    if not isinstance(raw, list):
         raise EngineProtocolError(
-            f"{engine}: response field '{path}' is {value!r}, not a log-probability",
+            f"{engine}: response field '{path}' is {shown(raw)}, not a list of token ids",
             engine=engine,
         )
-    # -inf (a token the distribution excluded) is clamped so samples stay JSON-serialisable.
-    return max(float(value), -1e30)
+    return tuple(_token_id(t, f"{path}[{i}]", engine) for i, t in enumerate(raw))
+
+
+def _logprob(value: Any, path: str, engine: str) -> float:
+    """A log-probability: a number <= 0 (the module's rule); -inf and rounding noise read as
+    the module docstring says."""
+    number: float | None = None
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float range
+            number = None
+    if number is None or math.isnan(number) or number > LOGPROB_ROUNDING:
+        raise EngineProtocolError(
+            f"{engine}: response field '{path}' is {shown(value)}, not a log-probability; it "
+            f"must be a number <= 0 (or -Infinity)",
+            engine=engine,
+        )
+    return min(max(number, LOGPROB_FLOOR), 0.0)
+
+
+def _text(value: Any, path: str, engine: str, *, nullable: bool = False) -> str:
+    """A string (``None`` reads as ``""`` where ``nullable``)."""
+    if value is None and nullable:
+        return ""
+    if not isinstance(value, str):
+        raise EngineProtocolError(
+            f"{engine}: response field '{path}' is {shown(value)}, not a string"
+            f"{' or null' if nullable else ''}",
+            engine=engine,
+        )
+    return value
+
+
+def _matched(value: Any, path: str, engine: str) -> int | str | None:
+    """The stop token id or string that ended a ``stop`` (None: EOS)."""
+    if value is None or isinstance(value, str):
+        return value
+    return _token_id(value, path, engine)
 
 
 def sampling_to_wire(sampling: SamplingParams) -> dict[str, Any]:
@@ -171,16 +251,20 @@ def finish_to_wire(finish: FinishReason, *, length: int) -> dict[str, Any]:
 
 
 def finish_from_wire(value: Any, engine: str) -> FinishReason:
-    if not isinstance(value, Mapping) or value.get("type") not in FINISH_REASON_TYPES:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if not isinstance(kind, str) or kind not in FINISH_REASON_TYPES:
         raise EngineProtocolError(
-            f"{engine}: 'meta_info.finish_reason' is {value!r}; SGLang documents an object whose "
-            f"'type' is one of {sorted(FINISH_REASON_TYPES)}",
+            f"{engine}: 'meta_info.finish_reason' is {shown(value)}; SGLang documents an object "
+            f"whose 'type' is one of {sorted(FINISH_REASON_TYPES)}",
             engine=engine,
         )
-    kind = value["type"]
     if kind == "abort":
-        return FinishReason("abort", message=str(value.get("message") or "Aborted"))
-    return FinishReason(kind, matched=value.get("matched"))
+        message = _text(value.get("message"), "meta_info.finish_reason.message", engine,
+                        nullable=True)  # fmt: skip
+        return FinishReason("abort", message=message or "Aborted")
+    return FinishReason(
+        kind, matched=_matched(value.get("matched"), "meta_info.finish_reason.matched", engine)
+    )
 
 
 # ============================================================================= /generate
@@ -232,29 +316,26 @@ def parse_generate_response(
             path = f"meta_info.output_token_logprobs[{i}]"
             if not isinstance(entry, list | tuple) or len(entry) < 2:
                 raise EngineProtocolError(
-                    f"{engine}: '{path}' is {entry!r}; SGLang documents [logprob, token_id, text]",
+                    f"{engine}: '{path}' is {shown(entry)}; SGLang documents "
+                    "[logprob, token_id, text]",
                     engine=engine,
                 )
             values.append(_logprob(entry[0], f"{path}[0]", engine))
-            ids_from_logprobs.append(_as_int(entry[1], f"{path}[1]", engine))
+            ids_from_logprobs.append(_token_id(entry[1], f"{path}[1]", engine))
         logprobs = tuple(values)
     raw_ids = body.get("output_ids")
     if raw_ids is None:
         # Older SGLang answers carry no output_ids; the log-prob entries name the tokens.
         output_ids = tuple(ids_from_logprobs or ())
     else:
-        if not isinstance(raw_ids, list):
-            raise EngineProtocolError(f"{engine}: 'output_ids' is not a list", engine=engine)
-        output_ids = tuple(_as_int(t, f"output_ids[{i}]", engine) for i, t in enumerate(raw_ids))
+        output_ids = _token_ids(raw_ids, "output_ids", engine)
     if logprobs is not None and output_ids and len(logprobs) != len(output_ids):
         raise EngineProtocolError(
             f"{engine}: 'meta_info.output_token_logprobs' has {len(logprobs)} entries but "
             f"'output_ids' has {len(output_ids)}",
             engine=engine,
         )
-    text = body.get("text", "")
-    if not isinstance(text, str):
-        raise EngineProtocolError(f"{engine}: 'text' is not a string", engine=engine)
+    text = _text(body.get("text", ""), "text", engine)
     return GenerateResult(
         request_id=request_id,
         text=text,
@@ -332,7 +413,7 @@ def parse_generate_batch_response(
         answered_id = meta_info.get("id") if isinstance(meta_info, Mapping) else None
         if isinstance(answered_id, str) and answered_id != request.request_id:
             raise EngineProtocolError(
-                f"{engine}: batch answer [{index}] is for request {answered_id!r}, not "
+                f"{engine}: batch answer [{index}] is for request {shown(answered_id)}, not "
                 f"{request.request_id!r} (answers must come in the order of the prompts)",
                 engine=engine,
                 request_id=request.request_id,
@@ -393,11 +474,16 @@ def parse_chat_response(
         raise EngineProtocolError(f"{engine}: 'choices' is empty or not a list", engine=engine)
     choice = choices[0]
     message = _require(choice, "message", "choices[0].", engine)
-    content = message.get("content") if isinstance(message, Mapping) else None
-    raw_finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
-    if raw_finish not in _CHAT_FINISH:
+    if not isinstance(message, Mapping):
         raise EngineProtocolError(
-            f"{engine}: 'choices[0].finish_reason' is {raw_finish!r}; expected one of "
+            f"{engine}: response field 'choices[0].message' is {shown(message)}, not an object",
+            engine=engine,
+        )
+    content = _text(message.get("content"), "choices[0].message.content", engine, nullable=True)
+    raw_finish = choice.get("finish_reason")
+    if not isinstance(raw_finish, str) or raw_finish not in _CHAT_FINISH:
+        raise EngineProtocolError(
+            f"{engine}: 'choices[0].finish_reason' is {shown(raw_finish)}; expected one of "
             f"{sorted(_CHAT_FINISH)}",
             engine=engine,
         )
@@ -405,7 +491,9 @@ def parse_chat_response(
     finish = (
         FinishReason("abort", message="Aborted")
         if kind == "abort"
-        else FinishReason(kind, matched=choice.get("matched_stop"))
+        else FinishReason(
+            kind, matched=_matched(choice.get("matched_stop"), "choices[0].matched_stop", engine)
+        )
     )
     usage = _require(body, "usage", "", engine)
     prompt_tokens = _as_int(
@@ -417,11 +505,7 @@ def parse_chat_response(
 
     def ids(key: str) -> tuple[int, ...] | None:
         raw = choice.get(key)
-        if raw is None:
-            return None
-        if not isinstance(raw, list):
-            raise EngineProtocolError(f"{engine}: 'choices[0].{key}' is not a list", engine=engine)
-        return tuple(_as_int(t, f"choices[0].{key}[{i}]", engine) for i, t in enumerate(raw))
+        return None if raw is None else _token_ids(raw, f"choices[0].{key}", engine)
 
     logprobs: tuple[float, ...] | None = None
     raw_logprobs = choice.get("logprobs")
@@ -441,7 +525,7 @@ def parse_chat_response(
         )
     return ChatResult(
         request_id=request_id,
-        text=content or "",
+        text=content,
         finish=finish,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -523,10 +607,7 @@ def build_tokenize_response(tokens: Sequence[int], *, max_model_len: int) -> dic
 
 
 def parse_tokenize_response(body: Any, *, engine: str) -> list[int]:
-    tokens = _require(body, "tokens", "", engine)
-    if not isinstance(tokens, list):
-        raise EngineProtocolError(f"{engine}: '/tokenize' 'tokens' is not a list", engine=engine)
-    return [_as_int(t, f"tokens[{i}]", engine) for i, t in enumerate(tokens)]
+    return list(_token_ids(_require(body, "tokens", "", engine), "/tokenize tokens", engine))
 
 
 # ============================================================================= weight updates
