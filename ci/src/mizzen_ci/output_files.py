@@ -7,13 +7,13 @@ Invariants:
   under a file, a read-only folder) is an :class:`OutputPathError` naming the option, the path,
   the problem and the fix.  A command checks every output path first, so bad paths exit 2 with
   nothing written and nothing printed.
-- :class:`Outputs` stages whole texts and :meth:`Outputs.commit` writes each to a temporary file
-  beside its target, and only when every one is written renames them over their targets
-  (``os.replace``): a failure to write leaves every target as it was and no temporary file
-  behind (only a rename, which needs no space, comes after the first target changes).  An
-  appended output (``$GITHUB_OUTPUT``, ``$GITHUB_STEP_SUMMARY``) is staged as its old bytes
-  followed by the new text, so appending is all or nothing too.  A replaced file keeps its mode;
-  a new one gets the umask's.  Missing parent folders are created by the commit (never by a
+- :class:`Outputs` stages whole texts and :meth:`Outputs.commit` writes each replaced output to a
+  temporary file beside its target, then appends each appended output (``$GITHUB_OUTPUT``,
+  ``$GITHUB_STEP_SUMMARY``) in place, and only then renames the temporary files over their
+  targets (``os.replace``): a failure leaves every target as it was (an appended file is cut
+  back to its old length) and no temporary file behind.  An appended file keeps its inode, owner
+  and mode (the runner's file stays the runner's); a replaced file keeps its mode; a new one
+  gets what the umask gives.  Missing parent folders are created by the commit (never by a
   check), and removed again when the commit fails.
 - A symbolic link is followed to the file it names: the file is replaced, not the link.
 - Stdlib only.
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,16 +141,25 @@ class Outputs:
         """Write every staged file, all or none (see the module docstring)."""
         created: list[Path] = []
         temps: list[Path] = []
+        appended: list[tuple[Path, int]] = []
+        replaced = [staged for staged in self._staged if not staged.append]
         current = self._staged[0] if self._staged else None
         try:
-            for current in self._staged:
+            for current in replaced:
                 _make_parents(current.target.parent, created)
                 temps.append(_write_temp(current))
-            for current, tmp in zip(self._staged, temps, strict=True):
+            for current in self._staged:
+                if current.append:
+                    _make_parents(current.target.parent, created)
+                    appended.append(_append(current))
+            for current, tmp in zip(replaced, temps, strict=True):
                 os.replace(tmp, current.target)
         except OSError as e:
             for tmp in temps:
                 tmp.unlink(missing_ok=True)
+            for target, size in appended:
+                with contextlib.suppress(OSError):
+                    os.truncate(target, size)
             for folder in reversed(created):
                 _remove_empty(folder)
             raise _error(current.option, current.path, f"cannot be written ({e.strerror or e})",
@@ -174,27 +183,42 @@ def _remove_empty(folder: Path) -> None:
         folder.rmdir()
 
 
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def _append(staged: _Staged) -> tuple[Path, int]:
+    """Append ``staged.text`` to its target in place (created when missing; the file keeps its
+    inode, owner and mode): ``(target, its length before)``; cut back to that length when the
+    write fails."""
+    data = staged.text.encode("utf-8", "backslashreplace")
+    fd = os.open(staged.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+    return staged.target, size
 
 
 def _write_temp(staged: _Staged) -> Path:
-    """A temporary file beside the target holding what the target is to hold."""
+    """A temporary file beside the target holding what the target is to hold (the target's mode
+    when it exists, else what the umask gives a new file)."""
     target = staged.target
     try:
         old = target.stat()
     except FileNotFoundError:
         old = None
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    tmp = Path(name)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            if staged.append and old is not None:
-                f.write(target.read_bytes())
             f.write(staged.text.encode("utf-8", "backslashreplace"))
-        os.chmod(tmp, stat.S_IMODE(old.st_mode) if old is not None else _umask_mode())
+        if old is not None:
+            os.chmod(tmp, stat.S_IMODE(old.st_mode))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -331,6 +331,42 @@ def test_timeout_bounds_the_whole_exchange_not_each_read():
     assert elapsed < 2.0
 
 
+def _slow_answer(handler):
+    """A valid answer after 0.6 s (a generation that takes its time)."""
+    time.sleep(0.6)
+    body = json.dumps(GENERATE_ANSWER).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def test_waiting_for_a_pooled_connection_is_not_counted_in_the_deadline():
+    """Three requests on one connection, each answered in 0.6 s, deadline 1 s: the last waits
+    1.2 s for the connection, and is not timed out for it (the wait is not the engine's)."""
+
+    async def three(url):
+        client = SGLangClient(url, timeout_s=1.0, retry=NO_RETRY, max_connections=1)
+        try:
+            requests = [GenerateRequest(f"q{i}", text="x") for i in range(3)]
+            return await asyncio.gather(*(client.generate(r) for r in requests))
+        finally:
+            await client.aclose()
+
+    with _HostileServer({"/generate": _slow_answer}) as server:
+        results = asyncio.run(three(server.url))
+    assert [r.finish.kind for r in results] == ["stop"] * 3
+    assert "/abort_request" not in server.paths
+
+
+def test_a_multi_token_stop_sequence_is_read_as_token_ids():
+    answer = _mutated(GENERATE_ANSWER, lambda a: a["meta_info"].update(
+        finish_reason={"type": "stop", "matched": [1, 2, 3]}))  # fmt: skip
+    result = protocol.parse_generate_response(answer, request_id="r", engine="http://e")
+    assert result.finish.matched == (1, 2, 3)
+
+
 # ------------------------------------------------------------ 4. the size cap
 def test_a_body_inflating_past_the_cap_is_refused_naming_the_limit():
     padded = json.dumps(GENERATE_ANSWER).encode() + b" " * (8 * 2**20)
@@ -386,8 +422,8 @@ def test_an_error_body_is_kept_bounded():
             "'meta_info.output_token_logprobs[0][0]'",
         ),
         (
-            lambda a: a["meta_info"].update(finish_reason={"type": "stop", "matched": [2]}),
-            "'meta_info.finish_reason.matched'",
+            lambda a: a["meta_info"].update(finish_reason={"type": "stop", "matched": [2, "x"]}),
+            "'meta_info.finish_reason.matched[1]'",
         ),
         (
             lambda a: a["meta_info"].update(finish_reason={"type": "abort", "message": [1]}),

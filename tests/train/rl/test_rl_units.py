@@ -104,6 +104,8 @@ def test_rl_config_refuses_what_cannot_train(tmp_path):
         "tenants.join_step": (11, "after the last step"),
         "tenants.n_samples": (1, ">= 2"),
         "tenants.reward": ("none", "RL needs a reward"),
+        "rollout.request_timeout_s": (0.0, ">= 0.001"),  # a deadline of no time
+        "rollout.startup_timeout_s": (0.0, ">= 0.001"),
     }
     for key, (value, message) in cases.items():
         changes = {key: value, "run.micro_batch_size": 4} if "prompts" in key else {key: value}

@@ -115,10 +115,10 @@ class SamplingParams:
 class FinishReason:
     """Why generation ended: ``stop`` (EOS / stop string / stop token), ``length`` (hit
     ``max_new_tokens``) or ``abort`` (aborted; ``message`` says why).  ``matched`` is the stop
-    token id or string that ended a ``stop``."""
+    token id, token-id sequence (SGLang's multi-token stops) or string that ended a ``stop``."""
 
     kind: FinishKind
-    matched: int | str | None = None
+    matched: int | str | tuple[int, ...] | None = None
     message: str | None = None
 
 

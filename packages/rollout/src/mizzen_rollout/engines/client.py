@@ -15,7 +15,8 @@ Invariants:
   a result with ``finish.kind == "abort"``, not as an error.
 - ``timeout_s`` bounds one HTTP exchange as a whole (connecting, sending, the status and every
   byte of the body), whatever pace the server answers at: past it the exchange is cancelled and
-  :class:`EngineTimeoutError` raised.
+  :class:`EngineTimeoutError` raised.  The deadline starts once the exchange has one of the
+  ``max_connections`` (waiting for one is not counted: a queued request is not a slow engine).
 - A body is read as a stream and never beyond ``max_response_bytes`` (after any
   ``Content-Encoding`` is undone; default :data:`MAX_RESPONSE_BYTES`): a larger answer raises
   :class:`EngineProtocolError` naming the limit.  An error answer's body is kept up to
@@ -147,6 +148,8 @@ class SGLangClient:
             raise ValueError(f"SGLangClient base_url {shown_line(repr(base_url))}: {exc}") from None
         if not timeout_s > 0:
             raise ValueError(f"SGLangClient timeout_s is {timeout_s}; use a number of seconds > 0")
+        if max_connections < 1:
+            raise ValueError(f"SGLangClient max_connections is {max_connections}; use >= 1")
         if max_response_bytes < 1:
             raise ValueError(
                 f"SGLangClient max_response_bytes is {max_response_bytes}; use >= 1 (default "
@@ -165,6 +168,8 @@ class SGLangClient:
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
         )
+        # an exchange waits here for one of the pool's connections before its deadline starts
+        self._connections = asyncio.Semaphore(max_connections)
         self._aborted: OrderedDict[str, None] = OrderedDict()
         self.attempts = 0  # HTTP attempts made (retries included); for tests and metrics
 
@@ -271,25 +276,29 @@ class SGLangClient:
         """One POST within the deadline ``timeout_s`` (sending, status and body): the status and
         the body, read as a stream up to ``max_response_bytes`` (an error body: cut at
         :data:`MAX_ERROR_BODY_BYTES`).  Raises ``TimeoutError`` past the deadline and
-        :class:`_BodyTooLarge` past the cap."""
-        async with asyncio.timeout(self._timeout_s):
-            async with self._http.stream("POST", path, json=payload) as response:
-                ok = response.status_code < 300
-                limit = self._max_response_bytes if ok else MAX_ERROR_BODY_BYTES
-                declared = response.headers.get("content-length", "")
-                plain = response.headers.get("content-encoding", "identity") == "identity"
-                if ok and plain and declared.isdigit() and int(declared) > limit:
-                    raise _BodyTooLarge  # refused before reading it
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > limit:
-                        if ok:
-                            raise _BodyTooLarge
-                        break
-                return response.status_code, b"".join(chunks)[:limit]
+        :class:`_BodyTooLarge` past the cap.  Waiting for a free connection of the pool comes
+        before the deadline (a queued request is not a slow engine)."""
+        async with (
+            self._connections,
+            asyncio.timeout(self._timeout_s),
+            self._http.stream("POST", path, json=payload) as response,
+        ):
+            ok = response.status_code < 300
+            limit = self._max_response_bytes if ok else MAX_ERROR_BODY_BYTES
+            declared = response.headers.get("content-length", "")
+            plain = response.headers.get("content-encoding", "identity") == "identity"
+            if ok and plain and declared.isdigit() and int(declared) > limit:
+                raise _BodyTooLarge  # refused before reading it
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    if ok:
+                        raise _BodyTooLarge
+                    break
+            return response.status_code, b"".join(chunks)[:limit]
 
     def _decoded(self, where: str, status: int, data: bytes, request_id: str | None) -> Any:
         """The JSON document ``data`` (UTF-8), or :class:`EngineProtocolError` saying why not."""

@@ -208,10 +208,13 @@ def _text(value: Any, path: str, engine: str, *, nullable: bool = False) -> str:
     return value
 
 
-def _matched(value: Any, path: str, engine: str) -> int | str | None:
-    """The stop token id or string that ended a ``stop`` (None: EOS)."""
+def _matched(value: Any, path: str, engine: str) -> int | str | tuple[int, ...] | None:
+    """The stop token id, token-id sequence (SGLang types it ``int | list[int]``) or string that
+    ended a ``stop`` (None: EOS)."""
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, list):
+        return tuple(_token_id(item, f"{path}[{i}]", engine) for i, item in enumerate(value))
     return _token_id(value, path, engine)
 
 

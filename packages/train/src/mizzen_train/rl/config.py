@@ -92,8 +92,8 @@ class RolloutSection:
         "auto", kind="str", choices=("auto", "cpu", "cuda"), help="embedded: auto = run.device"
     )
     ray_address: str = opt("", kind="str", help="ray: cluster address (default: local)")
-    startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="engine start deadline")
-    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="per engine call")
+    startup_timeout_s: float = opt(300.0, kind="float", low=0.001, help="engine start deadline")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.001, help="per engine call")
     max_new_tokens: int = opt(16, kind="int", low=1, help="tokens per response (default)")
     temperature: float = opt(1.0, kind="float", low=0.0, help="sampling temperature (> 0)")
     top_p: float = opt(1.0, kind="float", low=0.0, high=1.0, help="nucleus sampling")

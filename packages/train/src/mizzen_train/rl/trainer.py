@@ -426,7 +426,7 @@ class RlTrainer(Trainer):
         failure: BaseException | None = None
         try:
             action()
-        except BaseException as exc:  # raised below on this rank, agreed by the others
+        except (Exception, asyncio.CancelledError) as exc:  # raised below, agreed by the others
             failure = exc
         self._agree(failure)
 
@@ -437,7 +437,7 @@ class RlTrainer(Trainer):
         if self.world.is_writer:
             try:
                 await action()
-            except BaseException as exc:  # a cancelled load too: the others must not wait
+            except (Exception, asyncio.CancelledError) as exc:  # a cancelled load too
                 failure = exc
         self._agree(failure)
 

@@ -34,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -259,9 +260,11 @@ class RankWorld:
             torch.distributed.barrier()
 
     def agreed(self, step: Callable[[], T]) -> T:
-        """Run ``step`` on the writer first, then on the other ranks; if it raised anywhere
-        (anything: a cancellation or an interrupt too), raise on every rank: the failing rank its
-        own exception, the others :class:`RankFailed`."""
+        """Run ``step`` on the writer first, then on the other ranks; if it raised anywhere (a
+        cancellation too), raise on every rank: the failing rank its own exception, the others
+        :class:`RankFailed`.  An interrupt (``KeyboardInterrupt``, ``SystemExit``) is not agreed:
+        every rank gets the signal, and one waiting in a collective for peers that left would
+        hang the shutdown."""
         if self.size == 1:
             return step()
         result: Any = None
@@ -270,7 +273,7 @@ class RankWorld:
         if self.is_writer:
             try:
                 result = step()
-            except BaseException as exc:  # a cancellation or interrupt is agreed too
+            except (Exception, asyncio.CancelledError) as exc:  # a cancellation is agreed too
                 own = exc
             failed_first = self.share(own is not None)
         else:
@@ -278,7 +281,7 @@ class RankWorld:
             if not failed_first:
                 try:
                     result = step()
-                except BaseException as exc:
+                except (Exception, asyncio.CancelledError) as exc:
                     own = exc
         failures = self._gather(None if own is None else f"{type(own).__name__}: {own}")
         if own is not None:

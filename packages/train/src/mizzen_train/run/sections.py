@@ -162,8 +162,8 @@ class EvaluatorConfig:
     engine_threads: int = opt(
         1, kind="int", low=1, high=MAX_THREADS, help="generate: torch threads per engine"
     )
-    startup_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: engine start")
-    request_timeout_s: float = opt(300.0, kind="float", low=0.0, help="generate: per engine call")
+    startup_timeout_s: float = opt(300.0, kind="float", low=0.001, help="generate: engine start")
+    request_timeout_s: float = opt(300.0, kind="float", low=0.001, help="generate: per engine call")
     batch_size: int = opt(
         8, kind="int", low=1,
         help="generate: prompts per engine call (one batched /generate, at most "
