@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mizzen_ci import register_cpu_ci
+from mizzen_ci import masking, register_cpu_ci
 from mizzen_ci.junit import (
     MAX_DEPTH,
     MAX_JUNIT_BYTES,
@@ -131,3 +131,32 @@ def test_a_time_that_is_not_a_finite_number_counts_as_zero(tmp_path: Path, time:
     merged = tmp_path / "merged.xml"
     write(merge([FileReport("tests/gpu/test_a.py", path)], name="lane"), merged)
     assert ET.parse(merged).getroot().get("time") == "1.500"
+
+
+def test_a_registered_secret_in_a_copied_testcase_never_reaches_the_merged_report(tmp_path):
+    """A test's own report is copied into the lane's: every text, tail and attribute of it is
+    masked (a failure message, its body, captured output, a name; a tag or attribute named by
+    the secret; a secret straddling the cut of a huge text), and the result is still junit."""
+    token = "ghs_" + "T0KEN" * 4
+    straddle = "z" * (MAX_TEXT_CHARS - 6) + token
+    body = (
+        f'<testcase classname="tests.gpu.test_a" name="test_{token}" time="0.1">'
+        f'<failure message="AssertionError: 401 for token {token}" type="{token}">'
+        f"Authorization: Bearer {token}</failure>"
+        f"<system-out>GITHUB_TOKEN={token}</system-out><system-err>{straddle}</system-err>"
+        f'<properties><property name="auth" value="{token}" {token}="x"/></properties>'
+        f"<{token}>{token}</{token}>tail {token}</testcase>"
+    )
+    path = report(tmp_path, body)
+    merged = tmp_path / "merged" / "junit.xml"
+    with masking.scope():
+        masking.register_environment({"GITHUB_TOKEN": token})
+        write(merge([FileReport("tests/gpu/test_a.py", path)], name="lane"), merged)
+    text = merged.read_text(encoding="utf-8")
+    assert token not in text and token[:6] not in text  # no piece left by the cut either
+    (case,) = ET.parse(merged).getroot().iter("testcase")
+    assert case.get("name") == "test_***"
+    assert case.find("failure").get("message") == "AssertionError: 401 for token ***"
+    assert case.find("failure").text == "Authorization: Bearer ***"
+    assert case.find("system-out").text == "GITHUB_TOKEN=***"
+    assert read_counts(merged).failures == 1

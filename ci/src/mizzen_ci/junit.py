@@ -20,8 +20,11 @@ Invariants:
   could not see a DTD) is refused before it is parsed; elements nest at most :data:`MAX_DEPTH`
   deep (the writer and ``ET.indent`` recurse); a copied testcase keeps at most
   :data:`MAX_TEXT_CHARS` of each text; a ``time`` that is not a finite number ≥ 0 counts as 0.
-- Text the lane itself puts in the report (reasons, output tails, properties) goes through
-  :func:`mizzen_ci.output.xml_text`: a test's output may hold characters XML 1.0 cannot.
+- Every text of the merged report goes through :func:`mizzen_ci.output.xml_text`, which masks
+  the registered secrets (:mod:`mizzen_ci.masking`) and escapes what XML 1.0 cannot hold: the
+  text the lane itself puts there (reasons, output tails, properties), and every text, tail and
+  attribute value of a copied testcase (:func:`_copied`, the one place a test's own report
+  enters it: a secret a test printed in a failure message or its captured output is masked).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import masking
 from .output import xml_text
 from .sources import read_bytes
 
@@ -183,15 +187,34 @@ def _error_case(file: str, message: str, text: str, seconds: float) -> ET.Elemen
     return case
 
 
-def _bounded(case: ET.Element) -> ET.Element:
-    """``case`` with each text and tail cut to :data:`MAX_TEXT_CHARS` (in place)."""
+def _copied(case: ET.Element) -> ET.Element:
+    """``case`` as the merged report holds it (in place): every text, tail and attribute value
+    through :func:`_copied_text`; a tag or attribute name that holds a registered secret is
+    replaced (``masked``) or dropped, as a masked name would not be XML."""
     for element in case.iter():
+        if masking.mask(element.tag) != element.tag:
+            element.tag = "masked"
         for attr in ("text", "tail"):
             value = getattr(element, attr)
-            if value is not None and len(value) > MAX_TEXT_CHARS:
-                cut = len(value) - MAX_TEXT_CHARS
-                setattr(element, attr, value[:MAX_TEXT_CHARS] + f"\n[… {cut} characters cut]")
+            if value is not None:
+                setattr(element, attr, _copied_text(value))
+        copied = {
+            name: _copied_text(value)
+            for name, value in element.attrib.items()
+            if masking.mask(name) == name
+        }
+        element.attrib.clear()
+        element.attrib.update(copied)
     return case
+
+
+def _copied_text(value: str) -> str:
+    """A text of a copied testcase: masked (before the cut, so no piece of a secret is left),
+    then cut to :data:`MAX_TEXT_CHARS`."""
+    value = xml_text(value)
+    if len(value) <= MAX_TEXT_CHARS:
+        return value
+    return value[:MAX_TEXT_CHARS] + f"\n[… {len(value) - MAX_TEXT_CHARS} characters cut]"
 
 
 def _set_counts(element: ET.Element, counts: Counts) -> None:
@@ -215,7 +238,7 @@ def merge(reports: Iterable[FileReport], *, name: str) -> ET.ElementTree:
         cases: list[ET.Element] = []
         if report.junit is not None and os.path.lexists(report.junit):  # what is there, said
             try:
-                cases = [_bounded(c) for c in read_testcases(report.junit)]
+                cases = [_copied(c) for c in read_testcases(report.junit)]
             except JunitError as e:
                 cases = [_error_case(report.file, str(e), report.output_tail, report.seconds)]
         elif report.error is None:

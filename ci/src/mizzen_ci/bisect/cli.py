@@ -2,7 +2,7 @@
 
     mizzen-ci bisect --good REV --bad REV --job ID --plan plan.json [--runner pytest|nox]
     mizzen-ci bisect --good REV --bad REV --test FILE::NAME
-    mizzen-ci bisect --failed-jobs HISTORY     the CPU jobs that failed, from duration records
+    mizzen-ci bisect --failed-jobs HISTORY [--allow-missing]   the CPU jobs that failed
 
 The job's test files come from the plan (``--test`` narrows to one test); each step
 (:mod:`.step`) runs them at one commit.  The default runner is pytest in the commit's tree (the
@@ -22,7 +22,17 @@ Invariants:
   states the runs of the tests, the skipped commits, and the first bad commit, or the
   candidates when skipped commits leave it ambiguous.
 - Exit 0: found; 1: not found (the bad revision passes, or only skipped commits remain);
-  2: bad usage (an unknown revision, good not an ancestor of bad, a job not in the plan).
+  2: bad usage (an unknown revision, good not an ancestor of bad, a job not in the plan, a
+  ``--test`` that is not a test path, :func:`mizzen_ci.gate.artefacts.valid_test_path`), with
+  one line saying what is wrong.
+- The ``--markdown`` file is checked (:func:`mizzen_ci.output_files.check_file`) before
+  anything runs: a path that cannot be written (a folder, a missing folder above it, …) is
+  exit 2 before the bisect, never a traceback after it.  The result is printed, then appended
+  to it whole or not at all, masked (:class:`mizzen_ci.output_files.Outputs`).
+- ``--failed-jobs HISTORY``: a HISTORY that does not exist is exit 2 naming it (a typo never
+  reads as "no failed jobs"), unless ``--allow-missing`` says that no history is a possible
+  answer (the nightly bisect job downloads the ``history-*`` artefacts of a run that failed,
+  perhaps before any lane uploaded one: then it has nothing to bisect).
 """
 
 from __future__ import annotations
@@ -40,10 +50,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import masking
+from ..gate.artefacts import valid_test_path
 from ..output import markdown, plain
+from ..output_files import OutputPathError, Outputs
 from .scratch import ScratchError, git, resolve, scratch_clone
 
-_TEST = re.compile(r"tests/(?:[\w.-]+/)*test_[\w.-]*\.py(?:::[^\x00-\x1f]{1,512})?")
+_TEST_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,512}")  # after FILE::
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,9 @@ def add_arguments(command: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failed-jobs", type=Path, metavar="HISTORY",
                         help="print the CPU jobs with a failed test in these duration records "
                         "(a file or folder of history stores) and exit")  # fmt: skip
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="with --failed-jobs: a HISTORY that does not exist means no "
+                        "records (no failed jobs), not an error")  # fmt: skip
     parser.add_argument("--job", help="the planned job's id (with --plan)")
     parser.add_argument("--plan", type=Path, help="the plan JSON the job belongs to")
     parser.add_argument("--test", help="one test, FILE::NAME (narrows the job, or alone)")
@@ -82,10 +98,14 @@ def run(command: str, args: argparse.Namespace) -> int:
 
     root = args.root.resolve()
     if args.failed_jobs is not None:
-        return _print_failed_jobs(args.failed_jobs)
+        return _print_failed_jobs(args.failed_jobs, allow_missing=args.allow_missing)
+    if args.allow_missing:
+        raise UsageError("--allow-missing goes with --failed-jobs HISTORY")
     if not (args.good and args.bad):
         raise UsageError("give --good REV and --bad REV (or --failed-jobs HISTORY)")
+    outputs = Outputs()
     try:
+        outputs.check("--markdown", args.markdown)  # before the bisect, not after it
         lane, tests = _what_to_run(args)
         good, bad = resolve(root, args.good), resolve(root, args.bad)
         if not _is_ancestor(root, good, bad):
@@ -93,21 +113,30 @@ def run(command: str, args: argparse.Namespace) -> int:
                              "give an older good revision")  # fmt: skip
         result = bisect(root, good, bad, tests, runner=args.runner, lane=lane, job=args.job,
                         plan=args.plan)  # fmt: skip
-    except ScratchError as e:
+    except (ScratchError, OutputPathError) as e:
         raise UsageError(str(e)) from None
     lines = report_lines(result)
-    print("\n".join(plain(line) for line in lines))
-    if args.markdown:
-        with args.markdown.open("a", encoding="utf-8") as f:
-            f.write("## Bisect\n\n" + "\n".join(markdown(line) + "  " for line in lines) + "\n")
+    print("\n".join(plain(line) for line in lines))  # the result first: it cost the bisect
+    text = "## Bisect\n\n" + "\n".join(markdown(line) + "  " for line in lines) + "\n"
+    try:
+        outputs.add("--markdown", args.markdown, masking.mask(text), append=True)
+        outputs.commit()
+    except OutputPathError as e:
+        raise UsageError(str(e)) from None
     return 0 if result.first_bad else 1
 
 
-def _print_failed_jobs(store: Path) -> int:
-    """The ids of the CPU jobs whose recorded outcome is failed or error, one a line, sorted."""
+def _print_failed_jobs(store: Path, *, allow_missing: bool = False) -> int:
+    """The ids of the CPU jobs whose recorded outcome is failed or error, one a line, sorted; a
+    ``store`` that does not exist is a :class:`UsageError` unless ``allow_missing``."""
+    from ..cli import UsageError
     from ..history import read_stores
 
-    records, problems = read_stores([store], missing_ok=True)
+    if not allow_missing and not os.path.lexists(store):
+        raise UsageError(f"--failed-jobs {store}: no such file or folder. Fix: give the history "
+                         "store (a file or folder of *.jsonl), or --allow-missing when no "
+                         "history means no failed jobs")  # fmt: skip
+    records, problems = read_stores([store], missing_ok=allow_missing)
     for p in problems[:5]:
         print(plain(f"warning: dropped {p}"), file=sys.stderr)
     jobs = {
@@ -123,8 +152,9 @@ def _what_to_run(args) -> tuple[str, list[str]]:
     from ..cli import UsageError
     from ..plan import Plan, PlanError
 
-    if args.test is not None and not _TEST.fullmatch(args.test):
-        raise UsageError(f"--test must be tests/…/test_*.py or FILE::NAME, got {args.test!r}")
+    if args.test is not None and not _valid_test(args.test):
+        raise UsageError(f"--test must be tests/…/test_*.py or FILE::NAME (a repository path "
+                         f"under tests/, no '..'), got {args.test!r}")  # fmt: skip
     if args.job is None:
         if args.test is None:
             raise UsageError("give --job ID --plan plan.json, or --test FILE::NAME")
@@ -141,6 +171,12 @@ def _what_to_run(args) -> tuple[str, list[str]]:
         raise UsageError(f"job {args.job} runs on {job.lane}: bisect it with --runner nox on a "
                          "machine of that generation")  # fmt: skip
     return job.lane, [args.test] if args.test else list(job.files)
+
+
+def _valid_test(test: str) -> bool:
+    """``FILE`` or ``FILE::NAME``: a test path by the gate's one rule, a printable name."""
+    file, sep, name = test.partition("::")
+    return valid_test_path(file) and (not sep or bool(_TEST_NAME.fullmatch(name)))
 
 
 def _is_ancestor(root: Path, good: str, bad: str) -> bool:
