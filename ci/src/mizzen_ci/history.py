@@ -50,20 +50,25 @@ Invariants:
 - A store is read from disk it did not write (a downloaded artifact, or a checkout's
   ``.ci-artifacts/history``), so every value is validated and bounded on read: a store is a
   regular file of at most :data:`MAX_STORE_BYTES` (read with :func:`mizzen_ci.sources.read_bytes`:
-  never a link, a FIFO or a device; a directory of stores is walked without following links);
-  a line is at most :data:`MAX_LINE_CHARS` characters of JSON; ``seconds`` is a finite number
-  from 0 to the registry's ``est_time`` ceiling (:data:`MAX_SECONDS`, compared before any
-  conversion: an integer of any size is an error, never an ``OverflowError``); the text fields
-  are strings of bounded length; ``when`` (of a duration or a flake record) is an ISO-8601
-  time (UTC when it names no offset) from :data:`EARLIEST` to now + :data:`MAX_CLOCK_SKEW`: a
-  record dated ``9999-99-99``, next year or 1970 is dropped like any bad line (it would be the
-  "newest" forever and never compacted away).  :func:`read_stores` drops each bad line (and each unreadable
-  store) with a problem naming ``path:line``, the rule and what was found, and keeps the good
-  ones (the planner and the estimator use those, and warn); :func:`load` is the strict form that
-  raises :class:`HistoryError` for the first problem.  The flake record is read the same way
-  (:func:`read_flakes`, :func:`read_flake_records`).  No reader skips a line silently: a flake
-  record inside a folder of duration stores (the merged history keeps both) is the other kind of
-  record, not a bad line, and only the flake readers read it.
+  never a link, a FIFO or a device; a directory of stores is walked without following links); a
+  line is at most :data:`MAX_LINE_CHARS` characters of JSON; ``seconds`` is a finite number from 0
+  to the registry's ``est_time`` ceiling (:data:`MAX_SECONDS`, compared before any conversion: an
+  integer of any size is an error, never an ``OverflowError``); the text fields are strings of
+  bounded length that UTF-8 can encode (:func:`utf8_problem`: a JSON escape such as ``\\ud800``
+  decodes to a lone surrogate, which no page, log or store could write, so such a line is dropped
+  like any other bad value and no reader's caller ever sees one); ``when`` (of a duration or a
+  flake record) is an ISO-8601 time (UTC when it names no offset) from :data:`EARLIEST` to now +
+  :data:`MAX_CLOCK_SKEW`: a record dated ``9999-99-99``, next year or 1970 is dropped like any bad
+  line (it would be the "newest" forever and never compacted away). :func:`read_stores` drops each
+  bad line (and each unreadable store) with a problem naming ``path:line``, the rule and what was
+  found, and keeps the good ones (the planner and the estimator use those, and warn); :func:`load`
+  is the strict form that raises :class:`HistoryError` for the first problem. The flake record is
+  read the same way (:func:`read_flakes`, :func:`read_flake_records`). Each parsed line belongs to
+  exactly one reader (:func:`line_kind`: kinded, flake or duration), and a caller that needs
+  several kinds reads the stores once (:func:`read_history`), so each unreadable store and each
+  bad line is one problem, never one per reader. No reader skips a line silently: a flake record
+  inside a folder of duration stores (the merged history keeps both) is the other kind of record,
+  not a bad line, and only the flake readers read it.
 - Times from junit are checked the same way before they become a record.
 - The estimate of a (file, arch) is the p90 (nearest rank) of its most recent ``RECENT`` *passing*
   durations; with no passing record it is the registration's ``est_time``.  Failed, errored and
@@ -276,7 +281,7 @@ def _record_from(obj: object, where: str) -> Record:
             raise HistoryError(f"{where}: `{name}` has the wrong type: {shown(value)}")
         if len(value) > limit:
             raise HistoryError(f"{where}: `{name}` is {len(value)} characters, over {limit}")
-        return value
+        return checked_utf8(value, where, f"`{name}`")
 
     file = text("file", MAX_PATH_CHARS)
     arch = text("arch", MAX_NAME_CHARS, nullable=True)
@@ -308,6 +313,27 @@ def _record_from(obj: object, where: str) -> Record:
 
 
 _FIELDS = "file, arch, seconds, outcome, when, lane"
+
+
+def utf8_problem(value: str) -> str | None:
+    """Why ``value`` cannot be written as UTF-8 (the code point of its first lone surrogate,
+    which a JSON ``\\ud800`` escape decodes to), or ``None``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds U+{ord(value[e.start]):04X}, a lone surrogate that UTF-8 cannot encode"
+    return None
+
+
+def checked_utf8(value: str, where: str, what: str) -> str:
+    """``value`` when UTF-8 can encode it; :class:`HistoryError` naming ``where`` and ``what``."""
+    problem = utf8_problem(value)
+    if problem is not None:
+        raise HistoryError(
+            f"{where}: {what} {problem} (a JSON escape such as \\ud800 with no pair); a "
+            "record's text is UTF-8"
+        )
+    return value
 
 
 def time_problem(value: object) -> str | None:
@@ -431,14 +457,14 @@ def read_stores(
         _record_from,
         HistoryError,
         missing_ok=missing_ok,
-        keep=lambda obj: not is_flake_line(obj) and not is_kinded_line(obj),
+        keep=lambda obj: line_kind(obj) == "duration",
     )
 
 
 def read_parsed[T](
     paths: Iterable[Path | str] | Path | str,
     parse: Callable[[object, str], T],
-    refused: type[Exception],
+    refused: type[Exception] | tuple[type[Exception], ...],
     *,
     missing_ok: bool = False,
     keep: Callable[[object], bool] = lambda obj: True,
@@ -472,6 +498,48 @@ def is_kinded_line(obj: object) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("kind"), str)
 
 
+def line_kind(obj: object) -> str:
+    """The one reader a parsed line belongs to: ``kinded`` (:func:`is_kinded_line`, first: a
+    kinded line is no other reader's), ``flake`` (:func:`is_flake_line`) or ``duration``."""
+    if is_kinded_line(obj):
+        return "kinded"
+    return "flake" if is_flake_line(obj) else "duration"
+
+
+@dataclass(frozen=True)
+class History:
+    """Everything of a history store read in one pass (:func:`read_history`)."""
+
+    records: list[Record]
+    flakes: list[FlakeRecord]
+    kinded: dict[str, list]
+    problems: list[str]  # one per unreadable store or dropped line, in path and line order
+
+
+def read_history(
+    paths: Iterable[Path | str] | Path | str,
+    kinds: dict[str, Callable[[object, str], object]] | None = None,
+    refused: type[Exception] = HistoryError,
+) -> History:
+    """The duration records, the flake records and the kinded records of ``kinds`` (parsers
+    refusing a line with ``refused``) of the stores at ``paths`` (missing ones are empty), each
+    store read once: an unreadable store or a bad line is one problem, whichever reader it
+    concerns (other kinds are left to their readers, as :func:`read_kinded` leaves them)."""
+    kinds = kinds or {}
+
+    def parse(obj: object, where: str) -> tuple[str, str | None, object]:
+        kind = line_kind(obj)
+        if kind == "kinded":
+            return kind, obj["kind"], kinds[obj["kind"]](obj, where)
+        return kind, None, (_record_from if kind == "duration" else _flake_from)(obj, where)
+
+    items, problems = read_parsed(paths, parse, (HistoryError, refused), missing_ok=True,
+                                  keep=lambda obj: line_kind(obj) != "kinded" or obj["kind"] in kinds)  # fmt: skip
+    of = lambda kind: [item for k, _, item in items if k == kind]  # noqa: E731
+    kinded = {name: [item for _, n, item in items if n == name] for name in kinds}
+    return History(of("duration"), of("flake"), kinded, problems)
+
+
 def read_kinded(
     paths: Iterable[Path | str] | Path | str,
     kinds: dict[str, Callable[[object, str], object]],
@@ -486,7 +554,7 @@ def read_kinded(
         found[obj["kind"]].append(kinds[obj["kind"]](obj, where))
 
     _, problems = read_parsed(paths, parse, refused, missing_ok=True,
-                              keep=lambda obj: is_kinded_line(obj) and obj["kind"] in kinds)  # fmt: skip
+                              keep=lambda obj: line_kind(obj) == "kinded" and obj["kind"] in kinds)  # fmt: skip
     return found, problems
 
 
@@ -604,11 +672,13 @@ def _flake_from(obj: object, where: str) -> FlakeRecord:
                 f"{where}: flake record `{name}` must be a string of at most {limit} characters, "
                 f"got {shown(value)}"
             )
-        values[name] = value
+        values[name] = checked_utf8(value, where, f"flake record `{name}`")
     checked_when(values["when"], where)
     job = obj.get("job")
     if job is not None and not (isinstance(job, str) and len(job) <= MAX_PATH_CHARS):
         raise HistoryError(f"{where}: flake record `job` must be a string or null")
+    if job is not None:
+        checked_utf8(job, where, "flake record `job`")
     return FlakeRecord(
         file=values["file"], arch=values["arch"], klass=values["class"],
         evidence=values["evidence"], final=values["final"], when=values["when"], job=job,
@@ -620,7 +690,9 @@ def read_flake_records(
 ) -> tuple[list[FlakeRecord], list[str]]:
     """``(flake records, problems)`` of the flake-shaped lines of the stores at ``paths``
     (duration lines are the other kind and are left to :func:`read_stores`)."""
-    return read_parsed(paths, _flake_from, HistoryError, missing_ok=True, keep=is_flake_line)
+    return read_parsed(
+        paths, _flake_from, HistoryError, missing_ok=True, keep=lambda o: line_kind(o) == "flake"
+    )
 
 
 def compact_flakes(records: Iterable[FlakeRecord], *, keep: int = 50) -> list[FlakeRecord]:
@@ -677,10 +749,12 @@ def read_flakes(path: Path) -> tuple[dict[tuple[str, str], int], list[str]]:
             and isinstance(arch, str)
             and len(file) <= MAX_PATH_CHARS
             and len(arch) <= MAX_NAME_CHARS
+            and utf8_problem(file) is None
+            and utf8_problem(arch) is None
         ):
             problems.append(
                 f"{where}: not a flake record line (an object with `file` and `arch` strings of "
-                f"at most {MAX_PATH_CHARS} and {MAX_NAME_CHARS} characters)"
+                f"at most {MAX_PATH_CHARS} and {MAX_NAME_CHARS} characters that UTF-8 can encode)"
             )
             continue
         counts[(file, arch)] = counts.get((file, arch), 0) + 1
@@ -721,11 +795,11 @@ def _flakes(args: argparse.Namespace) -> int:
 
         root = find_repo_root()
         inputs = [root / ".ci-artifacts" / "history", root / ".ci-artifacts" / "flakes.jsonl"]
-    records, problems = read_stores(inputs, missing_ok=True)
-    flakes, flake_problems = read_flake_records(inputs)
-    for problem in sorted([*problems, *flake_problems], key=_where_order):
+    read = read_history(inputs)
+    records = read.records
+    for problem in read.problems:
         print(plain(f"history: dropped {problem}"), file=sys.stderr)
-    rates = flake_rates(records, flakes)[: args.top]
+    rates = flake_rates(records, read.flakes)[: args.top]
     if args.json:
         rows = [
             {"file": r.file, "arch": r.arch, "runs": r.runs, "retried": r.retried, "rate": r.rate}
@@ -783,14 +857,13 @@ def run(command: str, args: argparse.Namespace) -> int:
         elif args.history_command == "flakes":
             return _flakes(args)
         else:
-            records, problems = read_stores(args.inputs, missing_ok=True)
-            flakes, flake_problems = read_flake_records(args.inputs)
-            for problem in sorted([*problems, *flake_problems], key=_where_order):
+            read = read_history(args.inputs)
+            for problem in read.problems:
                 print(plain(f"history: dropped {problem}"), file=sys.stderr)
-            n = write(args.out, compact(records, keep=args.keep))
+            n = write(args.out, compact(read.records, keep=args.keep))
             flakes_out = args.flakes_out or args.out.with_name("flakes.jsonl")
             m = write_lines(
-                flakes_out, (f.to_json() for f in compact_flakes(flakes, keep=args.keep))
+                flakes_out, (f.to_json() for f in compact_flakes(read.flakes, keep=args.keep))
             )
             print(
                 f"history: {n} record(s) from {len(args.inputs)} input(s) written to {args.out}, "

@@ -7,7 +7,9 @@
 - ``mizzen-ci report --record-plan PLAN --out STORE [--when ISO] [--run KEY]``: appends the
   plan's ``pool`` records (:mod:`.records`) to the JSON-lines store ``STORE``.
 
-Invariants: the page is written through a temporary file and a rename; exit 0 when it was
+Invariants: the page is written through a temporary file and a rename, with
+:func:`mizzen_ci.masking.write_text` (the sink of every file the CI writes for people; each text
+on it was masked before it was escaped, :mod:`.escape`); exit 0 when it was
 written (dropped input lines are listed on it and on stderr), 2 for bad arguments or an
 unreadable plan (one line, no traceback).
 """
@@ -20,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import masking
 from ..output import plain
 
 DEFAULT_INPUTS = (Path(".ci-artifacts") / "history", Path(".ci-artifacts") / "flakes.jsonl")
@@ -100,7 +103,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".index.html.{os.getpid()}.tmp")
         try:
-            tmp.write_text(render(health), encoding="utf-8")
+            masking.write_text(tmp, render(health))
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)

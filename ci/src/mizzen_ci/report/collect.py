@@ -15,7 +15,8 @@ Sections and their sources:
 - audit and queue: the ``audit`` and ``queue`` records, when there are any.
 
 Invariants: nothing here raises for bad input; each problem (a dropped line, an unreadable store,
-a broken registry) is kept in :attr:`Health.problems` and the page lists it.
+a broken registry) is kept in :attr:`Health.problems`, once (the stores are read in one pass,
+:func:`mizzen_ci.history.read_history`), and the page lists it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..history import Record, read_flake_records, read_kinded, read_stores
+from ..history import Record, read_history
 from .records import PARSERS, AuditRun, PoolRun, QueueWait, RecordError
 
 RECENT = 20
@@ -95,10 +96,9 @@ class Health:
 
 def collect(root: Path, inputs: list[Path], store_url: str | None, *, now: dt.datetime) -> Health:
     health = Health(now.astimezone(dt.UTC).isoformat(timespec="seconds"), [str(p) for p in inputs])
-    records, problems = read_stores(inputs, missing_ok=True)
-    flakes, flake_problems = read_flake_records(inputs)
-    kinded, kinded_problems = read_kinded(inputs, PARSERS, RecordError)
-    health.problems += [*problems, *flake_problems, *kinded_problems]
+    read = read_history(inputs, PARSERS, RecordError)  # each store read once: one problem each
+    records, flakes, kinded = read.records, read.flakes, read.kinded
+    health.problems += read.problems
     health.runs = len(records)
     for p in sorted(kinded["pool"], key=lambda p: p.when):
         health.pools.setdefault(p.pool, []).append(p)

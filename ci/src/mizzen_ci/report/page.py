@@ -1,6 +1,7 @@
 """The health page's HTML: one self-contained file, readable without JavaScript.
 
-Invariants: every text from a store or the checkout goes through :func:`html.escape`; the page
+Invariants: every text from a store or the checkout goes through :func:`.escape.e` (registered
+secrets masked first, then :func:`html.escape`: a secret holding ``&`` or ``<`` is masked too); the page
 carries a Content-Security-Policy that allows inline styles and nothing else (no script, no
 request); numbers are formatted here and nowhere else; each section says plainly when it has
 nothing to show, and the audit and queue sections name the record shape that would fill them.
@@ -8,11 +9,11 @@ nothing to show, and the audit and queue sections name the record shape that wou
 
 from __future__ import annotations
 
-import html
 import math
 import statistics
 
 from .collect import Health
+from .escape import e
 from .svg import sparkline, strip
 
 STYLE = """
@@ -29,10 +30,6 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 AUDIT_SHAPE = '{"kind": "audit", "v": 1, "when": ISO-8601, "recall": 0.97, "caught": 33, "failing": 34, "window": "…"}'
 QUEUE_SHAPE = '{"kind": "queue", "v": 1, "when": ISO-8601, "pool": "h200-2gpu", "job": "…", "queued_seconds": 84.0}'
 POOL_SHAPE = "mizzen-ci report --record-plan plan.json --out STORE/health.jsonl"
-
-
-def e(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def number(x: float | None, fmt: str = ".1f") -> str:

@@ -2,15 +2,16 @@
 file beside the page.
 
 Invariants: every number written is finite and rounded (a non-finite value is left out of the
-line and drawn as a red tick); the output is well-formed SVG whose only text comes through
-:func:`html.escape`; an empty series is an empty string.
+line and drawn as a red tick); the output is well-formed SVG whose only text (the title) comes
+through the page's escaping function (:func:`.escape.e`: masked, then HTML-escaped); an empty series is an empty string.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
+
+from .escape import e
 
 WIDTH, HEIGHT, PAD = 140, 28, 3
 
@@ -36,7 +37,7 @@ def sparkline(
         f"{x},{_y(v, lo, hi)}" for x, v in zip(xs, values, strict=True) if math.isfinite(v)
     )
     parts = [f'<svg class="spark" role="img" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-             f'xmlns="http://www.w3.org/2000/svg"><title>{html.escape(title)}</title>']  # fmt: skip
+             f'xmlns="http://www.w3.org/2000/svg"><title>{e(title)}</title>']  # fmt: skip
     if band is not None and all(math.isfinite(b) for b in band):
         top, bottom = _y(band[1], lo, hi), _y(band[0], lo, hi)
         parts.append(
@@ -65,4 +66,4 @@ def strip(outcomes: Sequence[str], *, title: str = "") -> str:
     cells = "".join(f'<rect x="{i * (size + 1)}" y="0" width="{size}" height="{size * 2}" '
                     f'fill="{COLOURS.get(o, "#555753")}"/>' for i, o in enumerate(outcomes))  # fmt: skip
     return (f'<svg class="strip" role="img" width="{width}" height="{size * 2}" viewBox="0 0 {width} {size * 2}" '
-            f'xmlns="http://www.w3.org/2000/svg"><title>{html.escape(title)}</title>{cells}</svg>')  # fmt: skip
+            f'xmlns="http://www.w3.org/2000/svg"><title>{e(title)}</title>{cells}</svg>')  # fmt: skip
