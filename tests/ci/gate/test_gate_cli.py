@@ -308,3 +308,53 @@ def test_a_gate_the_change_adds_applies_at_once(tree, history, mizzen_ci, points
     assert "perf/tokens_per_s" in out.stdout, out.stdout + out.stderr
     assert "the base's applies" not in out.stdout
     assert out.returncode == 0, out.stdout + out.stderr  # not enforced: a warning, not a failure
+
+
+def craft_newest_rows(store, created: str, n: int = 20, kind: str = "nan") -> None:
+    """``n`` trusted runs of the held-out loss that sort newest, each row bad: ``created`` not a
+    time in the store's format, and (``kind`` nan) a nan with a number beside it (what the probe
+    crafted)."""
+    import sqlite3
+
+    conn = sqlite3.connect(store)
+    try:
+        for i in range(n):
+            rid = conn.execute(
+                "INSERT INTO runs (test, arch, pool, commit_sha, pr, event, trusted, attempt,"
+                " created, source) VALUES (?, 'cpu', 'p', ?, NULL, 'push', 1, 1, ?, ?)",
+                (TEST, "e" * 40, created, f"crafted-{i}"),
+            ).lastrowid
+            conn.execute(
+                "INSERT INTO metric_values (run, metric, step, value, kind)"
+                " VALUES (?, 'eval/heldout_loss', 60, 0.325, ?)",
+                (rid, kind),
+            )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("created", ["9999", "2026-11-30T23:00:00.000000+00:00<b>"])
+def test_crafted_rows_that_sort_newest_never_turn_a_failure_into_a_pass(
+    tree, history, mizzen_ci, points, write_points, created
+):
+    # they filled the window and were dropped: "metric gate passed: 1 inactive", rc 0
+    craft_newest_rows(history, created)
+    this_run(tree, points, write_points, loss=0.325 * 1.3)
+    out = check(mizzen_ci, tree)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0] == "metric gate FAILED: 1 FAIL, 2 pass"
+    assert "inactive" not in out.stdout.splitlines()[0]
+    said = out.stdout + out.stderr
+    assert "run(s) 21, 22, 23" in said or "run 40: a nan value with a number beside it" in said
+
+
+def test_show_never_shows_a_crafted_created_and_names_its_row(tree, history, mizzen_ci):
+    craft_newest_rows(history, "2026-11-30T23:00:00<script>alert(1)</script>", n=1, kind="finite")
+    out = mizzen_ci("gate", "show", "--root", str(tree), "--store", str(history),
+                    "--test", TEST, "--metric", "eval/heldout_loss", "--window", "5")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "<script>" not in out.stdout and out.stdout.count("gh-") == 5
+    assert (
+        "run 21: `created`" in out.stderr and "eval/heldout_loss@60 on cpu: 5 trusted" in out.stdout
+    )

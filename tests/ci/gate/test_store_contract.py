@@ -242,3 +242,159 @@ def test_a_read_only_postgres_store_without_tables_says_what_creates_them(postgr
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+# -- bad rows never shrink the evidence (both backends) ----------------------------------------
+
+ENV_GOOD = "python=3.12.3; torch=2.13.0+cu130; runtime=cuda-13.0; driver=580.82.07; gpu=NVIDIA H200; image=sha256:aaaa"
+ENV_BAD = "python=3.12.3; torch=2.11.0+cu130; runtime=cuda-13.0; driver=580.82.07; gpu=NVIDIA H200; image=sha256:bbbb"
+
+
+def crafted(store_url: str, sql: str, params: tuple = ()) -> None:
+    """Run ``sql`` on the store's database itself, as a crafted or damaged store would hold it."""
+    if store_url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            conn.execute(sql.replace("?", "%s"), params)
+        return
+    conn = sqlite3.connect(store_url)
+    try:
+        conn.execute(sql, params)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def newest_sorting_bad_created(store_url: str) -> tuple[str, str]:
+    """What sorts before every real time in the backend's ``created`` column: text ``'9999'`` in
+    SQLite's, ``'infinity'`` in PostgreSQL's TIMESTAMPTZ; and a time in the future in both."""
+    far = "2099-01-01T00:00:00.000000+00:00"
+    return ("infinity", far) if store_url.startswith("postgresql") else ("9999", far)
+
+
+def good_and_crafted(store_url: str) -> None:
+    """20 good trusted runs (loss 1.0 .. 1.19 at steps 20 and 60, environment ENV_GOOD), then 20
+    trusted runs that sort newest with bad rows (``created`` '9999'/'infinity' or 2099, a nan with
+    a number beside it), recording the loss at steps 60 and 61 in ENV_BAD."""
+    from dataclasses import replace
+
+    with open_store(store_url) as store:
+        for i in range(20):
+            store.add_run(replace(run(f"good-{i:02d}", t(i)), environment=ENV_GOOD),
+                          {("eval/loss", 20): 9.0, ("eval/loss", 60): 1.0 + i / 100})  # fmt: skip
+        for i in range(20):
+            store.add_run(replace(run(f"bad-{i:02d}", t(30 + i)), environment=ENV_BAD),
+                          {("eval/loss", 60): math.nan, ("eval/loss", 61): 1.0})  # fmt: skip
+    sorts_first, future = newest_sorting_bad_created(store_url)
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    crafted(store_url, "UPDATE runs SET created = ? WHERE source LIKE ?", (sorts_first, "bad-0%"))
+    crafted(store_url, "UPDATE runs SET created = ? WHERE source LIKE ?", (future, "bad-1%"))
+
+
+def test_bad_rows_that_sort_newest_never_shrink_the_window(store_url):
+    # 20 crafted rows filled the window (LIMIT before checking) and were dropped: no history,
+    # the gate went inactive and a failing change passed
+    good_and_crafted(store_url)
+    with open_store(store_url, readonly=True) as store:
+        values, problems = store.history(TEST, "cpu", "eval/loss", 60, limit=20)
+        assert [v.source for v in values] == [f"good-{i:02d}" for i in range(19, -1, -1)]
+        assert [v.value for v in values][:2] == [1.19, 1.18]
+        assert all(v.created.endswith(".000000+00:00") for v in values)
+        assert problems and all("rebuild it from artefacts" in p for p in problems), problems
+        assert "run(s) 21, 22, 23" in problems[0] and "`created`" in problems[0]
+        judged, _ = store.history(TEST, "cpu", "eval/loss", 60, limit=5, exclude_source="good-19")
+        assert [v.source for v in judged] == [f"good-{i}" for i in (18, 17, 16, 15, 14)]
+        # the health page: the newest trusted run's steps, and its value at each
+        assert store.last_steps(TEST, "cpu", "eval/loss") == (20, 60)
+        (newest,), _ = store.history(TEST, "cpu", "eval/loss", 60, limit=1)
+        assert newest.source == "good-19"
+        assert store.environments(TEST, "cpu", "eval/loss", 60) == [ENV_GOOD]
+        in_env, _ = store.history(TEST, "cpu", "eval/loss", 60, limit=20, environment=ENV_GOOD)
+        assert len(in_env) == 20
+
+
+def test_bad_rows_inside_the_bounds_are_walked_past_with_a_warning_naming_the_row(store_url):
+    # rows whose `created` is a time of the right shape, but whose values are bad: the window
+    # reads on past them (pages grow) until it has the valid values asked for
+    with open_store(store_url) as store:
+        for i in range(5):
+            store.add_run(run(f"good-{i}", t(i)), {("eval/loss", 60): 1.0 + i})
+        for i in range(40):
+            store.add_run(run(f"bad-{i:02d}", t(10 + i)), {("eval/loss", 60): math.nan})
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    with open_store(store_url, readonly=True) as store:
+        values, problems = store.history(TEST, "cpu", "eval/loss", 60, limit=3)
+    assert [v.source for v in values] == ["good-4", "good-3", "good-2"]
+    assert len(problems) == 21  # 20 named one by one, then the count of the rest
+    assert "run 45:" in problems[0] and "a nan value with a number beside it" in problems[0]
+    assert "dropped 20 more stored value(s)" in problems[-1]
+
+
+def test_a_run_is_stored_with_created_in_the_one_format_or_refused(store_url):
+    with open_store(store_url) as store:
+        assert store.add_run(run("r1", "2026-11-20T01:00:00+01:00"), {("eval/loss", 60): 1.0})
+        (value,), problems = store.history(TEST, "cpu", "eval/loss", 60, limit=5)
+        assert value.created == "2026-11-20T00:00:00.000000+00:00" and problems == []
+        for bad in ("9999", "<script>alert(1)</script>", "2026-11-20T00:00:00", "2099-01-01T00:00:00+00:00",
+                    "2019-12-31T23:59:59+00:00", "infinity"):  # fmt: skip
+            with pytest.raises(StoreError, match=r"refused run: created .* is not an ISO-8601"):
+                store.add_run(run("r2", bad), {("eval/loss", 60): 1.0})
+        assert store.count_runs() == 1
+
+
+def test_a_walk_that_finds_only_bad_rows_is_an_error_never_a_shorter_window(store_url, monkeypatch):
+    from mizzen_ci.gate import store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_ROWS_SCANNED", 30)
+    with open_store(store_url) as store:
+        store.add_run(run("good", t(0)), {("eval/loss", 60): 1.0})
+        for i in range(40):
+            store.add_run(run(f"bad-{i:02d}", t(10 + i)), {("eval/loss", 60): math.nan})
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    store = open_store(store_url, readonly=True)
+    try:
+        with pytest.raises(
+            StoreError, match=r"rows read newest first .* rebuild it from artefacts"
+        ):
+            store.history(TEST, "cpu", "eval/loss", 60, limit=5)
+    finally:
+        store.close()
+
+
+# -- SQLite: `created` is text, so any shape can be crafted ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "created",
+    [
+        "9999",
+        "<script>alert(1)</script>",
+        "2026-12-02T10:00:00<script>",
+        "2026-12-02 10:00:00.000000+00:00",
+        "2026-12-02T10:00:00+00:00",
+        "2026-12-02T10:00:00.000000+01:00",
+        "2026-13-30T10:00:00.000000+00:00",
+        "2099-01-01T00:00:00.000000+00:00",
+        "2019-12-31T23:59:59.000000+00:00",
+        99999,
+        b"2026-12-02T10:00:00.000000+00:00",
+    ],
+)
+def test_every_other_shape_of_created_is_refused_at_read_and_named(tmp_path, created):
+    path = str(tmp_path / "metrics.sqlite")
+    with open_store(path) as store:
+        for i in range(3):
+            store.add_run(run(f"good-{i}", t(i)), {("eval/loss", 60): 1.0 + i})
+        for i in range(3):
+            store.add_run(run(f"bad-{i}", t(10 + i)), {("eval/loss", 60): 7.0})
+    crafted(path, "UPDATE runs SET created = ? WHERE source LIKE 'bad-%'", (created,))
+    with open_store(path, readonly=True) as store:
+        values, problems = store.history(TEST, "cpu", "eval/loss", 60, limit=3)
+        assert [v.source for v in values] == ["good-2", "good-1", "good-0"]
+        assert len(problems) in (1, 3) and all("`created`" in p for p in problems), problems
+        assert "run(s) 4, 5, 6:" in problems[0] or "run 6: `created`" in problems[0]
+        assert "<script>" not in "".join(v.created for v in values)
+        assert store.last_steps(TEST, "cpu", "eval/loss") == (60,)
+        (newest,), _ = store.history(TEST, "cpu", "eval/loss", 60, limit=1)
+        assert newest.source == "good-2"

@@ -7,14 +7,20 @@ Invariants:
   PostgreSQL ≥ 12 both run (``ON CONFLICT … DO NOTHING``, ``RETURNING``, partial indexes).
 - Values are always bound as parameters, never formatted into SQL text.
 - Every row read goes through :func:`~.store.checked_value` or an equivalent bound check.
+- Every "newest first" read is a walk (:func:`~.store.walk_newest`, :meth:`SqlStore._pages`)
+  over a statement ending in :data:`NEWEST_FIRST`: the same SQL on both backends filters
+  ``created`` to its bounds (SQLite compares the text, PostgreSQL the ``TIMESTAMPTZ``: one order,
+  the time's) and pages by ``(created, id)``, so no row outside the bounds sorts first and no
+  row is read twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from .artefacts import utc_iso
 from .environment import UNKNOWN
 from .environment import checked as checked_environment
 from .store import (
@@ -25,7 +31,10 @@ from .store import (
     RunInfo,
     StoreError,
     check_run,
+    checked_created,
+    created_bounds,
     kind_of,
+    walk_newest,
 )
 
 INSERT_RUN = (
@@ -34,12 +43,18 @@ INSERT_RUN = (
     " ON CONFLICT (source, test, arch, attempt) DO NOTHING RETURNING id"
 )
 INSERT_VALUE = "INSERT INTO metric_values (run, metric, step, value, kind) VALUES (?, ?, ?, ?, ?)"
+# Every "newest first" read is a walk (:func:`~.store.walk_newest`): its rows end with
+# ``r.created, r.id``, and this tail keeps the rows within the bounds of ``created`` and older
+# than the previous page's last row (bound: earliest, then the cursor created, created, id, limit).
+NEWEST_FIRST = (
+    " AND r.created >= ? AND (r.created < ? OR (r.created = ? AND r.id < ?))"
+    " ORDER BY r.created DESC, r.id DESC LIMIT ?"
+)
 HISTORY = (
-    "SELECT v.value, v.kind, r.created, r.commit_sha, r.source, r.id"
+    "SELECT v.value, v.kind, r.commit_sha, r.source, r.created, r.id"
     " FROM runs r JOIN metric_values v ON v.run = r.id"
     " WHERE r.trusted AND r.test = ? AND r.arch = ? AND v.metric = ? AND v.step = ?"
-    " AND r.source <> ?"
-    " ORDER BY r.created DESC, r.id DESC LIMIT ?"
+    " AND r.source <> ?" + NEWEST_FIRST
 )
 INSERT_ENVIRONMENT = "INSERT INTO run_environments (run, environment) VALUES (?, ?)"
 _SERIES_IN_ENVIRONMENTS = (
@@ -48,21 +63,27 @@ _SERIES_IN_ENVIRONMENTS = (
     " WHERE r.trusted AND r.test = ? AND r.arch = ? AND v.metric = ? AND v.step = ?"
 )
 HISTORY_IN_ENVIRONMENT = (
-    "SELECT v.value, v.kind, r.created, r.commit_sha, r.source, r.id"
+    "SELECT v.value, v.kind, r.commit_sha, r.source, r.created, r.id"
     + _SERIES_IN_ENVIRONMENTS
     + " AND r.source <> ? AND COALESCE(e.environment, 'unknown') = ?"
-    " ORDER BY r.created DESC, r.id DESC LIMIT ?"
+    + NEWEST_FIRST
 )
 ENVIRONMENTS_OF = (
-    "SELECT COALESCE(e.environment, 'unknown'), MAX(r.created)"
+    "SELECT COALESCE(e.environment, 'unknown'), r.created, r.id"
     + _SERIES_IN_ENVIRONMENTS
-    + " GROUP BY COALESCE(e.environment, 'unknown') ORDER BY MAX(r.created) DESC LIMIT ?"
+    + NEWEST_FIRST
 )
-NEWEST_RUN_WITH = (
-    "SELECT r.id FROM runs r WHERE r.trusted AND r.test = ? AND r.arch = ?"
-    " AND EXISTS (SELECT 1 FROM metric_values v WHERE v.run = r.id AND v.metric = ?)"
-    " ORDER BY r.created DESC, r.id DESC LIMIT 1"
+NEWEST_RUNS_WITH = (
+    "SELECT r.created, r.id FROM runs r WHERE r.trusted AND r.test = ? AND r.arch = ?"
+    " AND EXISTS (SELECT 1 FROM metric_values v WHERE v.run = r.id AND v.metric = ?)" + NEWEST_FIRST
 )
+OUT_OF_BOUNDS = (
+    "SELECT r.id FROM runs r JOIN metric_values v ON v.run = r.id"
+    " WHERE r.trusted AND r.test = ? AND r.arch = ? AND v.metric = ? AND v.step = ?"
+    " AND r.source <> ? AND (r.created IS NULL OR NOT (r.created >= ? AND r.created <= ?))"
+    " ORDER BY r.id LIMIT ?"
+)
+MAX_ID = 2**63 - 1  # above every run id (both backends' ids are 64-bit)
 STEPS_OF = "SELECT step FROM metric_values WHERE run = ? AND metric = ? ORDER BY step LIMIT ?"
 SET_SCHEMA_VERSION = (
     "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING"
@@ -149,7 +170,7 @@ class SqlStore(MetricStore):
                     run.event,
                     run.trusted,
                     run.attempt,
-                    self._created_param(run.created),
+                    self._created_param(utc_iso(run.created)),
                     run.source,
                 ),
             )
@@ -165,36 +186,65 @@ class SqlStore(MetricStore):
                 )
         return True
 
-    def _history_rows(
+    def _pages(self, sql: str, params: tuple) -> Callable[[Sequence | None, int], list[Sequence]]:
+        """The ``read_page`` of :func:`~.store.walk_newest` over ``sql`` (a statement ending in
+        :data:`NEWEST_FIRST`, its rows ending in ``created, id``) with ``params`` before the
+        tail's: from the latest ``created`` allowed, then older than the last row read."""
+        earliest, latest = (self._created_param(b) for b in created_bounds())
+
+        def read_page(after: Sequence | None, n: int) -> list[Sequence]:
+            created, run_id = (latest, MAX_ID) if after is None else (after[-2], after[-1])
+            return self._query(sql, (*params, earliest, created, created, run_id, n))
+
+        return read_page
+
+    def _history_pages(
         self,
         series: tuple[str, str, str, int],
-        limit: int,
         exclude_source: str,
         environment: str | None = None,
-    ) -> list[tuple]:
+    ) -> Callable[[Sequence | None, int], list[Sequence]]:
         if environment is None or (not self.has_environments and environment == UNKNOWN):
-            return self._query(HISTORY, (*series, exclude_source, limit))
+            return self._pages(HISTORY, (*series, exclude_source))
         if not self.has_environments:
-            return []  # every run of such a store is of the environment "unknown"
-        return self._query(HISTORY_IN_ENVIRONMENT, (*series, exclude_source, environment, limit))
+            return lambda after, n: []  # every run of such a store is of the environment "unknown"
+        return self._pages(HISTORY_IN_ENVIRONMENT, (*series, exclude_source, environment))
+
+    def _out_of_bounds(
+        self, series: tuple[str, str, str, int], exclude_source: str, most: int
+    ) -> list[object]:
+        earliest, latest = (self._created_param(b) for b in created_bounds())
+        rows = self._query(OUT_OF_BOUNDS, (*series, exclude_source, earliest, latest, most))
+        return [row[0] for row in rows[:most]]
 
     def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
         if not self.has_environments:
             return [UNKNOWN]
-        rows = self._query(ENVIRONMENTS_OF, (test, arch, metric, step, MAX_ENVIRONMENTS))
-        out = []
-        for row in rows[:MAX_ENVIRONMENTS]:
-            try:
-                out.append(checked_environment(row[0]))
-            except ValueError:
-                continue  # a crafted store's row: never an environment to judge against
+
+        def check(row: Sequence) -> str:
+            checked_created(row[1], row[2])
+            return checked_environment(row[0])
+
+        pages = self._pages(ENVIRONMENTS_OF, (test, arch, metric, step))
+        out: list[str] = []
+        for environment, _ in walk_newest(pages, check, MAX_ENVIRONMENTS, self.shown):
+            if environment is not None and environment not in out:  # a bad row: left out
+                out.append(environment)
+                if len(out) == MAX_ENVIRONMENTS:
+                    break
         return out
 
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
-        rows = self._query(NEWEST_RUN_WITH, (test, arch, metric))
-        if not rows:
+        def run_id(row: Sequence) -> object:
+            checked_created(row[0], row[1])
+            return row[1]
+
+        pages = self._pages(NEWEST_RUNS_WITH, (test, arch, metric))
+        walk = walk_newest(pages, run_id, 1, self.shown)
+        newest = next((found for found, _ in walk if found is not None), None)  # bad: passed over
+        if newest is None:
             return ()
-        steps = self._query(STEPS_OF, (rows[0][0], metric, MAX_STEPS_READ))
+        steps = self._query(STEPS_OF, (newest, metric, MAX_STEPS_READ))
         return tuple(s for (s,) in steps[:MAX_STEPS_READ] if type(s) is int and 0 <= s <= 10**9)
 
     def _mark_untrusted(self, match: Mapping[str, str]) -> int:

@@ -26,10 +26,25 @@ Invariants:
   re-uploaded or re-merged artefact never counts twice (:meth:`MetricStore.add_run` says which).
 - Only trusted runs feed a reference (:meth:`MetricStore.history`); :meth:`MetricStore.mark_untrusted`
   takes runs out of every later reference without deleting them.
+- ``created`` has one format, the one the store writes (:func:`~.artefacts.utc_iso`): UTC with
+  microseconds, ``2026-12-01T10:00:00.000000+00:00`` (so text order is time order; PostgreSQL
+  keeps a ``TIMESTAMPTZ``, read back in the same form), from :data:`~mizzen_ci.history.EARLIEST`
+  to now + :data:`~mizzen_ci.history.MAX_CLOCK_SKEW`.  A run is written with it or refused
+  (:func:`check_run`), and a row read with anything else is a bad row (:func:`checked_created`).
 - Everything read back is untrusted input (a store file from a cache, a shared database): every
-  row is checked and bounded (:func:`checked_value`); a bad row is dropped with a problem naming
-  its run id, never used and never a traceback.  Reads are bounded (``LIMIT``), and each backend
+  row is checked and bounded (:func:`checked_value`, :func:`checked_created`); a bad row is
+  dropped with a problem naming its run id, never used and never a traceback.  Each backend
   bounds a query's time.
+- Bad rows never shrink the evidence.  Every "newest first" read (:meth:`MetricStore.history`,
+  :meth:`~MetricStore.last_steps`, :meth:`~MetricStore.environments`) is one walk,
+  :func:`walk_newest`: rows are read in pages newest first, only those whose ``created`` lies
+  within the bounds above (filtered in SQL, so a ``created`` of ``'9999'`` or ``'infinity'``
+  never sorts first; :meth:`MetricStore.history` names the runs left out so), each is checked
+  in Python, and the walk goes on past every dropped row until it has the valid rows asked for
+  or the rows run out.  So the window of N trusted values is the newest N *valid* rows,
+  whatever bad rows sit among them.  A walk reads at most
+  :data:`MAX_ROWS_SCANNED` rows: past that it is a :class:`StoreError` (the gate errors), never
+  a shorter window.
 - Every error is a :class:`StoreError` whose message shows the store only through
   :func:`~mizzen_ci.gate.redact.redact_url` (a password never appears in a message, a ``repr()``
   or a log line); the store's secrets are registered in the process-wide mask set when the URL
@@ -39,16 +54,19 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ..masking import mask, register_connection
-from .artefacts import MAX_ABS_VALUE, MAX_KEY_CHARS, NONFINITE, valid_test_path
+from ..registry.rules import shown
+from .artefacts import MAX_ABS_VALUE, MAX_KEY_CHARS, NONFINITE, utc_iso, valid_test_path, valid_when
 from .environment import UNKNOWN
 from .environment import checked as checked_environment
 
@@ -61,6 +79,11 @@ MAX_ENVIRONMENTS = 50
 EVENTS = ("push", "schedule", "workflow_dispatch", "pull_request", "merge_group", "local")
 TRUSTED_EVENTS = ("push", "schedule", "workflow_dispatch", "local")
 KINDS = ("finite", "nan", "inf", "-inf")
+CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
+CREATED_EXAMPLE = "2026-12-01T10:00:00.000000+00:00"
+MAX_ROWS_SCANNED = 100_000  # rows one walk reads (valid or not) before it refuses the store
+PAGE_ROWS = 1000  # the most rows one page of a walk reads
+MAX_PROBLEMS = 20  # dropped rows named one by one in one read (the rest are counted)
 
 
 class StoreError(RuntimeError):
@@ -83,7 +106,7 @@ class RunInfo:
     event: str
     trusted: bool
     attempt: int
-    created: str  # ISO-8601 UTC
+    created: str  # ISO-8601 with its offset; stored in the store's one format (UTC, microseconds)
     source: str  # the run key of the artefact
     environment: str = UNKNOWN  # :mod:`.environment`
 
@@ -107,10 +130,69 @@ def kind_of(value: float) -> str:
     return "finite"
 
 
+def created_bounds() -> tuple[str, str]:
+    """The earliest and the latest ``created`` a row may have, in the store's format."""
+    from ..history import EARLIEST, MAX_CLOCK_SKEW
+
+    latest = datetime.now(UTC) + MAX_CLOCK_SKEW
+    return utc_iso(EARLIEST.isoformat()), utc_iso(latest.isoformat())
+
+
+def checked_created(created: object, run_id: object) -> str:
+    """A stored ``created`` in the store's one format (a PostgreSQL ``TIMESTAMPTZ`` is put in
+    it); :class:`ValueError` naming the run otherwise (see the module docstring)."""
+    if isinstance(created, datetime) and created.tzinfo is not None:
+        with contextlib.suppress(OverflowError, ValueError):  # else refused below: not text
+            created = created.astimezone(UTC).isoformat(timespec="microseconds")
+    if not (
+        isinstance(created, str)
+        and CREATED.fullmatch(created)
+        and valid_when(created)
+        and utc_iso(created) == created
+    ):
+        raise ValueError(
+            f"run {run_id}: `created` {shown(created)} is not a time in the store's format "
+            f"(UTC with microseconds, e.g. {CREATED_EXAMPLE}, from 2020-01-01 to now)"
+        )
+    return created
+
+
+def walk_newest(
+    read_page: Callable[[Sequence | None, int], list[Sequence]],
+    check: Callable[[Sequence], object],
+    first: int,
+    shown_store: str,
+) -> Iterator[tuple[object, str | None]]:
+    """The rows of one "newest first" read, checked: ``(check(row), None)`` for a valid row,
+    ``(None, problem)`` for a dropped one, newest first, until the caller stops or the rows run
+    out.  ``read_page(after, n)``: at most ``n`` rows older than the row ``after`` (``None``:
+    from the newest), newest first; the first page reads ``first`` rows, later ones more.
+    :class:`StoreError` once :data:`MAX_ROWS_SCANNED` rows are read (see the module docstring)."""
+    after, n, scanned = None, max(1, min(first, PAGE_ROWS)), 0
+    while True:
+        rows = read_page(after, n)[:n]
+        for row in rows:
+            try:
+                checked = check(row)
+            except (ValueError, TypeError) as e:
+                yield None, str(e)
+                continue
+            yield checked, None
+        scanned += len(rows)
+        if len(rows) < n:
+            return
+        if scanned >= MAX_ROWS_SCANNED:
+            raise StoreError(
+                f"{shown_store}: {scanned} rows read newest first without finding the valid ones "
+                "asked for; the store is damaged or crafted: rebuild it from artefacts"
+            )
+        after, n = rows[-1], min(PAGE_ROWS, 2 * n)
+
+
 def checked_value(row: tuple, run_id: object) -> StoredValue:
-    """A ``(value, kind, created, commit_sha, source, run id)`` row as a :class:`StoredValue`;
+    """A ``(value, kind, commit_sha, source, created, run id)`` row as a :class:`StoredValue`;
     :class:`ValueError` naming what is wrong (see the module docstring)."""
-    value, kind, created, commit, source, rid = row
+    value, kind, commit, source, created, rid = row
     if kind not in KINDS:
         raise ValueError(f"run {run_id}: kind {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
     if kind == "finite":
@@ -127,10 +209,7 @@ def checked_value(row: tuple, run_id: object) -> StoredValue:
         raise ValueError(f"run {run_id}: a {kind} value with a number beside it")
     else:
         number = NONFINITE[kind]
-    if isinstance(created, datetime):
-        created = created.astimezone(UTC).isoformat(timespec="microseconds")
-    if not (isinstance(created, str) and len(created) <= 40):
-        raise ValueError(f"run {run_id}: `created` is not a time")
+    created = checked_created(created, run_id)
     if not (isinstance(commit, str) and len(commit) <= 64):
         raise ValueError(f"run {run_id}: `commit_sha` is not a commit")
     if not (isinstance(source, str) and len(source) <= MAX_KEY_CHARS):
@@ -159,6 +238,11 @@ def check_run(run: RunInfo) -> None:
         problems.append(f"event {run.event[:40]!r} is not one of {', '.join(EVENTS)}")
     if run.trusted and run.event not in TRUSTED_EVENTS:
         problems.append(f"a {run.event} run is never trusted")
+    if not valid_when(run.created):
+        problems.append(
+            f"created {shown(run.created)} is not an ISO-8601 time with its UTC offset from "
+            f"2020-01-01 to now (e.g. {CREATED_EXAMPLE})"
+        )
     if not (type(run.attempt) is int and 1 <= run.attempt <= 1000):
         problems.append("attempt is not an integer from 1 to 1000")
     if run.pr is not None and not (type(run.pr) is int and 1 <= run.pr <= 10**9):
@@ -192,41 +276,66 @@ class MetricStore(ABC):
         exclude_source: str | None = None,
         environment: str | None = None,
     ) -> tuple[list[StoredValue], list[str]]:
-        """The newest ``limit`` trusted values of the series, newest first, leaving out the run
-        ``exclude_source`` (the run being judged), of ``environment`` only when it is given;
-        and the problems of dropped rows."""
+        """The newest ``limit`` valid trusted values of the series, newest first, leaving out the
+        run ``exclude_source`` (the run being judged), of ``environment`` only when it is given;
+        and the problems of the rows dropped on the way (:func:`walk_newest`)."""
         limit = max(1, min(int(limit), MAX_WINDOW))
-        rows = self._history_rows(
-            (test, arch, metric, step), limit, exclude_source or "", environment
-        )
-        good, problems = [], []
-        for row in rows[:limit]:
-            try:
-                good.append(checked_value(tuple(row), row[5] if len(row) > 5 else "?"))
-            except (ValueError, TypeError) as e:
-                problems.append(f"{self.shown}: dropped a stored value of {metric}@{step}: {e}")
+        series = (test, arch, metric, step)
+        pages = self._history_pages(series, exclude_source or "", environment)
+        good, problems, dropped = [], [], 0
+        outside = self._out_of_bounds(series, exclude_source or "", MAX_PROBLEMS + 1)
+        if outside:
+            named = ", ".join(str(i)[:20] for i in outside[:MAX_PROBLEMS])
+            problems.append(
+                f"{self.shown}: left out the stored values of {metric}@{step} of run(s) {named}"
+                f"{' and more' if len(outside) > MAX_PROBLEMS else ''}: `created` is not a time "
+                f"from 2020-01-01 to now (the store writes UTC with microseconds, e.g. "
+                f"{CREATED_EXAMPLE}); the store is damaged or crafted: rebuild it from artefacts"
+            )
+        walk = walk_newest(pages, lambda row: checked_value(tuple(row), row[-1]), limit, self.shown)
+        for value, problem in walk:
+            if problem is None:
+                good.append(value)
+                if len(good) == limit:
+                    break
+            elif (dropped := dropped + 1) <= MAX_PROBLEMS:
+                problems.append(
+                    f"{self.shown}: dropped a stored value of {metric}@{step}: {problem}"
+                )
+        if dropped > MAX_PROBLEMS:
+            problems.append(
+                f"{self.shown}: dropped {dropped - MAX_PROBLEMS} more stored value(s) of "
+                f"{metric}@{step}; the store is damaged or crafted: rebuild it from artefacts"
+            )
         return good, problems
 
     @abstractmethod
-    def _history_rows(
+    def _history_pages(
         self,
         series: tuple[str, str, str, int],
-        limit: int,
         exclude_source: str,
         environment: str | None = None,
-    ) -> list[tuple]:
-        """The rows ``(value, kind, created, commit, source, run id)`` of :meth:`history`, as
-        stored (:meth:`history` checks them): at most ``limit``, none of the run
-        ``exclude_source`` (``""``: none left out), of ``environment`` when given."""
+    ) -> Callable[[Sequence | None, int], list[Sequence]]:
+        """The ``read_page`` of :func:`walk_newest` for :meth:`history`: rows ``(value, kind,
+        commit, source, created, run id)`` as stored (:meth:`history` checks them), none of the
+        run ``exclude_source`` (``""``: none left out), of ``environment`` when given."""
+
+    @abstractmethod
+    def _out_of_bounds(
+        self, series: tuple[str, str, str, int], exclude_source: str, most: int
+    ) -> list[object]:
+        """The ids of at most ``most`` trusted runs of the series whose ``created`` is outside
+        its bounds (never read by a walk: named in :meth:`history`'s problems)."""
 
     @abstractmethod
     def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
-        """The environments of the series' trusted values, the one of the newest run first (at
-        most :data:`MAX_ENVIRONMENTS`); every one checked (a bad one is left out)."""
+        """The environments of the series' valid trusted values, the one of the newest run first
+        (at most :data:`MAX_ENVIRONMENTS`); every one checked (a bad row is left out)."""
 
     @abstractmethod
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
-        """The steps at which the newest trusted run that recorded ``metric`` recorded it."""
+        """The steps at which the newest valid trusted run that recorded ``metric`` recorded it
+        (a run whose row is bad is passed over: :func:`walk_newest`)."""
 
     def mark_untrusted(
         self,
