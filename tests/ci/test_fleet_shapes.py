@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.fleet import Fleet, FleetError, parse_fleet
 
-register_cpu_ci(est_time=30, labels=["ci"])
+register_cpu_ci(est_time=5, labels=["ci"])
 
 GOOD = """
 capabilities = ["rdma"]

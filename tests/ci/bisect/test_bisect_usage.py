@@ -17,7 +17,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=25, labels=["ci"])
+register_cpu_ci(est_time=8, labels=["ci"])
 
 
 def _bisect(root: Path, *args: str, env=None) -> subprocess.CompletedProcess:

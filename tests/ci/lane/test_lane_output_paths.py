@@ -11,7 +11,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=30, labels=["ci", "gpu-lane"])
+register_cpu_ci(est_time=5, labels=["ci", "gpu-lane"])
 
 GPU_TEST = (
     "from mizzen_ci import register_cuda_ci\nregister_cuda_ci(est_time=5, hardware=['hopper'])\n"

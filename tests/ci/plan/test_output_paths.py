@@ -15,7 +15,7 @@ import pytest
 from mizzen_ci import register_cpu_ci
 from mizzen_ci.plan import Plan, SelectionSummary
 
-register_cpu_ci(est_time=40, labels=["ci"])
+register_cpu_ci(est_time=8, labels=["ci"])
 
 HEAD = "a" * 40
 TESTS = {

@@ -40,7 +40,7 @@ from mizzen_rollout.engines import client as client_module
 from mizzen_rollout.rollout import RolloutConfig, run_rollout
 from mizzen_rollout.samples import SampleStatus
 
-register_cpu_ci(est_time=15, labels=["engine", "rollout"])
+register_cpu_ci(est_time=8, labels=["engine", "rollout"])
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 

@@ -16,7 +16,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from mizzen_ci import register_cpu_ci
 from mizzen_train.serve.wire import WireError, decode_forward_backward
 
-register_cpu_ci(est_time=20, labels=["train"])
+register_cpu_ci(est_time=10, labels=["train"])
 
 LIMIT = 1 << 20
 int64s = st.one_of(
