@@ -18,13 +18,16 @@ encoding a sink registers with :func:`add_encoding`, such as the terminal form o
 - :func:`register_environment`: the value of every variable whose name says it is a secret
   (:data:`SECRET_NAME`, a name matched by words between underscores: ``*_TOKEN``,
   ``*_PASSWORD``, ``PGPASSWORD``, ``*_API_KEY``, ``*_DSN``, ``DATABASE_URL``, ``*_PAT``
-  (``GITHUB_PAT``), a provider's ``*_KEY`` (``OPENAI_KEY``, ``STRIPE_KEY``; not a key that
-  names a thing, :data:`NOT_SECRET_KEY_WORDS`: ``MIZZEN_RUN_KEY``, ``CACHE_KEY``,
-  ``PUBLIC_KEY``), ``*WEBHOOK*`` (the secret is in the URL's path), ``*CONNECTION_STRING*``
-  (``AZURE_STORAGE_CONNECTION_STRING``, ``*_CONN_STR``), ``*_CREDS``, ``*_PASS``, ``*_PWD``,
-  ``*_AUTH``, ``*_BEARER``, …), and the connection secrets of every value that is a URL or DSN.
+  (``GITHUB_PAT``), a ``*_KEY`` whose word says it is a secret key or names a provider
+  (:data:`SECRET_KEY_WORDS`: ``*_ACCESS_KEY``, ``SIGNING_KEY``, ``OPENAI_KEY``; most ``*_KEY``
+  names a thing and is shown: ``MIZZEN_RUN_KEY``, ``MIZZEN_HARBOR_REWARD_KEY``, ``CACHE_KEY``),
+  ``*WEBHOOK*`` (the secret is in the URL's path), ``*CONNECTION_STRING*``
+  (``AZURE_STORAGE_CONNECTION_STRING``, ``*_CONN_STR``), ``*_CREDS``, ``*_BEARER``, and as the
+  last word ``*_PASS``, ``*_PWD``, ``*_AUTH``, …), and the connection secrets of every value
+  that is a URL or DSN.
   Names that only look alike are not secrets: ``PATH``/``*_PATH``, ``PWD``/``OLDPWD`` (the
-  current folder), ``TOKENIZERS_PARALLELISM``, ``BYPASS_*``, ``SSH_AUTH_SOCK`` (a socket path:
+  current folder), ``MIZZEN_PASS_RATE``, ``PASS_AT_K``, ``PAT_LIMIT`` (``PASS``/``PAT`` not the
+  last word), ``MODEL_KEY``, ``SHARD_KEY``, ``TOKENIZERS_PARALLELISM``, ``BYPASS_*``, ``SSH_AUTH_SOCK`` (a socket path:
   usable only on its host, and masking it would hide paths in every log), ``RAY_AUTH_MODE``;
 - :func:`register_arguments`: the connection secrets of every command-line argument (``--store
   postgresql://…``), before the parser can echo one in a usage error.
@@ -57,14 +60,20 @@ from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, ur
 MASK = "***"
 MIN_CHARS = 3
 SECRET_KEYS = frozenset({"password", "sslpassword", "pass", "passwd", "token", "secret"})
-# Words that make ``<WORD>_KEY`` an identifier, not a secret (``MIZZEN_RUN_KEY`` names the run).
-NOT_SECRET_KEY_WORDS = ("RUN", "JOB", "CACHE", "PUBLIC", "SORT", "PRIMARY", "PARTITION", "ROUTING")
+# ``<WORD>_KEY`` is a secret only for these words (what kind of key it is, or a provider whose
+# key it is): most ``*_KEY`` names a thing (``MIZZEN_RUN_KEY``, ``MIZZEN_HARBOR_REWARD_KEY``,
+# ``CACHE_KEY``, ``SHARD_KEY``), whose value CI output and records must show.
+SECRET_KEY_WORDS = (
+    "API", "ACCESS", "PRIVATE", "SECRET", "SIGNING", "ENCRYPTION", "MASTER", "LICENSE",
+    "OPENAI", "ANTHROPIC", "STRIPE", "GEMINI", "GOOGLE", "GROQ", "MISTRAL", "COHERE", "TOGETHER",
+    "FIREWORKS", "DEEPSEEK", "XAI", "REPLICATE", "PERPLEXITY",
+)  # fmt: skip
 SECRET_NAME = re.compile(
     r"PASSWORD|PASSWD|PASSPHRASE|WEBHOOK|CONN(?:ECTION)?_?STR(?:ING)?|"
-    r"(?:^|_)(?:TOKEN|SECRET|SECRETS|CREDENTIALS?|CREDS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|"
-    r"SECRET_KEY|DSN|DATABASE_URL|COOKIE|PAT|PASS|BEARER|HOOK_URL)(?:_|$)|"
-    r"_PWD(?:_|$)|(?:^|_)AUTH(?:ORIZATION)?$|"
-    rf"(?:^|_)(?!(?:{'|'.join(NOT_SECRET_KEY_WORDS)})_KEY)[A-Z0-9]+_KEY$",
+    r"(?:^|_)(?:TOKEN|SECRET|SECRETS|CREDENTIALS?|CREDS?|APIKEY|DSN|DATABASE_URL|COOKIE|BEARER|"
+    r"HOOK_URL)(?:_|$)|"
+    r"_(?:PAT|PASS|PWD)$|(?:^|_)AUTH(?:ORIZATION)?$|"
+    rf"(?:^|_)(?:{'|'.join(SECRET_KEY_WORDS)})_?KEY(?:_|$)",
     re.IGNORECASE,
 )
 _CONNINFO = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
