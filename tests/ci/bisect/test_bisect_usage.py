@@ -94,3 +94,34 @@ def test_a_test_outside_tests_is_refused_by_the_gates_rule(tmp_path, test):
     assert done.returncode == 2 and done.stdout == "", done
     (line,) = done.stderr.splitlines()
     assert "--test must be tests/…/test_*.py or FILE::NAME" in line and "Traceback" not in line
+
+
+@pytest.mark.parametrize("what", ["link", "not-utf8", "link-in-place-of-the-folder"])
+def test_failed_jobs_names_a_history_it_cannot_read_even_with_allow_missing(tmp_path, what):
+    # a link (refused by the history reader with a warning) printed nothing, exit 0: "no failed
+    # jobs"; --allow-missing allows a missing history only
+    real = tmp_path / "real" / "durations.jsonl"
+    real.parent.mkdir()
+    real.write_text(_record("failed", "cpu-2") + "\n")
+    store = tmp_path / "history"
+    if what == "link":
+        store.mkdir()
+        (store / "good.jsonl").write_text(_record("failed", "cpu-1") + "\n")
+        unread = store / "durations.jsonl"
+        unread.symlink_to(real)
+        given = unread
+    elif what == "not-utf8":
+        store.mkdir()
+        unread = store / "durations.jsonl"
+        unread.write_bytes(b"\xff\xfe" + _record("failed", "cpu-1").encode() + b"\n")
+        given = store
+    else:
+        store.symlink_to(real.parent)
+        unread = given = store
+    for extra in ([], ["--allow-missing"]):
+        done = _bisect(tmp_path, "--failed-jobs", str(given), *extra)
+        assert done.returncode == 2 and done.stdout == "", done
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"mizzen-ci bisect: --failed-jobs {given}: 1 history store(s) "
+                               f"cannot be read, so the failed jobs are unknown"), line  # fmt: skip
+        assert f"{unread}: " in line and "Traceback" not in line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -162,3 +163,53 @@ def test_the_probe_reads_the_driver_sku_and_lock_hash(tmp_path, monkeypatch):
     facts = environment.parse(environment.current(tmp_path))
     assert (facts["driver"], facts["gpu"], facts["image"]) == ("none", "none", "sha256:4f1c")
     environment._probe.cache_clear()
+
+
+BAD = OLD.replace("aaaa", "cccc")
+
+
+def test_a_newer_environment_whose_values_are_all_bad_never_takes_the_fallback(tmp_path):
+    # its run's values were not checked: it became the "previous environment" (no history), the
+    # fallback to OLD was lost and a regression in NEW went inactive and passed
+    path = tmp_path / "metrics.sqlite"
+    with open_store(str(path)) as store:
+        for i, loss in enumerate(OLD_LOSSES):
+            add(store, i, loss, OLD)
+        store.add_run(RunInfo(TEST, "cpu", "p", "b" * 40, None, "push", True, 1,
+                              "2026-11-20T00:00:00+00:00", "bad", BAD),
+                      {("eval/loss", 60): float("nan"), ("eval/loss", 61): float("nan")})  # fmt: skip
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    with open_store(str(path), readonly=True) as store:
+        result = judge(store, 1.15, NEW)
+    assert [(r.step, r.verdict) for r in result.rows] == [(60, "FAIL")], result.rows
+    assert result.rows[0].why.startswith("new environment") and result.failed
+    assert result.notes == [f"{TEST} on cpu: new environment: {describe_change(OLD, NEW)}"]
+
+
+def test_a_run_left_out_of_the_history_is_reported_once(tmp_path):
+    # each history read named every out-of-bounds run of the series, whatever its environment:
+    # judged in NEW, the reads of NEW's and OLD's history (per run judged) repeated one problem
+    path = tmp_path / "metrics.sqlite"
+    with open_store(str(path)) as store:
+        for i, loss in enumerate(OLD_LOSSES):
+            add(store, i, loss, OLD)
+        add(store, 20, 1.0, BAD)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE runs SET created = '2099-01-01T00:00:00.000000+00:00' WHERE source = 'run-20'"
+        )
+    pts = [Point(TEST, "cpu", "eval/loss", 60, 1.0, run, None, f"2026-12-01T00:0{i}:00.000000+00:00", NEW)
+           for i, run in enumerate(("now-1", "now-2"))]  # fmt: skip
+    with open_store(str(path), readonly=True) as store:
+        result = run_gate(Declarations(gates={TEST: [LOSS]}), pts, store, [(TEST, "cpu")], [],
+                          today=dt.date(2026, 12, 1))  # fmt: skip
+        assert [r.verdict for r in result.rows] == ["pass", "pass"]
+        assert result.problems == [], result.problems  # run 9 is BAD's: neither NEW's nor OLD's
+        # judged in BAD (no valid value: against OLD), each run reads BAD's history: named once
+        bad = [replace(p, env=BAD) for p in pts]
+        result = run_gate(Declarations(gates={TEST: [LOSS]}), bad, store, [(TEST, "cpu")], [],
+                          today=dt.date(2026, 12, 1))  # fmt: skip
+        assert [r.verdict for r in result.rows] == ["pass", "pass"]
+        (problem,) = result.problems
+        assert "run(s) 9 (environment 'python=3.12.3; torch=2.11.0" in problem, problem

@@ -398,3 +398,157 @@ def test_every_other_shape_of_created_is_refused_at_read_and_named(tmp_path, cre
         assert store.last_steps(TEST, "cpu", "eval/loss") == (60,)
         (newest,), _ = store.history(TEST, "cpu", "eval/loss", 60, limit=1)
         assert newest.source == "good-2"
+
+
+# -- one row check for every read: steps and environments see only valid values ----------------
+
+
+def env_run(source: str, created: str, environment: str) -> RunInfo:
+    from dataclasses import replace
+
+    return replace(run(source, created), environment=environment)
+
+
+def test_a_newer_run_whose_values_are_all_bad_gives_neither_steps_nor_environment(store_url):
+    # its created and environment were checked, not its values: last_steps returned its steps,
+    # environments listed it first, and the gate fell back to an environment with no history
+    with open_store(store_url) as store:
+        store.add_run(
+            env_run("good", t(0), ENV_GOOD), {("eval/loss", 20): 1.0, ("eval/loss", 60): 2.0}
+        )
+        store.add_run(
+            env_run("bad", t(1), ENV_BAD),
+            {("eval/loss", 60): math.nan, ("eval/loss", 61): math.nan},
+        )
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    with open_store(store_url, readonly=True) as store:
+        assert store.last_steps(TEST, "cpu", "eval/loss") == (20, 60)
+        assert store.environments(TEST, "cpu", "eval/loss", 60) == [ENV_GOOD]
+        (value,), _ = store.history(TEST, "cpu", "eval/loss", 60, limit=5)
+        assert value.source == "good"
+
+
+def test_an_environment_is_listed_by_its_newest_valid_value(store_url):
+    envs = [ENV_GOOD.replace("aaaa", f"{i:04d}") for i in range(5)]
+    with open_store(store_url) as store:
+        for i, environment in enumerate(envs):  # env i's newest valid value at t(10 + i)
+            store.add_run(env_run(f"e{i}", t(10 + i), environment), {("eval/loss", 60): 1.0})
+        store.add_run(env_run("e4-old", t(1), envs[4]), {("eval/loss", 60): 1.0})
+        # the newest run of all is env 4's, with a bad value at 60 and a good one at 70
+        store.add_run(
+            env_run("e4-bad", t(30), envs[4]), {("eval/loss", 60): math.nan, ("eval/loss", 70): 3.0}
+        )
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    crafted(
+        store_url,
+        "UPDATE metric_values SET kind = 'nan' WHERE run = (SELECT id FROM runs WHERE source = 'e4')",
+    )
+    with open_store(store_url, readonly=True) as store:
+        # env 4: its two newest values at 60 are bad, its newest valid one is the oldest of all
+        assert store.environments(TEST, "cpu", "eval/loss", 60) == [
+            envs[i] for i in (3, 2, 1, 0, 4)
+        ]
+        assert store.environments(TEST, "cpu", "eval/loss", 70) == [envs[4]]
+        assert store.last_steps(TEST, "cpu", "eval/loss") == (70,)  # the valid values' steps only
+
+
+def test_only_the_newest_environments_are_listed_past_the_limit(store_url, monkeypatch):
+    from mizzen_ci.gate import sql
+
+    monkeypatch.setattr(sql, "MAX_ENVIRONMENTS", 2)
+    envs = [ENV_GOOD.replace("aaaa", f"{i:04d}") for i in range(5)]
+    with open_store(store_url) as store:
+        for i, environment in enumerate(envs):
+            store.add_run(env_run(f"e{i}", t(10 + i), environment), {("eval/loss", 60): 1.0})
+        store.add_run(env_run("e0-bad", t(40), envs[0]), {("eval/loss", 60): math.nan})
+    crafted(store_url, "UPDATE metric_values SET value = 5.0 WHERE kind = 'nan'")
+    with open_store(store_url, readonly=True) as store:
+        assert store.environments(TEST, "cpu", "eval/loss", 60) == [envs[4], envs[3]]
+
+
+def test_history_of_an_environment_names_only_its_own_runs_left_out(store_url):
+    with open_store(store_url) as store:
+        for i in range(3):
+            store.add_run(env_run(f"good-{i}", t(i), ENV_GOOD), {("eval/loss", 60): 1.0})
+            store.add_run(env_run(f"ahead-{i}", t(10 + i), ENV_BAD), {("eval/loss", 60): 1.0})
+    _, future = newest_sorting_bad_created(store_url)
+    crafted(store_url, "UPDATE runs SET created = ? WHERE source LIKE ?", (future, "ahead-%"))
+    with open_store(store_url, readonly=True) as store:
+        values, problems = store.history(
+            TEST, "cpu", "eval/loss", 60, limit=5, environment=ENV_GOOD
+        )
+        assert len(values) == 3 and problems == []
+        values, (problem,) = store.history(
+            TEST, "cpu", "eval/loss", 60, limit=5, environment=ENV_BAD
+        )
+        assert values == [] and "run(s) 2, 4, 6 (environment " in problem, problem
+        # a writer whose clock runs ahead is the honest cause; a damaged store the other
+        assert "clock runs more than 10 min ahead of this machine's" in problem, problem
+        assert "damaged or crafted" in problem
+        _, (problem,) = store.history(TEST, "cpu", "eval/loss", 60, limit=5)
+        assert "run(s) 2, 4, 6:" in problem
+
+
+def test_the_bounds_of_created_in_messages_come_from_the_constants(tmp_path, monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from mizzen_ci import history
+
+    monkeypatch.setattr(history, "EARLIEST", datetime(2021, 3, 1, tzinfo=UTC))
+    monkeypatch.setattr(history, "MAX_CLOCK_SKEW", timedelta(minutes=5))
+    bounds = "from 2021-03-01 to 5 min after now by this machine's clock"
+    path = str(tmp_path / "metrics.sqlite")
+    with open_store(path) as store:
+        with pytest.raises(StoreError) as refused:
+            store.add_run(run("old", "2021-02-01T00:00:00+00:00"), {("eval/loss", 60): 1.0})
+        assert bounds in str(refused.value), refused.value
+        store.add_run(run("good", t(0)), {("eval/loss", 60): 1.0})
+        store.add_run(run("shape", t(1)), {("eval/loss", 60): 1.0})
+    crafted(
+        path,
+        "UPDATE runs SET created = ? WHERE source = 'shape'",
+        ("2026-12-01 10:01:00.000000+00:00",),
+    )
+    crafted(path, "INSERT INTO runs (test, arch, pool, commit_sha, event, trusted, attempt, created, source)"
+                  " VALUES (?, 'cpu', 'p', 'c', 'push', 1, 1, '2021-01-01T00:00:00.000000+00:00', 'x')", (TEST,))  # fmt: skip
+    crafted(
+        path,
+        "INSERT INTO metric_values (run, metric, step, value, kind) VALUES (3, 'eval/loss', 60, 1.0, 'finite')",
+    )
+    with open_store(path, readonly=True) as store:
+        _, problems = store.history(TEST, "cpu", "eval/loss", 60, limit=5)
+    assert len(problems) == 2 and all(bounds in p for p in problems), problems
+    assert "2020-01-01" not in "".join(problems)
+
+
+def test_a_large_honest_store_lists_its_environments(tmp_path):
+    # a walk of every row until 50 environments: 120,000 valid rows were called "damaged or
+    # crafted"; the store is grouped by environment in SQL, each walked to its newest valid row
+    from datetime import UTC, datetime, timedelta
+
+    path = str(tmp_path / "metrics.sqlite")
+    with open_store(path) as store:
+        store.add_run(
+            env_run("seed", "2024-01-01T00:00:00+00:00", ENV_BAD), {("eval/loss", 60): 1.0}
+        )
+    n, start = 150_000, datetime(2024, 1, 2, tzinfo=UTC)
+    runs = [(i + 2, TEST, "cpu", "p", "a" * 40, "push", 1, 1,
+             (start + timedelta(minutes=i)).isoformat(timespec="microseconds"), f"r{i}")
+            for i in range(n)]  # fmt: skip
+    conn = sqlite3.connect(path)
+    with conn:  # one transaction
+        conn.executemany("INSERT INTO runs (id, test, arch, pool, commit_sha, event, trusted, attempt,"
+                         " created, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)  # fmt: skip
+        conn.executemany("INSERT INTO metric_values VALUES (?, 'eval/loss', 60, 1.0, 'finite')",
+                         [(i + 2,) for i in range(n)])  # fmt: skip
+        conn.executemany(
+            "INSERT INTO run_environments VALUES (?, ?)", [(i + 2, ENV_GOOD) for i in range(n)]
+        )
+    conn.close()
+    with open_store(path, readonly=True) as store:
+        assert store.environments(TEST, "cpu", "eval/loss", 60) == [ENV_GOOD, ENV_BAD]
+        values, problems = store.history(
+            TEST, "cpu", "eval/loss", 60, limit=20, environment=ENV_BAD
+        )
+        assert [v.source for v in values] == ["seed"] and problems == []
+        assert store.last_steps(TEST, "cpu", "eval/loss") == (60,)

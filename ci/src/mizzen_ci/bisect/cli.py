@@ -32,7 +32,11 @@ Invariants:
 - ``--failed-jobs HISTORY``: a HISTORY that does not exist is exit 2 naming it (a typo never
   reads as "no failed jobs"), unless ``--allow-missing`` says that no history is a possible
   answer (the nightly bisect job downloads the ``history-*`` artefacts of a run that failed,
-  perhaps before any lane uploaded one: then it has nothing to bisect).
+  perhaps before any lane uploaded one: then it has nothing to bisect).  A history store that
+  exists but cannot be read (a link, a fifo, not UTF-8, too large, no permission) is exit 2
+  naming it, with or without ``--allow-missing`` (which allows a missing HISTORY only): an
+  unread store never reads as "no failed jobs".  Bad lines of a readable store are dropped with
+  a warning, as every history reader does.
 """
 
 from __future__ import annotations
@@ -128,15 +132,25 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 def _print_failed_jobs(store: Path, *, allow_missing: bool = False) -> int:
     """The ids of the CPU jobs whose recorded outcome is failed or error, one a line, sorted; a
-    ``store`` that does not exist is a :class:`UsageError` unless ``allow_missing``."""
+    ``store`` that does not exist is a :class:`UsageError` unless ``allow_missing``, one that
+    cannot be read always is (see the module docstring)."""
     from ..cli import UsageError
-    from ..history import read_stores
+    from ..history import history_files, read_stores
 
     if not allow_missing and not os.path.lexists(store):
         raise UsageError(f"--failed-jobs {store}: no such file or folder. Fix: give the history "
                          "store (a file or folder of *.jsonl), or --allow-missing when no "
                          "history means no failed jobs")  # fmt: skip
-    records, problems = read_stores([store], missing_ok=allow_missing)
+    records, problems, unread = [], [], []
+    for path in history_files(store):  # one at a time: a store's own problem names it alone
+        found, dropped = read_stores([path], missing_ok=allow_missing)
+        records += found
+        problems += dropped
+        unread += [p for p in dropped if p.startswith(f"{path}: ")]  # not `path:LINE: `
+    if unread:
+        raise UsageError(f"--failed-jobs {store}: {len(unread)} history store(s) cannot be read, "
+                         f"so the failed jobs are unknown (--allow-missing allows only a missing "
+                         f"HISTORY): {unread[0]}")  # fmt: skip
     for p in problems[:5]:
         print(plain(f"warning: dropped {p}"), file=sys.stderr)
     jobs = {

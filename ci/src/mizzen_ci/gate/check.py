@@ -15,6 +15,8 @@ Invariants:
   ``"all"``: every step the newest trusted run recorded.  A required step the run lacks, a
   missing metric, and a step recorded twice with different values fail (:mod:`.judge`).
 - No store: no history, every gate inactive, and the summary says why.
+- A problem of the store (a bad row, a run left out) is reported once (:meth:`GateRun.report`),
+  however many coordinates or runs read the history holding it.
 - A value is judged against the trusted history of its own environment (:mod:`.environment`);
   while that has fewer than ``min_history`` values, against the newest other environment's with
   the band widened by :data:`~.judge.NEW_ENVIRONMENT_WIDEN`, the row saying so and the notes
@@ -77,6 +79,11 @@ class GateRun:
     @property
     def failed(self) -> bool:
         return bool(self.errors) or any(r.fails for r in self.rows)
+
+    def report(self, problems: Iterable[str]) -> None:
+        """Add each of ``problems`` once: the same history is read for several coordinates and
+        runs, and a bad row is one problem however often it is met."""
+        self.problems.extend(p for p in dict.fromkeys(problems) if p not in self.problems)
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,7 @@ def _reference(gate: Gate, arch: str, step: int, run, env: str | None, store, se
     def values_of(environment):
         stored, problems = store.history(gate.test, arch, gate.metric, step, limit=settings.window,
                                          exclude_source=run, environment=environment)  # fmt: skip
-        result.problems.extend(problems)
+        result.report(problems)
         return tuple(v.value for v in reversed(stored))
 
     def enough(history) -> bool:

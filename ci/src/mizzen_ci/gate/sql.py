@@ -6,12 +6,16 @@ Invariants:
   rewrites them; no statement holds a literal ``?``), and use only what SQLite ≥ 3.35 and
   PostgreSQL ≥ 12 both run (``ON CONFLICT … DO NOTHING``, ``RETURNING``, partial indexes).
 - Values are always bound as parameters, never formatted into SQL text.
-- Every row read goes through :func:`~.store.checked_value` or an equivalent bound check.
+- Every value row read goes through :func:`~.store.checked_value` (history, the steps of
+  :meth:`SqlStore.last_steps`, the environments of :meth:`SqlStore.environments`: one check for
+  every read); every other row through an equivalent bound check.
 - Every "newest first" read is a walk (:func:`~.store.walk_newest`, :meth:`SqlStore._pages`)
   over a statement ending in :data:`NEWEST_FIRST`: the same SQL on both backends filters
   ``created`` to its bounds (SQLite compares the text, PostgreSQL the ``TIMESTAMPTZ``: one order,
   the time's) and pages by ``(created, id)``, so no row outside the bounds sorts first and no
-  row is read twice.
+  row is read twice.  :meth:`SqlStore.environments` first groups the series by environment
+  (:data:`ENVIRONMENT_GROUPS`, within the same bounds), then walks each environment down to its
+  newest valid row only.
 """
 
 from __future__ import annotations
@@ -20,18 +24,21 @@ import contextlib
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from .artefacts import utc_iso
+from . import store as _store
+from .artefacts import MAX_STEP, utc_iso
 from .environment import UNKNOWN
 from .environment import checked as checked_environment
 from .store import (
     MAX_ENVIRONMENTS,
     MAX_STEPS_READ,
+    PAGE_ROWS,
     SCHEMA_VERSION,
     MetricStore,
     RunInfo,
     StoreError,
     check_run,
     checked_created,
+    checked_value,
     created_bounds,
     kind_of,
     walk_newest,
@@ -68,23 +75,40 @@ HISTORY_IN_ENVIRONMENT = (
     + " AND r.source <> ? AND COALESCE(e.environment, 'unknown') = ?"
     + NEWEST_FIRST
 )
-ENVIRONMENTS_OF = (
-    "SELECT COALESCE(e.environment, 'unknown'), r.created, r.id"
+# The environments of a series with the newest ``created`` of each, within the bounds (bound:
+# earliest, latest), newest first; paged by ``LIMIT ? OFFSET ?`` (a page per few environments).
+ENVIRONMENT_GROUPS = (
+    "SELECT COALESCE(e.environment, 'unknown'), MAX(r.created)"
     + _SERIES_IN_ENVIRONMENTS
-    + NEWEST_FIRST
+    + " AND r.created >= ? AND r.created <= ?"
+    " GROUP BY COALESCE(e.environment, 'unknown')"
+    " ORDER BY MAX(r.created) DESC, COALESCE(e.environment, 'unknown') LIMIT ? OFFSET ?"
 )
 NEWEST_RUNS_WITH = (
     "SELECT r.created, r.id FROM runs r WHERE r.trusted AND r.test = ? AND r.arch = ?"
     " AND EXISTS (SELECT 1 FROM metric_values v WHERE v.run = r.id AND v.metric = ?)" + NEWEST_FIRST
 )
+_OUTSIDE_THE_BOUNDS = (
+    " AND (r.created IS NULL OR NOT (r.created >= ? AND r.created <= ?)) ORDER BY r.id LIMIT ?"
+)
 OUT_OF_BOUNDS = (
     "SELECT r.id FROM runs r JOIN metric_values v ON v.run = r.id"
     " WHERE r.trusted AND r.test = ? AND r.arch = ? AND v.metric = ? AND v.step = ?"
-    " AND r.source <> ? AND (r.created IS NULL OR NOT (r.created >= ? AND r.created <= ?))"
-    " ORDER BY r.id LIMIT ?"
+    " AND r.source <> ?" + _OUTSIDE_THE_BOUNDS
+)
+OUT_OF_BOUNDS_IN_ENVIRONMENT = (
+    "SELECT r.id"
+    + _SERIES_IN_ENVIRONMENTS
+    + " AND r.source <> ? AND COALESCE(e.environment, 'unknown') = ?"
+    + _OUTSIDE_THE_BOUNDS
 )
 MAX_ID = 2**63 - 1  # above every run id (both backends' ids are 64-bit)
-STEPS_OF = "SELECT step FROM metric_values WHERE run = ? AND metric = ? ORDER BY step LIMIT ?"
+# A run's rows of one metric, as :func:`~.store.checked_value` reads them, after their step.
+VALUES_OF_RUN = (
+    "SELECT v.step, v.value, v.kind, r.commit_sha, r.source, r.created, r.id"
+    " FROM metric_values v JOIN runs r ON r.id = v.run"
+    " WHERE v.run = ? AND v.metric = ? ORDER BY v.step LIMIT ?"
+)
 SET_SCHEMA_VERSION = (
     "INSERT INTO mizzen_meta (key, value) VALUES ('schema', ?) ON CONFLICT (key) DO NOTHING"
 )
@@ -211,41 +235,90 @@ class SqlStore(MetricStore):
         return self._pages(HISTORY_IN_ENVIRONMENT, (*series, exclude_source, environment))
 
     def _out_of_bounds(
-        self, series: tuple[str, str, str, int], exclude_source: str, most: int
+        self,
+        series: tuple[str, str, str, int],
+        exclude_source: str,
+        most: int,
+        environment: str | None = None,
     ) -> list[object]:
         earliest, latest = (self._created_param(b) for b in created_bounds())
-        rows = self._query(OUT_OF_BOUNDS, (*series, exclude_source, earliest, latest, most))
+        if environment is None or (not self.has_environments and environment == UNKNOWN):
+            sql, params = OUT_OF_BOUNDS, (*series, exclude_source)
+        elif not self.has_environments:
+            return []  # every run of such a store is of the environment "unknown"
+        else:
+            sql, params = OUT_OF_BOUNDS_IN_ENVIRONMENT, (*series, exclude_source, environment)
+        rows = self._query(sql, (*params, earliest, latest, most))
         return [row[0] for row in rows[:most]]
 
     def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
         if not self.has_environments:
             return [UNKNOWN]
+        series = (test, arch, metric, step)
+        found: list[tuple[object, object, str]] = []  # (created, id, environment), newest first
+        read = 0
+        for environment, newest in self._environment_groups(series):
+            if len(found) >= MAX_ENVIRONMENTS and newest < found[MAX_ENVIRONMENTS - 1][0]:
+                break  # no row of this environment or a later one is newer than those found
+            try:
+                environment = checked_environment(environment)
+            except (ValueError, TypeError):
+                read += 1
+                continue  # every row of it is bad: left out
+            valid, scanned = self._newest_valid(series, environment)
+            read += 1 + scanned
+            if read > _store.MAX_ROWS_SCANNED:
+                raise StoreError(
+                    f"{self.shown}: {read} rows and environments read without finding the "
+                    f"environments of {metric}@{step}; the store is damaged or crafted: rebuild "
+                    "it from artefacts"
+                )
+            if valid is not None:
+                found.append((*valid, environment))
+                found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+        return [environment for _, _, environment in found[:MAX_ENVIRONMENTS]]
 
-        def check(row: Sequence) -> str:
-            checked_created(row[1], row[2])
-            return checked_environment(row[0])
+    def _environment_groups(self, series: tuple[str, str, str, int]) -> Iterator[Sequence]:
+        """``(environment, newest created)`` of the series within the bounds, newest first."""
+        earliest, latest = (self._created_param(b) for b in created_bounds())
+        offset, n = 0, MAX_ENVIRONMENTS + 1
+        while True:
+            rows = self._query(ENVIRONMENT_GROUPS, (*series, earliest, latest, n, offset))[:n]
+            yield from rows
+            if len(rows) < n:
+                return
+            offset, n = offset + n, min(PAGE_ROWS, 2 * n)
 
-        pages = self._pages(ENVIRONMENTS_OF, (test, arch, metric, step))
-        out: list[str] = []
-        for environment, _ in walk_newest(pages, check, MAX_ENVIRONMENTS, self.shown):
-            if environment is not None and environment not in out:  # a bad row: left out
-                out.append(environment)
-                if len(out) == MAX_ENVIRONMENTS:
-                    break
-        return out
+    def _newest_valid(
+        self, series: tuple[str, str, str, int], environment: str
+    ) -> tuple[tuple[object, object] | None, int]:
+        """``((created, id) as stored, rows read)`` of the newest row of ``environment`` that
+        :meth:`history` would use (``None``: none), walking past bad ones."""
+        pages = self._pages(HISTORY_IN_ENVIRONMENT, (*series, "", environment))
+
+        def check(row: Sequence) -> tuple[object, object]:
+            checked_value(tuple(row), row[-1])
+            return row[-2], row[-1]
+
+        scanned = 0
+        for valid, _ in walk_newest(pages, check, 1, self.shown):
+            scanned += 1
+            if valid is not None:
+                return valid, scanned
+        return None, scanned
 
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
-        def run_id(row: Sequence) -> object:
+        def valid_steps(row: Sequence) -> tuple[int, ...]:
             checked_created(row[0], row[1])
-            return row[1]
+            rows = self._query(VALUES_OF_RUN, (row[1], metric, MAX_STEPS_READ))
+            steps = tuple(r[0] for r in rows[:MAX_STEPS_READ] if _valid_step(r))
+            if not steps:
+                raise ValueError(f"run {row[1]}: no valid value of the metric")
+            return steps
 
         pages = self._pages(NEWEST_RUNS_WITH, (test, arch, metric))
-        walk = walk_newest(pages, run_id, 1, self.shown)
-        newest = next((found for found, _ in walk if found is not None), None)  # bad: passed over
-        if newest is None:
-            return ()
-        steps = self._query(STEPS_OF, (newest, metric, MAX_STEPS_READ))
-        return tuple(s for (s,) in steps[:MAX_STEPS_READ] if type(s) is int and 0 <= s <= 10**9)
+        walk = walk_newest(pages, valid_steps, 1, self.shown)
+        return next((steps for steps, _ in walk if steps is not None), ())  # bad: passed over
 
     def _mark_untrusted(self, match: Mapping[str, str]) -> int:
         self._writable()
@@ -271,3 +344,14 @@ class SqlStore(MetricStore):
     @contextlib.contextmanager
     def _nothing(self) -> Iterator[None]:
         yield
+
+
+def _valid_step(row: Sequence) -> bool:
+    """Whether a :data:`VALUES_OF_RUN` row is a step :func:`~.store.checked_value` takes."""
+    if not (type(row[0]) is int and 0 <= row[0] <= MAX_STEP):
+        return False
+    try:
+        checked_value(tuple(row[1:]), row[-1])
+    except (ValueError, TypeError):
+        return False
+    return True

@@ -36,15 +36,22 @@ Invariants:
   dropped with a problem naming its run id, never used and never a traceback.  Each backend
   bounds a query's time.
 - Bad rows never shrink the evidence.  Every "newest first" read (:meth:`MetricStore.history`,
-  :meth:`~MetricStore.last_steps`, :meth:`~MetricStore.environments`) is one walk,
+  :meth:`~MetricStore.last_steps`, :meth:`~MetricStore.environments`) is made of walks,
   :func:`walk_newest`: rows are read in pages newest first, only those whose ``created`` lies
   within the bounds above (filtered in SQL, so a ``created`` of ``'9999'`` or ``'infinity'``
-  never sorts first; :meth:`MetricStore.history` names the runs left out so), each is checked
-  in Python, and the walk goes on past every dropped row until it has the valid rows asked for
-  or the rows run out.  So the window of N trusted values is the newest N *valid* rows,
-  whatever bad rows sit among them.  A walk reads at most
-  :data:`MAX_ROWS_SCANNED` rows: past that it is a :class:`StoreError` (the gate errors), never
-  a shorter window.
+  never sorts first; :meth:`MetricStore.history` names the runs left out so, of the environment
+  asked for), each is checked in Python, and the walk goes on past every dropped row until it
+  has the valid rows asked for or the rows run out.  So the window of N trusted values is the
+  newest N *valid* rows, whatever bad rows sit among them.  A value row is valid for every read
+  alike (one check, :func:`checked_value`): :meth:`~MetricStore.last_steps` passes over a run
+  whose values of the metric are all bad, and :meth:`~MetricStore.environments` lists an
+  environment by its newest valid value (it groups the series by environment in SQL, then walks
+  each environment only down to its newest valid row, so an honest store of any size costs one
+  short walk per environment).  A walk reads at most :data:`MAX_ROWS_SCANNED` rows (one read of
+  :meth:`~MetricStore.environments` at most that many in all its walks): past that it is a
+  :class:`StoreError` (the gate errors), never a shorter window.  The upper bound is this
+  machine's now + :data:`~mizzen_ci.history.MAX_CLOCK_SKEW`: a run written by a machine whose
+  clock runs further ahead is left out (and named) until this clock passes its time.
 - Every error is a :class:`StoreError` whose message shows the store only through
   :func:`~mizzen_ci.gate.redact.redact_url` (a password never appears in a message, a ``repr()``
   or a log line); the store's secrets are registered in the process-wide mask set when the URL
@@ -138,6 +145,20 @@ def created_bounds() -> tuple[str, str]:
     return utc_iso(EARLIEST.isoformat()), utc_iso(latest.isoformat())
 
 
+def created_range() -> str:
+    """The bounds of :func:`created_bounds` in words, derived from the same constants."""
+    from ..history import EARLIEST
+
+    return f"from {EARLIEST.date()} to {clock_skew_minutes()} min after now by this machine's clock"
+
+
+def clock_skew_minutes() -> str:
+    """:data:`~mizzen_ci.history.MAX_CLOCK_SKEW` in minutes, as shown in messages."""
+    from ..history import MAX_CLOCK_SKEW
+
+    return f"{MAX_CLOCK_SKEW.total_seconds() / 60:g}"
+
+
 def checked_created(created: object, run_id: object) -> str:
     """A stored ``created`` in the store's one format (a PostgreSQL ``TIMESTAMPTZ`` is put in
     it); :class:`ValueError` naming the run otherwise (see the module docstring)."""
@@ -152,7 +173,7 @@ def checked_created(created: object, run_id: object) -> str:
     ):
         raise ValueError(
             f"run {run_id}: `created` {shown(created)} is not a time in the store's format "
-            f"(UTC with microseconds, e.g. {CREATED_EXAMPLE}, from 2020-01-01 to now)"
+            f"(UTC with microseconds, e.g. {CREATED_EXAMPLE}, {created_range()})"
         )
     return created
 
@@ -240,8 +261,8 @@ def check_run(run: RunInfo) -> None:
         problems.append(f"a {run.event} run is never trusted")
     if not valid_when(run.created):
         problems.append(
-            f"created {shown(run.created)} is not an ISO-8601 time with its UTC offset from "
-            f"2020-01-01 to now (e.g. {CREATED_EXAMPLE})"
+            f"created {shown(run.created)} is not an ISO-8601 time with its UTC offset "
+            f"{created_range()} (e.g. {CREATED_EXAMPLE})"
         )
     if not (type(run.attempt) is int and 1 <= run.attempt <= 1000):
         problems.append("attempt is not an integer from 1 to 1000")
@@ -283,14 +304,18 @@ class MetricStore(ABC):
         series = (test, arch, metric, step)
         pages = self._history_pages(series, exclude_source or "", environment)
         good, problems, dropped = [], [], 0
-        outside = self._out_of_bounds(series, exclude_source or "", MAX_PROBLEMS + 1)
+        outside = self._out_of_bounds(series, exclude_source or "", MAX_PROBLEMS + 1, environment)
         if outside:
             named = ", ".join(str(i)[:20] for i in outside[:MAX_PROBLEMS])
             problems.append(
                 f"{self.shown}: left out the stored values of {metric}@{step} of run(s) {named}"
-                f"{' and more' if len(outside) > MAX_PROBLEMS else ''}: `created` is not a time "
-                f"from 2020-01-01 to now (the store writes UTC with microseconds, e.g. "
-                f"{CREATED_EXAMPLE}); the store is damaged or crafted: rebuild it from artefacts"
+                f"{' and more' if len(outside) > MAX_PROBLEMS else ''}"
+                f"{f' (environment {shown(environment)})' if environment is not None else ''}: "
+                f"`created` is not a time {created_range()} (the store writes UTC with "
+                f"microseconds, e.g. {CREATED_EXAMPLE}). Either a writer's clock runs more than "
+                f"{clock_skew_minutes()} min ahead of this machine's (fix its clock, e.g. NTP; "
+                "the runs count once this clock passes their time), or the store is damaged or "
+                "crafted: rebuild it from artefacts"
             )
         walk = walk_newest(pages, lambda row: checked_value(tuple(row), row[-1]), limit, self.shown)
         for value, problem in walk:
@@ -322,20 +347,27 @@ class MetricStore(ABC):
 
     @abstractmethod
     def _out_of_bounds(
-        self, series: tuple[str, str, str, int], exclude_source: str, most: int
+        self,
+        series: tuple[str, str, str, int],
+        exclude_source: str,
+        most: int,
+        environment: str | None = None,
     ) -> list[object]:
-        """The ids of at most ``most`` trusted runs of the series whose ``created`` is outside
-        its bounds (never read by a walk: named in :meth:`history`'s problems)."""
+        """The ids of at most ``most`` trusted runs of the series (of ``environment`` when it is
+        given) whose ``created`` is outside its bounds (never read by a walk: named in
+        :meth:`history`'s problems)."""
 
     @abstractmethod
     def environments(self, test: str, arch: str, metric: str, step: int) -> list[str]:
-        """The environments of the series' valid trusted values, the one of the newest run first
-        (at most :data:`MAX_ENVIRONMENTS`); every one checked (a bad row is left out)."""
+        """The environments of the series' valid trusted values, newest first by the newest
+        valid value of each (at most :data:`MAX_ENVIRONMENTS`): an environment is listed by its
+        newest row that :func:`checked_value` takes, one with none is left out.  Its cost grows
+        with the number of environments, not of rows (see the module docstring)."""
 
     @abstractmethod
     def last_steps(self, test: str, arch: str, metric: str) -> tuple[int, ...]:
-        """The steps at which the newest valid trusted run that recorded ``metric`` recorded it
-        (a run whose row is bad is passed over: :func:`walk_newest`)."""
+        """The steps of the valid values of ``metric`` (rows :func:`checked_value` takes) of the
+        newest trusted run that has one; a run with none is passed over (:func:`walk_newest`)."""
 
     def mark_untrusted(
         self,
