@@ -7,9 +7,6 @@ working tree is planned as it is.  Real git, the real CLI as a subprocess."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -20,48 +17,26 @@ register_cpu_ci(est_time=10, labels=["ci"])
 CPU_TEST = "from mizzen_ci import register_cpu_ci\nregister_cpu_ci(est_time=30)\n"
 
 
-def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"}
-    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1"}
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 @pytest.fixture
-def repo(tmp_path, repo_root: Path) -> Path:
+def repo(workspace):
     """main: one test; branch ``change`` (checked out): a second test; branch ``other``: the
     first test deleted and no second one (planning ``change`` from it would drop the new test)."""
-    root = tmp_path / "repo"
-    files = {
-        "ci/fleet.toml": (repo_root / "ci" / "fleet.toml").read_text(),
-        "pyproject.toml": '[project]\nname = "t"\nversion = "0"\n',
-        ".gitignore": "/ignored/\n",
-        "tests/t/test_one.py": CPU_TEST,
-    }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "base")
-    git(root, "checkout", "-qb", "other")
-    git(root, "rm", "-q", "tests/t/test_one.py")
-    git(root, "commit", "-qm", "delete the test")
-    git(root, "checkout", "-q", "main")
-    git(root, "checkout", "-qb", "change")
-    (root / "tests/t/test_two.py").write_text(CPU_TEST)
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "a second test")
-    return root
+    ws = workspace({".gitignore": "/ignored/\n", "tests/t/test_one.py": CPU_TEST})
+    ws.git("checkout", "-q", "-b", "other", "main")
+    ws.git("rm", "-q", "tests/t/test_one.py")
+    ws.commit("delete the test")
+    ws.git("checkout", "-q", "change")
+    ws.write({"tests/t/test_two.py": CPU_TEST})
+    ws.commit("a second test")
+    return ws
 
 
-def plan(mizzen_ci, repo: Path, *head: str):
-    out = repo.parent / "plan.json"
+def plan(mizzen_ci, repo, *head: str):
+    out = repo.root.parent / "plan.json"
     out.unlink(missing_ok=True)
     done = mizzen_ci(
-        "plan", "--root", str(repo), "--base", "main", *head, "--no-cache", "--same-repo",
-        "--output", str(out), cwd=repo, timeout=120,
+        "plan", "--root", str(repo.root), "--base", "main", *head, "--no-cache", "--same-repo",
+        "--output", str(out), cwd=repo.root, timeout=120,
     )  # fmt: skip
     return done, (json.loads(out.read_text()) if out.exists() else None)
 
@@ -71,7 +46,7 @@ def planned_files(p: dict) -> set[str]:
 
 
 def test_a_clean_checkout_of_the_head_is_planned(mizzen_ci, repo):
-    head = git(repo, "rev-parse", "HEAD")
+    head = repo.git("rev-parse", "HEAD")
     done, p = plan(mizzen_ci, repo, "--head", head)
     assert done.returncode == 0, done.stderr
     assert p["head"] == head
@@ -79,38 +54,38 @@ def test_a_clean_checkout_of_the_head_is_planned(mizzen_ci, repo):
 
 
 def test_another_commit_checked_out_is_refused(mizzen_ci, repo):
-    head = git(repo, "rev-parse", "change")
-    git(repo, "checkout", "-q", "other")  # the planner would read other's tests
+    head = repo.git("rev-parse", "change")
+    repo.git("checkout", "-q", "other")  # the planner would read other's tests
     done, p = plan(mizzen_ci, repo, "--head", head)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert p is None  # nothing written
     line = done.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line
-    assert f"the checkout is at {git(repo, 'rev-parse', 'HEAD')[:12]}, not at {head[:12]}" in line
+    assert f"the checkout is at {repo.git('rev-parse', 'HEAD')[:12]}, not at {head[:12]}" in line
     assert f"Fix: check out {head[:12]} in a clean tree" in line
 
 
 @pytest.mark.parametrize("dirt", ["tracked", "untracked"])
 def test_a_dirty_checkout_of_the_head_is_refused(mizzen_ci, repo, dirt):
     if dirt == "tracked":
-        (repo / "tests/t/test_one.py").write_text("# no registration any more\n")
+        (repo.root / "tests/t/test_one.py").write_text("# no registration any more\n")
     else:
-        (repo / "tests/t/test_three.py").write_text(CPU_TEST)
+        (repo.root / "tests/t/test_three.py").write_text(CPU_TEST)
     done, p = plan(mizzen_ci, repo, "--head", "HEAD")
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert p is None
     shown = "tests/t/test_one.py" if dirt == "tracked" else "tests/t/test_three.py"
-    assert f"1 file(s) differ from {git(repo, 'rev-parse', 'HEAD')[:12]}" in done.stderr
+    assert f"1 file(s) differ from {repo.git('rev-parse', 'HEAD')[:12]}" in done.stderr
     assert repr(shown) in done.stderr
     assert "or leave out --head to plan the working tree as it is" in done.stderr
 
 
 def test_ignored_files_and_the_working_tree_plan_are_fine(mizzen_ci, repo):
-    (repo / "ignored").mkdir()
-    (repo / "ignored" / "cache.json").write_text("{}")
+    (repo.root / "ignored").mkdir()
+    (repo.root / "ignored" / "cache.json").write_text("{}")
     done, _ = plan(mizzen_ci, repo, "--head", "HEAD")
     assert done.returncode == 0, done.stderr
-    (repo / "tests/t/test_three.py").write_text(CPU_TEST)
+    (repo.root / "tests/t/test_three.py").write_text(CPU_TEST)
     done, p = plan(mizzen_ci, repo)  # no --head: the working tree, as it is
     assert done.returncode == 0, done.stderr
     assert "tests/t/test_three.py" in planned_files(p)
