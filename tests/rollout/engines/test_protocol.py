@@ -269,3 +269,24 @@ def test_server_side_round_trip_and_rejections():
             generate_requests(body, max_size=1)
     abort = schema.validate("AbortReq", protocol.build_abort_payload("r9"), "abort")
     assert (abort.rid, abort.abort_all) == ("r9", False)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"min_p": 1.5},
+        {"top_k": 2**40},
+        {"seed": 2**80},
+        {"stop_token_ids": (-3,)},
+        {"max_new_tokens": 2**31},
+    ],
+    ids=["nan-temperature", "inf-temperature", "min-p", "top-k", "seed", "stop-id", "max-new"],
+)
+def test_sampling_params_refuse_what_the_engine_schema_refuses(changes):
+    """One set of ranges (engines.base): what a client builds, the embedded server accepts."""
+    from mizzen_rollout.engines.base import SamplingParams
+
+    with pytest.raises(ValueError, match=next(iter(changes))):
+        SamplingParams(**changes)

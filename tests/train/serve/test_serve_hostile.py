@@ -219,3 +219,80 @@ def test_get_info_names_no_server_path(kit):
     info = post(kit, "/api/v1/get_info", json={"model_id": model_id}).json()
     assert str(kit.state_dir) not in str(info) and info["model_data"]["tokenizer_id"] == BASE
     result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])
+
+
+def sampler(kit, tenant) -> str:
+    sid = session(kit, tenant)
+    body = {"session_id": sid, "sampling_session_seq_id": 0, "base_model": BASE}
+    response = post(kit, "/api/v1/create_sampling_session", tenant, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["sampling_session_id"]
+
+
+def sample_body(sampler_id, prompt=None, **changes) -> dict:
+    from tinker import types
+
+    request = types.SampleRequest(
+        sampling_session_id=sampler_id, prompt=types.ModelInput.from_ints(prompt or SEQUENCE[:8]),
+        sampling_params=types.SamplingParams(max_tokens=3, temperature=1.0, seed=1),
+    )  # fmt: skip
+    body = request.model_dump(mode="json")
+    for name, value in changes.items():
+        target = body["sampling_params"] if name in body["sampling_params"] else body
+        target[name] = value
+    return body
+
+
+def asample(kit, body, tenant="alice", **kwargs):
+    import json
+
+    return post(kit, "/api/v1/asample", tenant, content=json.dumps(body),
+                headers={"Content-Type": "application/json"}, **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"num_samples": 2_000_000}, "num_samples"),
+        ({"prompt": [10**6]}, "outside the vocabulary"),
+        ({"prompt": [5] * 5000}, "context"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"seed": 2**80}, "seed"),
+        ({"stop": [-3]}, "sampling_params.stop"),
+    ],
+    ids=["many-samples", "out-of-vocabulary", "beyond-context", "nan", "huge-seed", "bad-stop"],
+)
+def test_a_sample_request_is_checked_whole_before_it_is_answered(kit, changes, field):
+    sampler_id = sampler(kit, "alice")
+    response = asample(kit, sample_body(sampler_id, **changes))
+    assert response.status_code == 400, response.text[:300]
+    detail = response.json()["detail"]
+    assert field in detail, detail
+    assert "127.0.0.1" not in detail and str(kit.state_dir) not in detail
+    assert "Traceback" not in kit.log()
+
+
+def test_a_request_is_recognised_as_a_retry_only_when_it_is_the_same_request(kit):
+    sampler_id = sampler(kit, "alice")
+    # no seq_id: two requests, two futures, each its own answer
+    short, long = (asample(kit, sample_body(sampler_id, max_tokens=n)) for n in (3, 9))
+    assert short.json()["request_id"] != long.json()["request_id"]
+    for answer in (short, long):
+        assert "protobuf" in result(kit, "alice", answer.json()["request_id"])
+    # one seq_id: the same body is a retry, another body is refused
+    first = asample(kit, sample_body(sampler_id, seq_id=5))
+    again = asample(kit, sample_body(sampler_id, seq_id=5))
+    other = asample(kit, sample_body(sampler_id, seq_id=5, max_tokens=9))
+    assert again.json()["request_id"] == first.json()["request_id"]
+    assert other.status_code == 409 and "seq_id 5" in other.json()["detail"], other.text
+    negative = asample(kit, sample_body(sampler_id, seq_id=-5))
+    assert negative.status_code == 400 and "seq_id" in negative.json()["detail"], negative.text
+    # a training request's seq_id 0 is the protobuf's unset value: refused, never shared
+    sid = session(kit, "alice")
+    model_id = create(kit, "alice", sid, 11).json()["model_id"]
+    unset = forward_backward(kit, "alice", model_id, 0)
+    assert unset.status_code == 400 and "seq_id" in unset.json()["detail"], unset.text
+    result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])
+    huge = create(kit, "alice", sid, 10**230, wait=False)
+    assert huge.status_code == 400 and "model_seq_id" in huge.json()["detail"], huge.text
+    assert "Traceback" not in kit.log()

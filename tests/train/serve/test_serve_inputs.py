@@ -129,3 +129,43 @@ def test_finished_operations_keep_their_result_only_within_the_byte_budget():
     assert kept == ops[-3:], "not the newest results within 10,000 bytes"
     assert book.future("alice", ops[0].request_id) is None
     assert "m" not in book.queues  # an empty queue is not kept either
+
+
+def test_every_finished_operation_counts_against_the_byte_budget_queued_or_not():
+    from mizzen_train.serve.operations import OperationBook
+
+    book = OperationBook(max_queue=4, keep=1000, keep_bytes=10_000)
+    ops = []
+    for _ in range(8):  # samples: never queued, never popped
+        op, _ = book.submit("alice", "sampler:s", "sample", None, queued=False)
+        op.succeed("application/x-protobuf", b"s" * 3_000)
+        ops.append(op)
+    kept = [op for op in ops if book.future("alice", op.request_id) is not None]
+    assert kept == ops[-3:], "sample results are not held within 10,000 bytes"
+
+
+def test_a_key_names_one_request_body():
+    from mizzen_train.serve.operations import KeyReused, OperationBook
+
+    book = OperationBook(max_queue=4)
+    first, fresh = book.submit("alice", "m", "optim_step", None, key=("seq", "optim_step", 3),
+                               digest=b"one")  # fmt: skip
+    retry, again = book.submit("alice", "m", "optim_step", None, key=("seq", "optim_step", 3),
+                               digest=b"one")  # fmt: skip
+    assert fresh and not again and retry is first
+    with pytest.raises(KeyReused, match="seq_id 3: names an earlier request") as caught:
+        book.submit("alice", "m", "optim_step", None, key=("seq", "optim_step", 3), digest=b"two")
+    assert caught.value.status == 409
+
+
+def test_an_internal_failure_tells_the_client_an_incident_id_not_the_exception(caplog):
+    from mizzen_train.serve.operations import internal_error
+
+    try:
+        raise OSError(36, "File name too long", "/srv/state/checkpoints/" + "9" * 300)
+    except OSError:
+        message = internal_error("operation save_weights")
+    assert "/srv/state" not in message and "File name too long" not in message
+    incident = message.split("incident ")[1].split(",")[0]
+    logged = [r for r in caplog.records if incident in r.getMessage()]
+    assert logged and "/srv/state" in str(logged[0].exc_info[1])

@@ -17,16 +17,24 @@ Invariants:
   shape: the message names the field).
 - :data:`ENGINE_MAX_BATCH` is the one engine batch limit of mizzen: the embedded server refuses a
   larger batched ``/generate`` and the trainers' configs refuse a larger ``batch_size``.
+- The ranges of a sampling request are written once, here (:data:`MAX_TOKEN_ID`,
+  :data:`SEED_MIN`/:data:`SEED_MAX`, :class:`SamplingParams`' checks); the embedded server's
+  schema derives its ranges from them, so nothing a client builds is refused by the server for
+  a range the client did not check.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = [
     "ENGINE_MAX_BATCH",
+    "MAX_TOKEN_ID",
+    "SEED_MAX",
+    "SEED_MIN",
     "ChatRequest",
     "ChatResult",
     "Engine",
@@ -44,6 +52,10 @@ __all__ = [
 #: The most prompts one engine call (one batched ``/generate``) carries: a batch is padded to its
 #: longest prompt and held in memory at once.
 ENGINE_MAX_BATCH = 256
+#: The largest token id (and ``max_new_tokens``) a request may carry: SGLang's int32.
+MAX_TOKEN_ID = 2**31 - 1
+#: A request's sampling seed: 64-bit, what ``torch.Generator.manual_seed`` takes.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 FinishKind = Literal["stop", "length", "abort"]
 
@@ -98,14 +110,27 @@ class SamplingParams:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise ValueError(f"SamplingParams.max_new_tokens is {self.max_new_tokens}; use >= 0")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature is {self.temperature}; use >= 0")
+        if not 0 <= self.max_new_tokens <= MAX_TOKEN_ID:
+            raise ValueError(
+                f"SamplingParams.max_new_tokens is {self.max_new_tokens}; use 0..{MAX_TOKEN_ID}"
+            )
+        if not (0 <= self.temperature < math.inf):  # also refuses NaN
+            raise ValueError(
+                f"SamplingParams.temperature is {self.temperature}; use a finite value >= 0"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p is {self.top_p}; use a value in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
+        if self.top_k == 0 or not -1 <= self.top_k <= MAX_TOKEN_ID:
             raise ValueError(f"SamplingParams.top_k is {self.top_k}; use -1 (off) or >= 1")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"SamplingParams.min_p is {self.min_p}; use a value in [0, 1]")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"SamplingParams.seed is {self.seed}; use a 64-bit integer (or None)")
+        bad_ids = [t for t in self.stop_token_ids if not 0 <= t <= MAX_TOKEN_ID]
+        if bad_ids:
+            raise ValueError(
+                f"SamplingParams.stop_token_ids holds {bad_ids[0]}; use ids in 0..{MAX_TOKEN_ID}"
+            )
         # Accept lists from callers; store tuples (immutable, like the rest of the request).
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from mizzen_train.serve.operations import Closing, Overloaded
+from mizzen_train.serve.operations import Closing, Overloaded, internal_error
 from mizzen_train.serve.state import ModelRecord, check_name
 from mizzen_train.serve.wire import PROTOBUF, WireError, decode_forward_backward, parse_json
 from mizzen_train.specs import MAX_LORA_SEED
@@ -183,12 +183,39 @@ def _owned_model(service: Service, tenant: str, model_id: Any, *, unload: bool =
     return service.scheduler.slot_of[model_id]
 
 
-def _submit(service: Service, tenant: str, model_id: str, kind: str, payload, seq_id, request):
+#: the largest ``seq_id`` / ``model_seq_id`` a request may carry (the SDK's are int64)
+MAX_SEQ_ID = 2**63 - 1
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+
+
+def _idempotency_key(kind: str, seq_id: Any, request) -> tuple | None:
+    """The key a retry of this request is recognised by: its ``seq_id`` (an int in
+    ``[0, MAX_SEQ_ID]``), else its ``X-Idempotency-Key`` header, else None (a new request)."""
+    if seq_id is not None:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or not (
+            0 <= seq_id <= MAX_SEQ_ID
+        ):  # fmt: skip
+            raise WireError(400, f"seq_id: {str(seq_id)[:40]}; must be an integer in "
+                                 f"[0, {MAX_SEQ_ID}]. Fix: let the SDK number requests")  # fmt: skip
+        return ("seq", kind, seq_id)
     header = request.headers.get("x-idempotency-key")
-    key = ("seq", kind, seq_id) if seq_id is not None else None
-    if key is None and header is not None:
-        key = ("header", kind, header)
-    op, fresh = service.book.submit(tenant, model_id, kind, payload, key=key)
+    if header is None:
+        return None
+    if not 1 <= len(header) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise WireError(400, f"X-Idempotency-Key: 1..{MAX_IDEMPOTENCY_KEY_CHARS} characters")
+    return ("header", kind, header)
+
+
+def _digest(body: bytes) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(body).digest()
+
+
+def _submit(service, tenant, model_id, kind, payload, seq_id, request, body: bytes):
+    """Queue ``kind`` on ``model_id`` (a retry under the same key gets the original future)."""
+    key = _idempotency_key(kind, seq_id, request)
+    op, fresh = service.book.submit(tenant, model_id, kind, payload, key=key, digest=_digest(body))
     if not fresh:
         log.info("op %s %s tenant=%s model=%s retried", kind, op.request_id, tenant, model_id)
     return _future(op)
@@ -265,7 +292,8 @@ async def telemetry(service, tenant, request):
 async def create_model(service, tenant, request):
     from tinker import types
 
-    body = parse_json(types.CreateModelRequest, await _body(request, service), "create_model")
+    raw = await _body(request, service)
+    body = parse_json(types.CreateModelRequest, raw, "create_model")
     config = service.config
     if body.base_model != config.base_model_name:
         raise WireError(400, f"base_model {body.base_model[:80]!r} is not served; served: "
@@ -283,16 +311,21 @@ async def create_model(service, tenant, request):
         raise WireError(400, "optimizer_config: only adamw is served")
     return _new_model(
         service, tenant, body.session_id, body.model_seq_id, lora.rank, lora.seed or 0,
-        "create_model",
+        "create_model", raw,
     )  # fmt: skip
 
 
-def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payload=None):
+def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, raw, payload=None):
     """A model of the SDK's id ``<session_id>:train:<model_seq_id>`` (the SDK derives it too),
-    its slot reserved now; a retry returns the original future."""
+    its slot reserved now; a retry (the same body) returns the original future."""
     _session(service, tenant, session_id)
+    if isinstance(model_seq_id, bool) or not isinstance(model_seq_id, int) or not (
+        0 <= model_seq_id <= MAX_SEQ_ID
+    ):  # fmt: skip
+        raise WireError(400, f"model_seq_id: {str(model_seq_id)[:40]}; must be an integer in "
+                             f"[0, {MAX_SEQ_ID}]. Fix: let the SDK number models")  # fmt: skip
     model_id = f"{session_id}:train:{model_seq_id}"
-    known = service.book.find(tenant, model_id, ("create",))
+    known = service.book.find(tenant, model_id, ("create",), _digest(raw))
     if known is not None:
         if model_id in service.scheduler.slot_of and not service.book.closing(model_id):
             return _future(known)  # a retry of a create of a live (or still queued) model
@@ -308,7 +341,9 @@ def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payl
         payload = record
     else:
         service.state.add_model(record)
-    op, _ = service.book.submit(tenant, model_id, kind, payload, key=("create",))
+    op, _ = service.book.submit(
+        tenant, model_id, kind, payload, key=("create",), digest=_digest(raw)
+    )
     log.info("op %s %s tenant=%s model=%s submitted", kind, op.request_id, tenant, model_id)
     return _future(op)
 
@@ -316,9 +351,10 @@ def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, payl
 async def unload_model(service, tenant, request):
     from tinker import types
 
-    body = parse_json(types.UnloadModelRequest, await _body(request, service), "unload_model")
+    raw = await _body(request, service)
+    body = parse_json(types.UnloadModelRequest, raw, "unload_model")
     _owned_model(service, tenant, body.model_id, unload=True)
-    return _submit(service, tenant, body.model_id, "unload_model", None, None, request)
+    return _submit(service, tenant, body.model_id, "unload_model", None, None, request, raw)
 
 
 async def get_info(service, tenant, request):
@@ -349,6 +385,9 @@ async def forward_backward(service, tenant, request):
         body, content_encoding=request.headers.get("content-encoding", ""),
         limit=service.config.server.max_body_bytes,
     )  # fmt: skip
+    if parsed.seq_id == 0:  # the protobuf's unset value: the SDK numbers these from 1
+        raise WireError(400, "seq_id: 0 (unset); training requests are numbered from 1. Fix: "
+                             "pass seq_id >= 1 (the SDK's TrainingClient does)")  # fmt: skip
     fb = parsed.forward_backward_input
     if len(fb.data) > service.config.server.max_datums:
         raise WireError(
@@ -365,7 +404,7 @@ async def forward_backward(service, tenant, request):
         raise WireError(413, f"data: {len(rows.inputs)} rows; at most "
                              f"{service.config.server.max_batch_rows} a call")  # fmt: skip
     kind = "forward" if forward_only else "forward_backward"
-    return _submit(service, tenant, parsed.model_id, kind, rows, parsed.seq_id, request)
+    return _submit(service, tenant, parsed.model_id, kind, rows, parsed.seq_id, request, body)
 
 
 async def optim_step(service, tenant, request):
@@ -373,7 +412,8 @@ async def optim_step(service, tenant, request):
 
     from tinker import types
 
-    body = parse_json(types.OptimStepRequest, await _body(request, service), "optim_step")
+    raw = await _body(request, service)
+    body = parse_json(types.OptimStepRequest, raw, "optim_step")
     params = body.optim_params
     if not isinstance(params, types.AdamParams):
         raise WireError(400, "optim_params: only Adam parameters are served")
@@ -387,47 +427,49 @@ async def optim_step(service, tenant, request):
                              "and grad_clip_norm >= 0 (0: no clipping). Fix: e.g. "
                              "AdamParams(learning_rate=1e-4)")  # fmt: skip
     _owned_model(service, tenant, body.model_id)
-    return _submit(service, tenant, body.model_id, "optim_step", params, body.seq_id, request)
+    return _submit(service, tenant, body.model_id, "optim_step", params, body.seq_id, request, raw)
 
 
 async def save_weights(service, tenant, request):
     from tinker import types
 
-    body = parse_json(types.SaveWeightsRequest, await _body(request, service), "save_weights")
+    raw = await _body(request, service)
+    body = parse_json(types.SaveWeightsRequest, raw, "save_weights")
     name = None if body.path is None else check_name(body.path, "path")
     _owned_model(service, tenant, body.model_id)
-    return _submit(service, tenant, body.model_id, "save_weights", name, body.seq_id, request)
+    return _submit(service, tenant, body.model_id, "save_weights", name, body.seq_id, request, raw)
 
 
 async def save_weights_for_sampler(service, tenant, request):
     from tinker import types
 
-    body = parse_json(
-        types.SaveWeightsForSamplerRequest,
-        await _body(request, service),
-        "save_weights_for_sampler",
-    )
+    raw = await _body(request, service)
+    body = parse_json(types.SaveWeightsForSamplerRequest, raw, "save_weights_for_sampler")
     name = None if body.path is None else check_name(body.path, "path")
     if not service.sampling.enabled:
         raise WireError(501, "save_weights_for_sampler: sampling is off on this server")
     _owned_model(service, tenant, body.model_id)
     payload = (name, body.path is None)
     return _submit(service, tenant, body.model_id, "save_weights_for_sampler", payload,
-                   body.seq_id, request)  # fmt: skip
+                   body.seq_id, request, raw)  # fmt: skip
 
 
 async def load_weights(service, tenant, request):
     from tinker import types
 
-    body = parse_json(types.LoadWeightsRequest, await _body(request, service), "load_weights")
+    raw = await _body(request, service)
+    body = parse_json(types.LoadWeightsRequest, raw, "load_weights")
     _, directory = service.state.owned_checkpoint(tenant, body.path, "weights")
     payload = (directory, body.optimizer, body.path)
     if body.model_id is None:  # create-via-load: a new model from the checkpoint
         return _new_model(
-            service, tenant, body.session_id, body.model_seq_id, 0, 0, "load_weights", payload
-        )
+            service, tenant, body.session_id, body.model_seq_id, 0, 0, "load_weights", raw,
+            payload,
+        )  # fmt: skip
     _owned_model(service, tenant, body.model_id)
-    return _submit(service, tenant, body.model_id, "load_weights", payload, body.seq_id, request)
+    return _submit(
+        service, tenant, body.model_id, "load_weights", payload, body.seq_id, request, raw
+    )
 
 
 async def retrieve_future(service, tenant, request):
@@ -493,29 +535,37 @@ async def get_sampler(service, tenant, request):
 
 
 async def asample(service, tenant, request):
+    """Every field is checked (and the engine's requests built) before anything is queued or
+    answered: what the answer holds is sized by checked fields only."""
     from tinker import types
 
-    body = parse_json(types.SampleRequest, await _body(request, service), "asample")
+    raw = await _body(request, service)
+    body = parse_json(types.SampleRequest, raw, "asample")
     session = service.sampling.session_of(tenant, body.sampling_session_id)
     if session is None:
         raise WireError(404, "sampling_session_id: no sampling session of this key")
-    op, fresh = service.book.submit(tenant, f"sampler:{body.sampling_session_id}", "sample",
-                                    None, key=("seq", body.seq_id), queued=False)  # fmt: skip
+    scheduler = service.scheduler
+    requests = service.sampling.prepare(
+        session, body, vocab_size=scheduler.vocab_size, max_seq_len=scheduler.max_seq_len
+    )
+    op, fresh = service.book.submit(
+        tenant, f"sampler:{body.sampling_session_id}", "sample", None,
+        key=_idempotency_key("sample", body.seq_id, request), digest=_digest(raw), queued=False,
+    )  # fmt: skip
     if fresh:
-        asyncio.get_running_loop().create_task(_run_sample(service, op, session, body))
+        asyncio.get_running_loop().create_task(_run_sample(service, op, requests))
     return _json({"request_id": op.request_id, "sample_sequence_ids": [
-        f"{op.request_id}-{i}" for i in range(body.num_samples)]})  # fmt: skip
+        f"{op.request_id}-{i}" for i in range(len(requests))]})  # fmt: skip
 
 
-async def _run_sample(service, op, session, body) -> None:
+async def _run_sample(service, op, requests) -> None:
     started = time.monotonic()
     try:
-        op.succeed(PROTOBUF, await service.sampling.sample(session, body))
+        op.succeed(PROTOBUF, await service.sampling.sample(requests))
     except WireError as exc:
         op.fail(str(exc), "user")
-    except Exception as exc:
-        log.exception("sample %s failed", op.request_id)
-        op.fail(f"{type(exc).__name__}: {exc}", "server")
+    except Exception:
+        op.fail(internal_error(f"sample {op.request_id}"), "server")
     service.metrics.executed([op], time.monotonic() - started)
     log.info(
         "op sample %s tenant=%s %s", op.request_id, op.tenant, "failed" if op.failure else "ok"
@@ -584,9 +634,8 @@ def _endpoint(service: Service, handler, needs_key: bool):
         except WireError as exc:
             return _json({"detail": str(exc)}, exc.status)
         except Exception:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return _json({"detail": f"{request.method} {request.url.path}: internal error "
-                                    "(logged on the server)"}, 500)  # fmt: skip
+            message = internal_error(f"{request.method} {request.url.path}")
+            return _json({"detail": f"{request.method} {request.url.path}: {message}"}, 500)
 
     return endpoint
 

@@ -9,20 +9,28 @@ Invariants:
 - A retried request returns the original future: the SDK numbers every request of a training
   client (``seq_id``), so ``(model_id, kind, seq_id)`` identifies it; requests without one use
   the ``X-Idempotency-Key`` header, also per kind (a key reused for another kind of request is
-  another request).  A retry of a finished request returns its stored outcome.
+  another request); a request with neither is always a new one.  A retry is the same request:
+  the book keeps a digest of the request's body with its key, and the same key with another
+  body is refused (:class:`KeyReused`, 409) -- never answered with another request's result.
+  A retry of a finished request returns its stored outcome.
 - A model whose ``unload_model`` is queued is *closing*: any other operation on it is refused
   (:class:`Closing`, 404) until the unload has run, and then the model is gone; a second unload
   returns the first one's future.
 - Admission control: a model whose queue holds ``max_queue`` pending operations gets
   :class:`Overloaded` (HTTP 429 with ``Retry-After``); nothing is queued.
+- An operation that fails for a reason that is not the client's gets :func:`internal_error`: an
+  incident id, the exception logged under it; the exception's text (a server path, an engine's
+  URL) never reaches the client.
 - A future is visible only to the tenant that submitted it; finished futures are kept for the
   last ``keep`` operations and within ``keep_bytes`` of results, then forgotten (oldest first).
+  Every operation's result is counted when it finishes, queued or not (a sample's too).
   An operation's payload (its rows) is dropped once it has run: a finished future holds only
   its outcome.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -32,7 +40,18 @@ from typing import Any
 
 from mizzen_train.serve.wire import WireError
 
-__all__ = ["Closing", "Operation", "OperationBook", "Overloaded"]
+__all__ = ["Closing", "KeyReused", "Operation", "OperationBook", "Overloaded", "internal_error"]
+
+log = logging.getLogger("mizzen_train.serve")
+
+
+def internal_error(what: str) -> str:
+    """Log the exception being handled under a new incident id; the message for the client (the
+    id only: the exception's text may name server paths or internal URLs)."""
+    incident = uuid.uuid4().hex[:12]
+    log.exception("%s failed (incident %s)", what, incident)
+    return (f"internal error (incident {incident}, logged on the server). Fix: retry; if it "
+            "persists, give the incident id to the server's operator")  # fmt: skip
 
 
 class Overloaded(WireError):
@@ -53,6 +72,19 @@ class Closing(WireError):
         )  # fmt: skip
 
 
+class KeyReused(WireError):
+    """A request's idempotency key (``seq_id`` or ``X-Idempotency-Key``) names an earlier
+    request with another body (409)."""
+
+    def __init__(self, key: object) -> None:
+        what = f"seq_id {key[2]}" if isinstance(key, tuple) and key[:1] == ("seq",) else (
+            "X-Idempotency-Key")  # fmt: skip
+        super().__init__(
+            409, f"{what}: names an earlier request with another body (a retry must resend the "
+            "same request). Fix: number each new request anew (the SDK does)",
+        )  # fmt: skip
+
+
 @dataclass(eq=False)
 class Operation:
     request_id: str
@@ -60,14 +92,18 @@ class Operation:
     model_id: str
     kind: str
     payload: Any
+    #: digest of the request body (what a retry under the same key must match)
+    digest: bytes | None = None
     submitted: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     #: (content type, body) when it succeeded; (message, category) when it failed
     outcome: tuple[str, bytes] | None = None
     failure: tuple[str, str] | None = None
     started: float | None = None
-    #: result bytes the book counted when the operation left its queue (pop)
+    #: result bytes the book counted when the operation finished
     counted_bytes: int = 0
+    #: what the book does when the operation finishes (count its result)
+    on_finish: Any = None
 
     waiters: list = field(default_factory=list)  # (loop, asyncio.Event) of long polls
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -93,6 +129,8 @@ class Operation:
             waiters, self.waiters = self.waiters, []
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
+        if self.on_finish is not None:
+            self.on_finish(self)
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait (without polling) until the operation is done or ``timeout_s`` passed."""
@@ -126,7 +164,7 @@ class OperationBook:
         self._by_key: dict[tuple[str, str, object], str] = {}
         #: model id -> its queued unload (until that has run)
         self._closing: dict[str, Operation] = {}
-        self._kept_bytes = 0  # result bytes of the finished operations counted by pop()
+        self._kept_bytes = 0  # result bytes of the finished operations (counted on finish)
 
     def submit(
         self,
@@ -136,16 +174,18 @@ class OperationBook:
         payload: Any,
         *,
         key: object = None,
+        digest: bytes | None = None,
         queued: bool = True,
     ) -> tuple[Operation, bool]:
         """``(operation, fresh)``: the original one on a retry (``fresh`` False).  Raises
+        :class:`KeyReused` for a known ``key`` whose request had another ``digest``,
         :class:`Closing` for a model whose unload is queued (a second unload gets the first),
         :class:`Overloaded` for a full queue."""
         with self.cond:
             if key is not None:
-                known = self._by_key.get((tenant, model_id, key))
-                if known is not None and known in self._futures:
-                    return self._futures[known], False
+                known = self.find(tenant, model_id, key, digest)
+                if known is not None:
+                    return known, False
             closing = self._closing.get(model_id)
             if closing is not None:
                 if kind == "unload_model":
@@ -157,7 +197,8 @@ class OperationBook:
                     f"model {model_id}: {len(queue)} operations pending (the limit). Fix: wait "
                     "for results before submitting more", retry_after_s=1,
                 )  # fmt: skip
-            op = Operation(f"op-{uuid.uuid4().hex}", tenant, model_id, kind, payload)
+            op = Operation(f"op-{uuid.uuid4().hex}", tenant, model_id, kind, payload, digest)
+            op.on_finish = self._count_result
             self._futures[op.request_id] = op
             if key is not None:
                 self._by_key[(tenant, model_id, key)] = op.request_id
@@ -184,11 +225,26 @@ class OperationBook:
         if len(self._by_key) > 2 * self.keep:
             self._by_key = {k: v for k, v in self._by_key.items() if v in self._futures}
 
-    def find(self, tenant: str, model_id: str, key: object) -> Operation | None:
-        """The operation submitted before under ``key``, if it is still known."""
+    def find(
+        self, tenant: str, model_id: str, key: object, digest: bytes | None = None
+    ) -> Operation | None:
+        """The operation submitted before under ``key``, if it is still known; raises
+        :class:`KeyReused` when its request's digest differs from ``digest``."""
         with self.cond:
             known = self._by_key.get((tenant, model_id, key))
-            return self._futures.get(known) if known is not None else None
+            op = self._futures.get(known) if known is not None else None
+            if op is not None and op.digest != digest:
+                raise KeyReused(key)
+            return op
+
+    def _count_result(self, op: Operation) -> None:
+        """Count a finished operation's result against ``keep_bytes`` (once)."""
+        with self.cond:
+            if op.counted_bytes or op.request_id not in self._futures:
+                return
+            op.counted_bytes = op.result_bytes
+            self._kept_bytes += op.counted_bytes
+            self._forget_old()
 
     def future(self, tenant: str, request_id: object) -> Operation | None:
         op = self._futures.get(request_id) if isinstance(request_id, str) else None
@@ -204,7 +260,7 @@ class OperationBook:
 
     def pop(self, ops: list[Operation]) -> None:
         """Take the run ``ops`` off their queues: their payloads are dropped (a finished future
-        keeps only its outcome), their results counted against ``keep_bytes``."""
+        keeps only its outcome)."""
         with self.cond:
             for op in ops:
                 queue = self.queues[op.model_id]
@@ -215,7 +271,5 @@ class OperationBook:
                 if self._closing.get(op.model_id) is op:
                     del self._closing[op.model_id]
                 op.payload = None
-                op.counted_bytes = op.result_bytes
-                self._kept_bytes += op.counted_bytes
             self._forget_old()
             self.cond.notify_all()

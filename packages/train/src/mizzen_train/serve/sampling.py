@@ -10,6 +10,10 @@ Invariants:
 - A session belongs to the tenant that created it; its adapter is one of that tenant's
   checkpoints (checked through :meth:`ServerState.owned_checkpoint`).
 - Adapters are loaded lazily after a restart: a session on a saved sampler checkpoint loads it.
+- A sample request is checked whole (:meth:`Sampling.prepare`: counts against the limits, token
+  ids inside the vocabulary, prompt plus ``max_tokens`` inside the context, sampling values
+  through :class:`~mizzen_rollout.api.SamplingParams`' ranges) before it is queued: the engine
+  is never the one that finds a client's mistake.
 - ``train`` imports only :mod:`mizzen_rollout.api` (the engine, its client and request types).
 """
 
@@ -131,8 +135,9 @@ class Sampling:
 
     # -- sampling -------------------------------------------------------------------------------
 
-    async def sample(self, session: SamplingSession, request) -> bytes:
-        """The SDK ``SampleRequest`` served by the engine, as the SDK's protobuf response."""
+    def prepare(self, session: SamplingSession, request, *, vocab_size: int, max_seq_len: int):
+        """The engine requests of the SDK ``SampleRequest``: every field checked here, before
+        anything is queued (a 400 naming the field otherwise)."""
         from mizzen_rollout.api import GenerateRequest, SamplingParams
 
         limits = self.config.sampling
@@ -149,20 +154,30 @@ class Sampling:
         max_tokens = params.max_tokens if params.max_tokens is not None else 64
         if not 1 <= max_tokens <= limits.max_new_tokens:
             raise WireError(400, f"sampling_params.max_tokens: served 1..{limits.max_new_tokens}")
-        stop = params.stop
-        stop_strings = (
-            (stop,)
-            if isinstance(stop, str)
-            else tuple(s for s in (stop or ()) if isinstance(s, str))
-        )
-        stop_ids = (
-            tuple(s for s in (stop or ()) if isinstance(s, int))
-            if not isinstance(stop, str)
-            else ()
-        )
-        prompt = request.prompt.to_ints()
         try:
-            requests = [
+            prompt = request.prompt.to_ints()
+        except ValueError:
+            raise WireError(400, "prompt: only token chunks are served. Fix: send "
+                                 "ModelInput.from_ints(tokens)") from None  # fmt: skip
+        if not prompt:
+            raise WireError(400, "prompt: empty. Fix: send at least one token")
+        if len(prompt) + max_tokens > max_seq_len:
+            raise WireError(400, f"prompt: {len(prompt)} tokens + max_tokens {max_tokens} exceed "
+                                 f"the model's context of {max_seq_len}. Fix: shorten the "
+                                 "prompt or lower max_tokens")  # fmt: skip
+        stop = params.stop
+        stop_strings = (stop,) if isinstance(stop, str) else tuple(
+            s for s in (stop or ()) if isinstance(s, str))  # fmt: skip
+        stop_ids = () if isinstance(stop, str) else tuple(
+            s for s in (stop or ()) if isinstance(s, int))  # fmt: skip
+        for field, ids in (("prompt", prompt), ("sampling_params.stop", stop_ids)):
+            outside = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if outside is not None:
+                raise WireError(400, f"{field}: token id {outside} is outside the vocabulary "
+                                     f"[0, {vocab_size}). Fix: tokenize with the served "
+                                     "model's tokenizer")  # fmt: skip
+        try:
+            return [
                 GenerateRequest(
                     request_id=f"{uuid.uuid4().hex}",
                     input_ids=tuple(prompt),
@@ -180,8 +195,11 @@ class Sampling:
                 )
                 for index in range(request.num_samples)
             ]
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise WireError(400, f"sampling_params: {exc}") from None
+
+    async def sample(self, requests) -> bytes:
+        """The engine's answers to ``requests`` (from :meth:`prepare`), as the SDK's protobuf."""
         results = await self.client.generate_batch(requests)
         sequences = []
         for result in results:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from mizzen_train.serve.batching import TenantRows, join_rows, loss_sums
-from mizzen_train.serve.operations import Operation, OperationBook
+from mizzen_train.serve.operations import Operation, OperationBook, internal_error
 from mizzen_train.serve.state import ModelRecord, ServerState
 from mizzen_train.serve.wire import PROTOBUF, WireError, encode_forward_backward_output
 
@@ -197,9 +197,9 @@ class Scheduler:
 
         if self.executor.failed is not None:
             for op in group:
-                op.fail(
-                    f"the executor failed ({self.executor.failed}); restart the server", "server"
-                )
+                op.fail("the executor failed earlier (logged on the server, under the incident "
+                        "id of the operation that failed it). Fix: the operator restarts the "
+                        "server", "server")  # fmt: skip
             return
         # operations queued behind a create that failed (it freed the slot): nothing to run on
         orphans = [op for op in group if op.model_id not in self.slot_of]
@@ -219,11 +219,11 @@ class Scheduler:
                     self._execute([op])
                 return
             group[0].fail(str(exc), "user")
-        except Exception as exc:
-            log.exception("operation %s failed", group[0].kind)
+        except Exception:
+            message = internal_error(f"operation {group[0].kind}")
             for op in group:
                 if not op.done.is_set():
-                    op.fail(f"{type(exc).__name__}: {exc}", "server")
+                    op.fail(message, "server")
         for op in group:
             outcome = "failed" if op.failure else "ok"
             log.info("op %s %s tenant=%s model=%s %s", op.kind, op.request_id, op.tenant,

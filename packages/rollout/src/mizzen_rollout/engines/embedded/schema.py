@@ -25,6 +25,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..base import MAX_TOKEN_ID, SEED_MAX, SEED_MIN
+
 __all__ = [
     "BATCH_FIELDS",
     "MAX_TOKEN_ID",
@@ -34,8 +36,6 @@ __all__ = [
     "validate",
 ]
 
-MAX_TOKEN_ID = 2**31 - 1
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 #: The ``/generate`` fields a batch may give per prompt (a list) or once for every prompt.
 BATCH_FIELDS = (
     "rid", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
