@@ -136,7 +136,7 @@ def test_shape_and_type_rules():
 
 
 def test_overrides_and_flags_set_every_field():
-    from mizzen_train.cli import _field_overrides, build_parser
+    from mizzen_train.cli import _field_values, build_parser
     from mizzen_train.run.config import ConfigError, apply_overrides
     from mizzen_train.sft.config import parse_config
 
@@ -161,10 +161,10 @@ def test_overrides_and_flags_set_every_field():
     args = build_parser().parse_args(
         ["sft", "--run.steps", "30", "--run.dir", "123", "--eval.overflow", "wait"]
     )
-    assert sorted(_field_overrides(args)) == [
-        'eval.overflow="wait"',
-        'run.dir="123"',  # a str field stays a string
-        "run.steps=30",
+    assert sorted(_field_values(args)) == [
+        ("eval.overflow", "wait"),
+        ("run.dir", "123"),  # a str field stays a string
+        ("run.steps", 30),
     ]
 
 

@@ -38,7 +38,8 @@ The surface, by concern:
   :func:`hf_byte_tokenizer`;
 - secrets masked at the output boundary (the process-wide mask set): :func:`register_secret`,
   :func:`register_url`, :func:`register_environment`, :func:`mask`, :func:`mask_value`,
-  :func:`masked_repr`, :func:`install_output_masks`, :func:`describe_env`,
+  :func:`masked_repr`, :func:`shown_line` (a text masked and escaped to one terminal line: what
+  every command's error boundary prints), :func:`install_output_masks`, :func:`describe_env`,
   :func:`check_worker_env`, :data:`MIN_SECRET_LENGTH`, :class:`SecretError`,
   :class:`SecretTooShortError`;
 - what every mizzen command line shares: :class:`OneLineParser` (one-line usage errors),
@@ -105,6 +106,7 @@ from .masking import (
     register_environment,
     register_secret,
     register_url,
+    shown_line,
 )
 from .metrics import RolloutMetrics
 from .prompts import Prompt, render_prompt
@@ -202,6 +204,7 @@ __all__ = [
     "render_prompt",
     "run_rollout",
     "score_samples",
+    "shown_line",
     "split_peft_weight_key",
     "write_samples",
 ]

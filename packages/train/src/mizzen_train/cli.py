@@ -22,6 +22,13 @@ Invariants:
   warnings are hidden before any heavy import and counted in one summary line, printed before
   the last line (the resume command) and left out when the command ends on an error line;
   ``--verbose`` shows them instead; ``--version`` is the installed distribution's.
+- One rule for what the commands print (errors, the resume command, "wrote ..." lines; the
+  trainers' progress lines alike): each line goes through rollout's ``shown_line`` -- masked, its
+  control characters escaped, one terminal line -- since it may carry names read from disk.
+- A ``--section.field`` flag is a typed value (a ``str`` field's text as given), applied before
+  ``--set``; it is never re-serialised into ``--set`` text.
+- Reading a run directory (``export``) imports no code its ``run.json`` names: the stored table is
+  parsed as data; only a training command resolves rewards and estimators.
 """
 
 from __future__ import annotations
@@ -139,17 +146,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _field_overrides(args: argparse.Namespace) -> list[str]:
-    import json
+def _field_values(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """``(key, value)`` of every ``--section.field`` flag given, typed by its field's kind."""
+    from mizzen_train.run.config import flag_value
 
-    overrides = []
-    for dest, value in vars(args).items():
-        if not dest.startswith("field:") or value is None:
-            continue
-        _, key, kind = dest.split(":")
-        text = json.dumps(value) if kind == "str" else value  # a string stays a string
-        overrides.append(f"{key}={text}")
-    return overrides
+    values = []
+    for dest, text in vars(args).items():
+        if dest.startswith("field:") and text is not None:
+            _, key, kind = dest.split(":")
+            values.append((key, flag_value(key, kind, text)))
+    return values
+
+
+def _say(text: str, *, stream=None) -> None:
+    """Print one line of the command (the module docstring's rule: ``shown_line``)."""
+    from mizzen_rollout.api import shown_line
+
+    print(shown_line(text), file=stream or sys.stdout)
 
 
 def _config_errors() -> tuple[type[BaseException], ...]:
@@ -193,13 +206,17 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.help_config:
         print(config_cls.help_text())
         return 0
-    if args.config is None and not args.set and not _field_overrides(args):
-        print(
+    values = _field_values(args)
+    if args.config is None and not args.set and not values:
+        _say(
             f"mizzen-train {args.command}: error: give --config run.toml (see --help-config)",
-            file=sys.stderr,
+            stream=sys.stderr,
         )
         return 2
-    config = config_cls.load(args.config, [*_field_overrides(args), *args.set])
+    from mizzen_train.run.config import read_config_source
+
+    raw, source = read_config_source(args.config, args.set, values)
+    config = config_cls.parse(raw, source=source)
     config.check_input_files()  # before torch is imported and the base model is written
     from mizzen_train.run.trainer import run_trainer
 
@@ -256,7 +273,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     table["run"] = {**stored["run"], "dir": str(run_dir)}
     config = config_cls.parse(table, source=source)
     path = export_run(_trainer_class(command), config, step=args.step, merged=args.merged)
-    print(f"mizzen-train export: wrote {path}")
+    _say(f"mizzen-train export: wrote {path}")
     return 0
 
 
@@ -266,14 +283,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from mizzen_train.run.plot import plot_metrics
 
     if importlib.util.find_spec("matplotlib") is None:
-        print(
+        _say(
             "mizzen-train plot: error: matplotlib is not installed; pip install "
             "'mizzen-train[plot]'",
-            file=sys.stderr,
+            stream=sys.stderr,
         )
         return 2
     out = plot_metrics(args.metrics, args.output)
-    print(f"mizzen-train plot: wrote {out}")
+    _say(f"mizzen-train plot: wrote {out}")
     return 0
 
 
@@ -306,7 +323,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # one summary per command: under torchrun only rank 0 (the run's writer) prints it
         finish(show_summary=code != 2 and os.environ.get("RANK", "0") == "0")
     if last_line:
-        print(last_line, file=sys.stderr)
+        _say(last_line, stream=sys.stderr)
     return code
 
 

@@ -19,13 +19,17 @@ Invariants:
   Errors are :class:`~mizzen_train.run.config.ConfigError` naming the file and field, before
   anything runs.
 - :attr:`RlConfig.engines_needed` is ``train+eval``: rollouts need engines.
+- Reading a configuration imports no code: ``algo.advantage`` is checked for its form (a built-in
+  name or ``module:function``) only, so a stored one (``run.json`` of a run directory someone
+  handed over, read by ``mizzen-train export``) is data.  The training command alone resolves
+  it (:func:`load_advantage`), as it alone resolves the tenants' rewards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mizzen_train.run.config import (
     MAX_THREADS,
@@ -51,11 +55,15 @@ from mizzen_train.run.sections import (
     run_sections,
 )
 
+if TYPE_CHECKING:
+    from mizzen_train.rl.advantages import AdvantageFn
+
 __all__ = [
     "AlgoConfig",
     "RlConfig",
     "RlTenantConfig",
     "RolloutSection",
+    "load_advantage",
     "load_rl_config",
     "parse_rl_config",
     "rl_config_help",
@@ -184,6 +192,33 @@ load_rl_config = RlConfig.load
 rl_config_help = RlConfig.help_text
 
 
+def _check_advantage_form(spec: str, fail: Any) -> None:
+    """A built-in estimator's name or ``module:function`` (the loader's form), never imported."""
+    from mizzen_train.rl.advantages import ESTIMATORS
+
+    module, sep, function = spec.rpartition(":")
+    if spec not in ESTIMATORS and not (sep and module and function):
+        raise fail(
+            "algo.advantage", spec,
+            f"is neither built in ({sorted(ESTIMATORS)}) nor 'module:function'",
+            "use grpo or mean, or 'my_pkg.module:function' / 'path/to/file.py:function'",
+        )  # fmt: skip
+
+
+def load_advantage(config: RlConfig) -> AdvantageFn:
+    """The estimator ``algo.advantage`` names, imported: for the command that trains (given its
+    configuration by the operator), never for one that reads a stored configuration."""
+    from mizzen_train.rl.advantages import load_estimator
+
+    try:
+        return load_estimator(config.algo.advantage)
+    except ValueError as exc:
+        raise ConfigError(
+            "algo.advantage", config.algo.advantage, str(exc), "use grpo or mean, or name a "
+            "function that loads", source=config.source,
+        ) from None  # fmt: skip
+
+
 def _check(config: RlConfig) -> None:
     source, run, rollout = config.source, config.run, config.rollout
 
@@ -238,12 +273,7 @@ def _check(config: RlConfig) -> None:
         register_engine_url(url, "rollout.engine_urls", fail)
         if not url.startswith(("http://", "https://")):
             raise fail("rollout.engine_urls", url, "is not an http(s) URL", "fix it")
-    from mizzen_train.rl.advantages import load_estimator
-
-    try:
-        load_estimator(config.algo.advantage)
-    except ValueError as exc:
-        raise fail("algo.advantage", config.algo.advantage, str(exc), "use grpo or mean") from None
+    _check_advantage_form(config.algo.advantage, fail)
     check_model(config.model, source)
     check_eval(config.eval, run, names, source, kinds=RL_EVALUATOR_KINDS)
     defaults = {f.name: f.default for f in dataclasses.fields(EvaluatorConfig)}

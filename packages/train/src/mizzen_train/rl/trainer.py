@@ -115,11 +115,11 @@ class RlTrainer(Trainer):
 
     def validate_inputs(self, model_spec) -> None:
         from mizzen_rollout.api import DataError, PromptDataset, load_reward
-        from mizzen_train.rl.advantages import load_estimator
+        from mizzen_train.rl.config import load_advantage
 
         config = self.config
         self.max_positions = model_spec.max_sequence_length
-        self.prompts, self.rewards = {}, {}
+        self.prompts, self.rewards, self.estimator = {}, {}, None
         for i, tenant in enumerate(config.tenants):
             try:
                 self.prompts[tenant.name] = PromptDataset.from_jsonl(_data_path(tenant.data))
@@ -128,8 +128,9 @@ class RlTrainer(Trainer):
                     f"tenants[{i}].data", tenant.data, str(exc), "give a prompt data set",
                     source=config.source,
                 ) from None  # fmt: skip
-            self.rewards[tenant.name] = load_reward(tenant.reward)
-        self.estimator = load_estimator(config.algo.advantage)
+        if self.trains:  # an export reads a stored run.json: it imports no code the file names
+            self.rewards = {t.name: load_reward(t.reward) for t in config.tenants}
+            self.estimator = load_advantage(config)
         # one row width for the whole run (the longest prompt and response any tenant can
         # have), so a tenant's rows are the same tensors whatever the other tenants generate
         self.row_width = 0

@@ -19,6 +19,14 @@ Invariants:
   override through a value, an integer beyond 64 bits, a control character in a string, a date or
   a non-finite number in a free-form table: each is a ConfigError, never another exception and
   never a hang.
+- One depth rule: a configuration table (a file's, run.json's, with its overrides) nests at most
+  :data:`MAX_CONFIG_DEPTH` levels (the path to a free-form table, then its own
+  :data:`MAX_TABLE_DEPTH`), checked where overrides and sections are built, before any value is
+  shown; a message shows a value through :func:`shown_value` (depth- and length-bounded).
+- A ``--set`` value is read as TOML, and text that is no TOML value is taken as a string -- unless
+  it is quoted: a quoted value that is no valid TOML string is a ConfigError.  The command line's
+  ``--section.field`` flags are typed values (:func:`flag_value`: a ``str`` field's text as
+  given), never re-serialised into ``--set`` text.
 - Every number has a ceiling, whether or not its field declares one: an ``int`` field takes at
   most :data:`DEFAULT_INT_HIGH` and a ``float`` at most :data:`DEFAULT_FLOAT_HIGH` in magnitude
   unless it declares its own ``high`` (a count, a seed or a timeout beyond those reaches torch or
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 import os
 import stat
@@ -57,6 +66,11 @@ MAX_SEED = INT_CEILING
 MAX_LORA_RANK = 1024
 MAX_ROWS = 65536
 MAX_TABLE_DEPTH = 16
+#: How deep a whole configuration table nests: [section] > [[list]] > its table > a table field
+#: (``eval.evaluators.0.options``), then that free-form table's own levels.
+MAX_CONFIG_DEPTH = MAX_TABLE_DEPTH + 4
+#: What a message shows of a value: nesting levels, items of a table or list, characters.
+SHOWN_DEPTH, SHOWN_ITEMS, SHOWN_CHARS = 3, 8, 200
 
 __all__ = [
     "ConfigError",
@@ -67,11 +81,14 @@ __all__ = [
     "build_config",
     "build_section",
     "build_sections",
+    "check_depth",
     "check_input_files",
     "config_help",
     "flag_sections",
+    "flag_value",
     "opt",
     "read_config_source",
+    "shown_value",
 ]
 
 
@@ -83,8 +100,49 @@ class ConfigError(ValueError):
     def __init__(self, field: str, value: Any, rule: str, fix: str, *, source: str = "") -> None:
         self.field, self.value, self.rule, self.fix, self.source = field, value, rule, fix, source
         where = f"{source}: " if source else ""
-        shown = "<missing>" if value is MISSING else repr(value)
+        shown = "<missing>" if value is MISSING else shown_value(value)
         super().__init__(f"{where}{field}={shown}: {rule}. Fix: {fix}")
+
+
+def shown_value(value: Any) -> str:
+    """``value`` as a message shows it: its repr, tables and lists cut after
+    :data:`SHOWN_DEPTH` levels and :data:`SHOWN_ITEMS` items, the whole after
+    :data:`SHOWN_CHARS` characters (never a RecursionError, whatever the value's depth)."""
+    return _cut(_shown(value, SHOWN_DEPTH))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def _shown(value: Any, depth: int) -> str:
+    if isinstance(value, dict | list | tuple):
+        return _shown_items(value, depth)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<an integer of {value.bit_length()} bits>"
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        value = value[:SHOWN_CHARS]
+    return _cut(repr(value))
+
+
+def _shown_items(value: dict | list | tuple, depth: int) -> str:
+    """A table or list: its first items shown one level less deep (``...`` below the bound)."""
+    opening, closing = (
+        "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else "()"
+    )
+    if value and depth <= 0:
+        return f"{opening}...{closing}"
+    items = list(itertools.islice(value.items() if isinstance(value, dict) else value,
+                                  SHOWN_ITEMS))  # fmt: skip
+    parts = [
+        f"{_shown(item[0], 0)}: {_shown(item[1], depth - 1)}" if isinstance(value, dict)
+        else _shown(item, depth - 1)
+        for item in items
+    ]  # fmt: skip
+    if len(value) > SHOWN_ITEMS:
+        parts.append(f"... ({len(value) - SHOWN_ITEMS} more)")
+    comma = "," if isinstance(value, tuple) and len(value) == 1 else ""
+    return _cut(opening + ", ".join(parts) + comma + closing)
 
 
 def opt(
@@ -274,6 +332,7 @@ def build_sections(
 ) -> dict[str, Any]:
     """Every top-level section of ``sections`` built from ``raw`` by its presence rule;
     ``many_fix`` says what a missing ``[[...]]`` list needs."""
+    check_depth(raw, source=source)
     top = {name: section for name, section in sections.items() if "." not in name}
     unknown = sorted(set(raw) - set(top))
     if unknown:
@@ -323,17 +382,38 @@ def _build_present(raw: Mapping[str, Any], name: str, section: Section, source: 
 # -- overrides ----------------------------------------------------------------------------------
 
 
-def _parse_value(text: str) -> Any:
-    """``text`` read as a TOML value, else the string itself (then the field's type rules)."""
+def _parse_value(key: str, text: str, source: str = "--set") -> Any:
+    """``text`` read as one TOML value, else the string itself (then the field's type rules);
+    a quoted ``text`` that is no TOML value is a ConfigError, never a string of its quotes."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+        table = tomllib.loads(f"v = {text}")
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+        if text.startswith(('"', "'")):
+            reason = str(exc).split(" (at ", 1)[0] or type(exc).__name__
+            raise ConfigError(
+                key, text, f"is quoted but not a valid TOML string ({reason})",
+                'write a TOML string ("..." with \\uXXXX or \\UXXXXXXXX escapes of Unicode '
+                "characters, never of surrogates), or the text unquoted", source=source,
+            ) from None  # fmt: skip
         return text
+    return table["v"] if len(table) == 1 else text  # "1\nx = 2" is no one value
 
 
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """``raw`` with every ``KEY=VALUE`` applied (dotted keys; list items by index)."""
+def flag_value(key: str, kind: str, text: str) -> Any:
+    """The value of the command line's ``--KEY TEXT`` for a field of ``kind``: a ``str``
+    field's text as given (whatever its characters); any other read as a ``--set`` value."""
+    return text if kind == "str" else _parse_value(key, text.strip(), source=f"--{key}")
+
+
+def apply_overrides(
+    raw: dict[str, Any], overrides: Sequence[str], values: Sequence[tuple[str, Any]] = ()
+) -> dict[str, Any]:
+    """``raw`` with every ``(KEY, value)`` of ``values`` (typed: the ``--section.field`` flags)
+    and then every ``KEY=VALUE`` of ``overrides`` applied (dotted keys; list items by index)."""
+    check_depth(raw, source="--set")
     raw = _deep_copy(raw)
+    for key, value in values:
+        _set(raw, key, value)
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -342,31 +422,61 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
                 item, MISSING, "an override is KEY=VALUE", 'write e.g. --set run.steps=60',
                 source="--set",
             )  # fmt: skip
-        parts = key.split(".")
-        node: Any = raw
-        for depth, part in enumerate(parts[:-1]):
-            nxt = parts[depth + 1]
-            if isinstance(node, list):
-                index = _index(part, node, key)
-                node = node[index]
-                continue
-            if not isinstance(node, dict):
-                raise _through_scalar(key, parts[:depth])
-            if part not in node:
-                node[part] = [] if _is_index(nxt) else {}
-            node = node[part]
-        last = parts[-1]
-        value = _parse_value(text.strip())
-        if isinstance(node, list):
-            if _is_index(last) and int(last) == len(node):
-                node.append(value)
-            else:
-                node[_index(last, node, key)] = value
-        elif isinstance(node, dict):
-            node[last] = value
-        else:
-            raise _through_scalar(key, parts[:-1])
+        _set(raw, key, _parse_value(key, text.strip()))
+    check_depth(raw, source="--set")
     return raw
+
+
+def _set(raw: dict[str, Any], key: str, value: Any) -> None:
+    """``raw``'s dotted ``key`` set to ``value`` (tables and list items made on the way)."""
+    parts = key.split(".")
+    if len(parts) > MAX_CONFIG_DEPTH:
+        raise ConfigError(
+            ".".join(parts[:MAX_CONFIG_DEPTH]) + "...", value,
+            f"nests deeper than {MAX_CONFIG_DEPTH} levels ({len(parts)} dotted parts)",
+            "use a key of a field (mizzen-train sft --help-config lists them)", source="--set",
+        )  # fmt: skip
+    node: Any = raw
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[_index(part, node, key)]
+            continue
+        if not isinstance(node, dict):
+            raise _through_scalar(key, parts[:depth])
+        if part not in node:
+            node[part] = [] if _is_index(parts[depth + 1]) else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        if _is_index(last) and int(last) == len(node):
+            node.append(value)
+        else:
+            node[_index(last, node, key)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise _through_scalar(key, parts[:-1])
+
+
+def check_depth(raw: Any, *, source: str) -> None:
+    """ConfigError naming the first path of ``raw`` that nests deeper than
+    :data:`MAX_CONFIG_DEPTH` levels (walked without recursion: any depth is refused)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(raw, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            children = [(str(k), v) for k, v in node.items()]
+        elif isinstance(node, list):
+            children = [(str(i), v) for i, v in enumerate(node)]
+        else:
+            continue
+        if len(path) > MAX_CONFIG_DEPTH:
+            raise ConfigError(
+                ".".join(path[:MAX_CONFIG_DEPTH]) + "...", node,
+                f"nests deeper than {MAX_CONFIG_DEPTH} levels", "flatten it (a free-form table "
+                f"such as [model.tiny] nests at most {MAX_TABLE_DEPTH} levels)", source=source,
+            )  # fmt: skip
+        stack.extend((child, (*path, name)) for name, child in children)
 
 
 def _through_scalar(key: str, parent: Sequence[str]) -> ConfigError:
@@ -396,10 +506,13 @@ def _deep_copy(value: Any) -> Any:
 
 
 def read_config_source(
-    path: str | os.PathLike | None, overrides: Sequence[str] = ()
+    path: str | os.PathLike | None,
+    overrides: Sequence[str] = (),
+    values: Sequence[tuple[str, Any]] = (),
 ) -> tuple[dict[str, Any], str]:
     """The raw table of ``path`` (TOML, or ``example:NAME`` for a shipped one; None: overrides
-    only) with the overrides applied, and its source name for messages."""
+    only) with the typed ``values`` and then the overrides applied (:func:`apply_overrides`),
+    and its source name for messages."""
     raw: dict[str, Any] = {}
     source = "--set"
     if path is not None:
@@ -416,8 +529,8 @@ def read_config_source(
                 )  # fmt: skip
             path = shipped[name]
         raw = _read_toml(path, source)
-    if overrides:
-        raw = apply_overrides(raw, overrides)
+    if overrides or values:
+        raw = apply_overrides(raw, overrides, values)
         source = f"{source} + --set"
     return raw, source
 

@@ -227,6 +227,10 @@ class Progress:
         )
 
     def print(self, text: str) -> None:
+        """One progress line, through the CLI's one rule for what it prints (rollout's
+        ``shown_line``: masked, escaped to one terminal line; it may name files from disk)."""
         if self.quiet:
             return
-        print(f"[mizzen-train {self.command}] {text}", file=self.stream, flush=True)
+        from mizzen_rollout.api import shown_line
+
+        print(shown_line(f"[mizzen-train {self.command}] {text}"), file=self.stream, flush=True)

@@ -11,7 +11,10 @@ Invariants:
 - An eval panel with one point per tenant is a marker at that step on an x axis spanning the
   run's training steps (never a one-point axis of odd ticks), its value written beside it.
 - Bad paths are :class:`PlotError` lines: a metrics path that is a directory or missing, an
-  output that is a directory or whose folder cannot be made.
+  output that is a directory or whose folder cannot be made.  Values matplotlib cannot lay out
+  (records of valid shape spanning -1e308 to 1e308) are a PlotError naming the file too: what
+  matplotlib raises while drawing or writing (ValueError, OverflowError) becomes one, the figure
+  closed and no image (nor its temporary file) left behind.
 - matplotlib is imported inside :func:`plot_metrics` (the ``plot`` extra of mizzen-train) with the
   non-interactive Agg backend; nothing else in mizzen-train needs it.
 - The image is written atomically (temporary name, then rename).
@@ -19,10 +22,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from mizzen_train.run.metrics import read_metrics
@@ -58,7 +63,27 @@ def _span_steps(ax, x_range: tuple[int, int]) -> None:
 
 
 class PlotError(ValueError):
-    """The metrics file cannot be plotted (missing, or holding no training records)."""
+    """The metrics file cannot be plotted (missing, holding no training records, or values
+    matplotlib cannot lay out)."""
+
+
+@contextlib.contextmanager
+def _drawing(metrics: str | os.PathLike, figure=None) -> Iterator[None]:
+    """What matplotlib raises on the values of ``metrics`` (drawing, laying out, writing) as a
+    PlotError naming the file; ``figure`` (being drawn) is closed on any error."""
+    try:
+        yield
+    except BaseException as exc:
+        if figure is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
+        if isinstance(exc, PlotError) or not isinstance(exc, ValueError | OverflowError):
+            raise
+        raise PlotError(
+            f"{metrics}: matplotlib cannot draw its values ({type(exc).__name__}: {exc}); the "
+            "records hold values too far apart to plot -- check the run's losses and metrics"
+        ) from None
 
 
 def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
@@ -83,7 +108,8 @@ def plot_metrics(metrics: str | os.PathLike, output: str | os.PathLike) -> Path:
                         "writable place") from None  # fmt: skip
     tmp = out.with_name(f".{out.stem}.tmp-{uuid.uuid4().hex[:8]}{out.suffix or '.png'}")
     try:
-        figure.savefig(tmp, dpi=110)
+        with _drawing(metrics):
+            figure.savefig(tmp, dpi=110)
         os.replace(tmp, out)
     finally:
         plt.close(figure)
@@ -170,5 +196,6 @@ def curves_figure(metrics: str | os.PathLike):
     if left_out:
         constant = ", ".join(f"{name} = {value:.4g}" for name, value in sorted(left_out.items()))
         figure.text(0.01, 0.005, f"constant, not drawn: {constant}", fontsize="small")
-    figure.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
+    with _drawing(path, figure):  # where matplotlib lays out ticks: huge spans fail here
+        figure.tight_layout(rect=(0, 0.03 if left_out else 0, 1, 1))
     return figure
