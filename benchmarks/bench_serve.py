@@ -91,7 +91,8 @@ def start_server(root: Path, config: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + 600
     while not (root / "url").exists():
         if process.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"the server did not start; see {root / 'server.log'}")
+            tail = (root / "server.log").read_text(errors="replace").splitlines()[-20:]
+            sys.exit("the server did not start; the end of its log:\n" + "\n".join(tail))
         time.sleep(0.5)
     return process, (root / "url").read_text().strip()
 

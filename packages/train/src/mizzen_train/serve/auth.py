@@ -8,6 +8,8 @@ reads ``TINKER_API_KEY``).
 Invariants:
 - A key never appears in a message, a log line, ``repr()`` or a response: errors name the file
   and line number only; the table keeps SHA-256 digests, not keys.
+- The file is read bounded (:func:`~mizzen_train.run.config.read_regular_file`): a regular file
+  of at most :data:`MAX_KEY_FILE_BYTES`, never waited on (a FIFO) nor read whole when larger.
 - A malformed file is refused at start with ``file:line``, the rule and the fix; a key listed twice
   is refused (two tenants must never share one).
 - A key sees only its tenant's models, checkpoints and samplers: every lookup goes through
@@ -21,6 +23,8 @@ import hmac
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from mizzen_train.run.config import read_regular_file
 
 __all__ = ["KeyFileError", "KeyTable", "read_key_file"]
 
@@ -63,13 +67,15 @@ def read_key_file(path: str | Path) -> KeyTable:
     """The key table of ``path``; raises KeyFileError naming ``path:line``."""
     path = Path(path)
     try:
-        data = path.read_bytes()[: MAX_KEY_FILE_BYTES + 1]
+        data = read_regular_file(path, MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise KeyFileError(
             f"{path}: cannot be read ({exc.strerror}). Fix: check the path"
         ) from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise KeyFileError(f"{path}: larger than {MAX_KEY_FILE_BYTES} bytes. Fix: one key a line")
+    except ValueError as exc:  # not a regular file, or larger than the limit
+        raise KeyFileError(
+            f"{path}: {exc}. Fix: a regular file of 'TENANT KEY' lines, one key a line"
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

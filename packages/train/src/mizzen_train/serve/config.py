@@ -5,13 +5,16 @@ Read by the run configuration machinery (:mod:`mizzen_train.run.config`): a TOML
 
     [server]   host, port, state_dir (required), api_keys_file (required), limits
     [model]    path (an HF Llama directory, or "tiny"), name (what clients ask for), device,
-               dtype, slots, max_rank, micro_batch_size, seq_bucket, threads, [model.tiny]
+               dtype, slots, max_rank, micro_batch_size, seq_bucket, threads
+    [model.tiny]  overrides of the packaged tiny Llama's fields (path = "tiny")
     [sampling] engine ("embedded" | "none"), max_new_tokens
 
 Invariants:
 - Everything read is untrusted: an unknown key, a wrong type or a value out of range raises
   :class:`~mizzen_train.run.config.ConfigError` naming the source, the field, the rule and the fix,
-  before anything is built.
+  before anything is built.  ``[model.tiny]`` is checked field by field like a section
+  (:class:`TinySection`), and every path is checked for its use (``state_dir`` a directory or
+  creatable, ``port_file`` a writable file name, ...).
 - API keys are never part of the configuration (only the path of the file holding them), so a
   configuration can be printed or logged.
 - This module imports the standard library and the config machinery only.
@@ -19,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,12 +39,17 @@ from mizzen_train.run.config import (
     Presence,
     Section,
     build_config,
+    build_section,
     config_help,
     opt,
     read_config_source,
 )
 
-__all__ = ["SECTIONS", "ServeConfig", "load_serve_config"]
+__all__ = ["SECTIONS", "ServeConfig", "TinySection", "load_serve_config"]
+#: the largest vocabulary, width and depth a tiny model may be given
+MAX_TINY_VOCAB = 262_144
+MAX_TINY_WIDTH = 65_536
+MAX_TINY_DEPTH = 256
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,15 @@ class ServerSection:
         600.0, kind="float", low=0.0, high=7 * 86400.0,
         help="a session without a heartbeat this long ends, its models unloaded (0: never)",
     )  # fmt: skip
+    head_timeout_s: float = opt(
+        10.0, kind="float", low=0.1, high=3600.0,
+        help="a connection without a whole request head this long after it opened or after its "
+        "last response is closed",
+    )  # fmt: skip
+    max_connections: int = opt(
+        1000, kind="int", low=1, high=1_000_000,
+        help="open connections at most; one beyond is answered 503 and closed",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,34 @@ class ModelSection:
     )
 
 
+def _tiny(kind: str, help: str, **limits):
+    return opt(None, kind=kind, help=f"{help} (None: as packaged)", **limits)
+
+
+@dataclass(frozen=True)
+class TinySection:
+    """``[model.tiny]``: the fields of the packaged tiny Llama config a server may override."""
+
+    model_type: str | None = _tiny("str", "architecture", choices=("llama",))
+    vocab_size: int | None = _tiny(
+        "int", "vocabulary (the byte tokenizer uses 259)", low=259, high=MAX_TINY_VOCAB
+    )
+    hidden_size: int | None = _tiny("int", "width", low=1, high=MAX_TINY_WIDTH)
+    intermediate_size: int | None = _tiny("int", "MLP width", low=1, high=MAX_TINY_WIDTH)
+    num_hidden_layers: int | None = _tiny("int", "layers", low=1, high=MAX_TINY_DEPTH)
+    num_attention_heads: int | None = _tiny("int", "attention heads", low=1, high=MAX_TINY_WIDTH)
+    num_key_value_heads: int | None = _tiny("int", "KV heads", low=1, high=MAX_TINY_WIDTH)
+    head_dim: int | None = _tiny("int", "width of a head", low=1, high=MAX_TINY_WIDTH)
+    max_position_embeddings: int | None = _tiny("int", "longest sequence", low=1, high=1 << 20)
+    rms_norm_eps: float | None = _tiny("float", "RMSNorm epsilon", low=1e-12, high=1.0)
+    initializer_range: float | None = _tiny("float", "std of the weights", low=0.0, high=10.0)
+    rope_theta: float | None = _tiny("float", "RoPE base", low=1.0, high=1e12)
+    bos_token_id: int | None = _tiny("int", "BOS token", low=0, high=MAX_TINY_VOCAB - 1)
+    eos_token_id: int | None = _tiny("int", "EOS token", low=0, high=MAX_TINY_VOCAB - 1)
+    pad_token_id: int | None = _tiny("int", "padding token", low=0, high=MAX_TINY_VOCAB - 1)
+    tie_word_embeddings: bool | None = _tiny("bool", "share embedding and unembedding")
+
+
 @dataclass(frozen=True)
 class SamplingSection:
     engine: str = opt(
@@ -119,6 +165,7 @@ class ServeConfig:
         "server": Section(ServerSection, Presence.REQUIRED),
         "model": Section(ModelSection, Presence.REQUIRED),
         "sampling": Section(SamplingSection, Presence.DEFAULTED),
+        "model.tiny": Section(TinySection, Presence.OPTIONAL),  # in model.tiny (a table)
     }
 
     @property
@@ -130,23 +177,19 @@ class ServeConfig:
         return self.model.name or self.model.path
 
     def check(self) -> None:
-        if self.model.tiny:
-            from mizzen_train.hf.tiny import tiny_llama_config
-
-            try:
-                tiny_llama_config(**self.model.tiny)
-            except ValueError as exc:
-                raise ConfigError(
-                    "model.tiny", dict(self.model.tiny), str(exc), "drop the unknown keys",
-                    source=self.source,
-                ) from None  # fmt: skip
-        if self.server.port_file:
-            parent = Path(self.server.port_file).parent
-            if not parent.is_dir():
-                raise ConfigError(
-                    "server.port_file", self.server.port_file, "its directory does not exist",
-                    "create the directory or choose another path", source=self.source,
-                )  # fmt: skip
+        problem = _state_dir_problem(self.server.state_dir)
+        if problem:
+            raise ConfigError(
+                "server.state_dir", self.server.state_dir, problem,
+                "give a writable directory, or a path where one can be created",
+                source=self.source,
+            )  # fmt: skip
+        problem = _port_file_problem(self.server.port_file)
+        if problem:
+            raise ConfigError(
+                "server.port_file", self.server.port_file, problem,
+                "give a file name in an existing, writable directory", source=self.source,
+            )  # fmt: skip
         if self.model.path != "tiny" and not Path(self.model.path).is_dir():
             raise ConfigError(
                 "model.path", self.model.path, "is not a directory",
@@ -163,10 +206,49 @@ class ServeConfig:
 SECTIONS = ServeConfig.SECTIONS
 
 
+def _writable_dir_problem(path: Path) -> str:
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is not a directory"
+    return "" if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+
+
+def _state_dir_problem(value: str) -> str:
+    """Why ``value`` cannot be the state directory ('' when it can)."""
+    if not value:
+        return "is empty"
+    path = Path(value).absolute()
+    if path.exists():
+        return _writable_dir_problem(path)
+    existing = next(parent for parent in path.parents if parent.exists())
+    problem = _writable_dir_problem(existing)
+    return f"cannot be created: {existing} {problem}" if problem else ""
+
+
+def _port_file_problem(value: str) -> str:
+    """Why the URL cannot be written to ``value`` ('' when it can, or when it is unset)."""
+    if not value:
+        return ""
+    path = Path(value).absolute()
+    if path.is_dir():
+        return "is a directory"
+    problem = _writable_dir_problem(path.parent)
+    return f"its directory {path.parent} {problem}" if problem else ""
+
+
+def _checked_tiny(config: ServeConfig) -> ServeConfig:
+    """``config`` with ``model.tiny`` checked by :class:`TinySection` (only the fields set)."""
+    tiny = build_section(TinySection, config.model.tiny, "model.tiny", config.source)
+    fields = {k: v for k, v in dataclasses.asdict(tiny).items() if v is not None}
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, tiny=fields))
+
+
 def parse_serve_config(raw: Mapping[str, Any], *, source: str = "<config>") -> ServeConfig:
     config = build_config(
         ServeConfig, dict(raw), SECTIONS, source=source, many_fix="(no list sections)"
     )
+    config = _checked_tiny(config)
     config.check()
     return config
 

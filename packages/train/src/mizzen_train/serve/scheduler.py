@@ -120,14 +120,21 @@ class Scheduler:
 
     @property
     def model_dir(self):
+        """The base model's directory; a "tiny" one is written on first use, named by a digest of
+        its whole config (seed and every field, overrides applied: another ``[model.tiny]`` is
+        another directory) and written whole or not at all (a temporary sibling, renamed)."""
+        import hashlib
+        import json
         from pathlib import Path
 
         model = self.config.model
         if model.path != "tiny":
             return Path(model.path)
-        from mizzen_train.hf.tiny import write_tiny_llama
+        from mizzen_train.hf.tiny import tiny_llama_config, write_tiny_llama
 
-        target = self.state.root / f"base-model-tiny-seed{model.seed}"
+        whole = {"seed": model.seed, "config": tiny_llama_config(**model.tiny)}
+        digest = hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:24]
+        target = self.state.root / f"base-model-tiny-{digest}"
         if not target.exists():
             write_tiny_llama(target, seed=model.seed, **dict(model.tiny))
         return target

@@ -18,10 +18,15 @@ Invariants:
   exist for that tenant.
 - A restart keeps every saved checkpoint and every model's owner; a model's live (unsaved)
   weights live only in its slot and end with the process.
+- ``models.json`` is read as untrusted input: a regular file of at most
+  :data:`MAX_MODELS_BYTES`, a JSON object of records with exactly :class:`ModelRecord`'s fields
+  and types, each under its own ``model_id``; anything else is a :class:`StateError` naming the
+  file (and the record), before anything is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -33,9 +38,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mizzen_train.run.config import read_regular_file
 from mizzen_train.serve.wire import WireError
 
-__all__ = ["KINDS", "ModelRecord", "ServerState", "check_name"]
+__all__ = ["KINDS", "ModelRecord", "ServerState", "StateError", "check_name"]
+
+MAX_MODELS_BYTES = 64 * 1024 * 1024
 
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 #: Tinker path segment -> SDK checkpoint type
@@ -52,6 +60,10 @@ def check_name(value: object, field: str) -> str:
     return value
 
 
+class StateError(ValueError):
+    """A file of the state directory breaks its schema; names the file, the record and the fix."""
+
+
 @dataclass(frozen=True)
 class ModelRecord:
     model_id: str
@@ -60,6 +72,42 @@ class ModelRecord:
     rank: int
     seed: int
     created: float
+
+
+#: the JSON values each annotation of ModelRecord admits (``created`` may be written as an int)
+RECORD_TYPES = {"str": (str,), "int": (int,), "float": (int, float)}
+RESTORE = "Fix: restore it from a backup, or move it away (the server then knows no models)"
+
+
+def _read_models(path: Path) -> dict[str, ModelRecord]:
+    """The records of ``models.json`` at ``path`` (none when it is missing)."""
+    try:
+        raw = json.loads(read_regular_file(path, MAX_MODELS_BYTES).decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise StateError(f"{path}: cannot be read ({exc.strerror}). {RESTORE}") from None
+    except (ValueError, RecursionError) as exc:  # not regular, too large, not UTF-8 or JSON
+        raise StateError(f"{path}: {str(exc)[:200]}. {RESTORE}") from None
+    if not isinstance(raw, dict):
+        raise StateError(f"{path}: is not a JSON object of model records. {RESTORE}")
+    return {key: _record(value, f"{path}: record {key[:80]!r}", key) for key, value in raw.items()}
+
+
+def _record(value: object, where: str, key: str) -> ModelRecord:
+    fields = {f.name: f.type for f in dataclasses.fields(ModelRecord)}
+    if not isinstance(value, dict) or set(value) != set(fields):
+        names = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise StateError(
+            f"{where}: has {str(names)[:200]}, not the fields {list(fields)}. {RESTORE}"
+        )
+    for name, type_name in fields.items():
+        item = value[name]
+        if isinstance(item, bool) or not isinstance(item, RECORD_TYPES[type_name]):
+            raise StateError(f"{where}: {name} is not a JSON {type_name}. {RESTORE}")
+    if value["model_id"] != key or Path(key).name != key or key.startswith("."):
+        raise StateError(f"{where}: model_id is not its key, or not a plain name. {RESTORE}")
+    return ModelRecord(**{**value, "created": float(value["created"])})
 
 
 def _write_json_atomic(path: Path, payload: object) -> None:
@@ -79,11 +127,7 @@ class ServerState:
         self.checkpoints = root / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self.models: dict[str, ModelRecord] = {}
-        path = root / "models.json"
-        if path.exists():
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            self.models = {key: ModelRecord(**value) for key, value in raw.items()}
+        self.models: dict[str, ModelRecord] = _read_models(root / "models.json")
 
     def add_model(self, record: ModelRecord) -> None:
         with self._lock:
