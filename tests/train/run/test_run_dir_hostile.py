@@ -4,7 +4,9 @@ deleted unless the run wrote it.
 A finished tiny run (4 steps, checkpoints every 2, two kept) is copied for each case: a user's
 folder beside the checkpoints survives pruning and export; ``--resume`` below the newest
 checkpoint's step is refused; a refused start leaves nothing behind; a FIFO or a non-file where a
-record or the lock should be is one line and exit 2, never a hang or a traceback.
+record or the lock should be is one line and exit 2, never a hang or a traceback; so is a
+checkpoint record of the wrong shape, a slot checkpoint of another run or step or with non-finite
+values, and a base model at ``model.path`` other than the one the run trained on.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=120, labels=["train"])
+register_cpu_ci(est_time=420, labels=["train"])
 
 CONFIG = """
 [run]
@@ -215,3 +217,112 @@ def test_a_damaged_newest_checkpoint_is_one_line(run_dir, tmp_path, damage):
     result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
     _refused(result)
     assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
+
+
+def _damage_slot(slot, damage: str) -> None:
+    """``damage`` to the committed shard of the slot checkpoint ``slot``, its size kept in step
+    with the manifest (so only the content check can see it)."""
+    import json
+
+    import torch
+
+    manifest = json.loads((slot / "manifest.json").read_text())
+    shard = manifest["shards"]["tp00-pp00-ep00"]
+    payload = torch.load(slot / shard["file"], weights_only=True)
+    for key, tensor in payload["tensors"].items():
+        if key.endswith("/master"):
+            tensor.fill_(float("nan"))
+    torch.save(payload, slot / shard["file"])
+    shard["bytes"] = (slot / shard["file"]).stat().st_size
+    (slot / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("fifo-state", "trainer_state.json: unreadable (is not a regular file"),
+        ("list-state", "trainer_state.json: a JSON list, not a table"),
+        ("rng-empty", "rng.pt: python is not the RNG state a checkpoint saves"),
+        ("list-manifest", "manifest.json: a JSON list, not a manifest table"),
+        ("other-step-slot", "the slot checkpoint of run"),
+        ("nan-masters", "holds non-finite values"),
+        ("step-file", "step-00000006: not a directory, but named like the checkpoint of step 6"),
+    ],
+)
+def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path, damage, needle):
+    """Each record of the newest checkpoint is read bounded and checked: a FIFO, a record of the
+    wrong shape, a slot directory of another step, non-finite masters, a file where a step's
+    checkpoint directory would go -- one error line naming the file, exit 2, never a hang, a
+    traceback or a run that trains on it."""
+    import torch
+
+    newest = run_dir / "checkpoints" / "step-00000004"
+    if damage == "fifo-state":
+        (newest / "trainer_state.json").unlink()
+        os.mkfifo(newest / "trainer_state.json")
+    elif damage == "list-state":
+        (newest / "trainer_state.json").write_text("[]\n")
+    elif damage == "rng-empty":
+        torch.save({}, newest / "rng.pt")
+    elif damage == "list-manifest":
+        (newest / "slots" / "a" / "manifest.json").write_text("[]\n")
+    elif damage == "other-step-slot":  # step 2's slot (same run) in step 4's checkpoint
+        shutil.rmtree(newest / "slots" / "a")
+        shutil.copytree(run_dir / "checkpoints" / "step-00000002" / "slots" / "a",
+                        newest / "slots" / "a")  # fmt: skip
+    elif damage == "nan-masters":
+        _damage_slot(newest / "slots" / "a", damage)
+    else:  # a resume to 6 would train 5 and 6, then fail to commit step 6's checkpoint
+        (run_dir / "checkpoints" / "step-00000006").write_text("x")
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)), timeout=90)
+    _refused(result, needle)
+    assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics, "it trained before refusing"
+
+
+@pytest.mark.parametrize("damage", ["no-slots", "nan-masters"])
+def test_export_of_a_damaged_checkpoint_is_one_line(run_dir, damage):
+    newest = run_dir / "checkpoints" / "step-00000004"
+    if damage == "no-slots":
+        shutil.rmtree(newest / "slots")
+    else:
+        _damage_slot(newest / "slots" / "a", damage)
+    needle = "slots: missing or not a directory" if damage == "no-slots" else "non-finite"
+    _refused(_train("export", str(run_dir), timeout=90), needle)
+
+
+def test_another_base_model_at_the_same_path_is_refused(run_dir, tmp_path):
+    """The base model's files are fingerprinted in run.json: the same shapes with other weights
+    (another seed) at the same path are refused on resume and export, naming the file."""
+    from mizzen_train.hf.tiny import write_tiny_llama
+
+    (base,) = run_dir.glob("base-model-tiny-*")
+    other = write_tiny_llama(tmp_path / "other", seed=1)
+    shutil.copyfile(other / "model.safetensors", base / "model.safetensors")
+    needle = "model.safetensors has other content"
+    config = _config(tmp_path, run_dir, 6)
+    _refused(_train("sft", "--resume", "--config", str(config), timeout=90), needle)
+    _refused(_train("export", str(run_dir), timeout=90), needle)
+    assert not (run_dir / "checkpoints" / "step-00000006").exists()
+
+
+def test_records_of_an_older_run_resume_with_a_warning(run_dir, tmp_path):
+    """A run.json without a base fingerprint and slot manifests without an owner (what an older
+    mizzen-train wrote) resume, each unchecked record named in a warning line."""
+    import json
+
+    record = json.loads((run_dir / "run.json").read_text())
+    del record["base_model"]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    manifest_path = run_dir / "checkpoints" / "step-00000004" / "slots" / "a" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["owner"]
+    manifest_path.write_text(json.dumps(manifest))
+    resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "records no fingerprint of the base model" in resumed.stderr, resumed.stderr[-2000:]
+    assert "records no owner" in resumed.stderr, resumed.stderr[-2000:]
+    owner = json.loads((run_dir / "checkpoints" / "step-00000006" / "slots" / "a" /
+                        "manifest.json").read_text())["owner"]  # fmt: skip
+    assert owner == {"run_id": record["run_id"], "step": 6}

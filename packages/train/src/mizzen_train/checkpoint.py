@@ -21,9 +21,15 @@ Invariants:
 - ``manifest.json`` only ever names a version whose shards were all written and renamed; a crash
   or error at any point before the rename of the manifest leaves the previous checkpoint the
   committed, loadable one.
-- Loading never trusts the directory: format, parallel layout, max rank, the shard for this
-  rank's coordinates, its size, its tensor names and shapes are checked, with the file and field
-  named, before anything is applied.
+- Loading never trusts the directory: the manifest and the shards are read only as regular
+  files of bounded size (:func:`~mizzen_train.run.config.read_regular_file`: a FIFO is refused,
+  never waited on); the manifest's every field, the parallel layout, max rank, the shard for
+  this rank's coordinates, its size, its tensor names, shapes and dtype (fp32) and that every
+  value is finite (the rule :mod:`mizzen_train.hf.convert` applies to a base model's weights) are
+  checked, with the file and field named, before anything is applied.
+- A save may name its ``owner`` (a run's id and the step of the run's checkpoint that holds it,
+  recorded in the manifest); :func:`check_owner` refuses a slot checkpoint of another owner, so a
+  slot directory copied in from another run or step is never restored as this one's.
 - A slot checkpoint is restored at the tensor-parallel size that saved it; for another size,
   :func:`reshard_slot_checkpoint` first writes it anew (one process, files only, committed like a
   save): every saved TP shard is read, each split factor joined along its ``split_dim``, put
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Mapping
@@ -49,6 +56,7 @@ from typing import Any
 import torch
 
 from mizzen_train.errors import SlotCheckpointError
+from mizzen_train.run.config import read_regular_file
 from mizzen_train.specs import LoraSlotSpec
 
 FORMAT = "mizzen-slot-checkpoint/1"
@@ -56,6 +64,9 @@ MANIFEST = "manifest.json"
 #: Optimizer-state entries saved per factor (fp32).  The bf16/fp32 weight is the master cast
 #: to the model dtype, so it is derived on load rather than stored twice.
 STATE_ENTRIES = ("master", "exp_avg", "exp_avg_sq")
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+AXES = ("tp", "pp", "ep")
+SHARD_TAG = re.compile(r"tp[0-9]{2,4}-pp[0-9]{2,4}-ep[0-9]{2,4}")
 
 
 @dataclass(frozen=True, order=True)
@@ -154,8 +165,10 @@ def save_slot_checkpoint(
     max_rank: int,
     factors: Mapping[str, Mapping[str, Any]],
     group=None,
+    owner: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Save this rank's part of one slot (collective; see the module docstring).
+    """Save this rank's part of one slot (collective; see the module docstring); ``owner``
+    (``{"run_id": str, "step": int}``, see :func:`check_owner`) is recorded in the manifest.
 
     ``factors`` maps a factor name to ``{"split_dim", "rank_axis_from_end", "master",
     "exp_avg", "exp_avg_sq"}`` (tensors of this rank's local shard).  Returns the version dir.
@@ -219,6 +232,7 @@ def save_slot_checkpoint(
                 "max_rank": max_rank,
                 "parallel": parallel_sizes(),
                 "shards": {tag: shard for _, tag, shard, _ in gathered if shard is not None},
+                **({"owner": dict(owner)} if owner is not None else {}),
             }
             encoded = json.dumps(manifest, indent=1, sort_keys=True).encode()
             _atomic_write(root / MANIFEST, lambda handle: handle.write(encoded))
@@ -235,22 +249,87 @@ def save_slot_checkpoint(
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """The committed manifest of ``directory``, every field checked (SlotCheckpointError naming
+    the file and the field otherwise)."""
     path = Path(directory) / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise SlotCheckpointError(
             f"{path}: no manifest, so no checkpoint was ever committed here (a save that failed "
             "before its commit leaves none); point at a directory a save completed in"
         )
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read_regular_file(path, MAX_MANIFEST_BYTES))
     except (OSError, ValueError) as exc:
-        raise SlotCheckpointError(f"{path}: unreadable manifest ({exc})") from exc
+        raise SlotCheckpointError(f"{path}: unreadable manifest ({exc}); restore it") from None
+    if not isinstance(manifest, dict):
+        raise SlotCheckpointError(f"{path}: a JSON {type(manifest).__name__}, not a manifest "
+                                  "table; restore it")  # fmt: skip
     if manifest.get("format") != FORMAT:
         raise SlotCheckpointError(
-            f"{path}: format={manifest.get('format')!r}, expected {FORMAT!r}; this reader only "
-            "loads its own format"
+            f"{path}: format={str(manifest.get('format'))[:40]!r}, expected {FORMAT!r}; this "
+            "reader only loads its own format"
         )
+    for problem in _manifest_problems(manifest):
+        raise SlotCheckpointError(f"{path}: {problem}; the manifest is damaged, restore it")
     return manifest
+
+
+def _manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """What is malformed in a manifest's fields, one phrase each (the first is reported)."""
+    problems = []
+
+    def counts(value: Any, low: int) -> bool:
+        return type(value) is int and value >= low
+
+    if not isinstance(manifest.get("version"), str):
+        problems.append(f"version={str(manifest.get('version'))[:40]} is not a name")
+    if not counts(manifest.get("step"), 0):
+        problems.append(f"step={str(manifest.get('step'))[:40]} is not an integer >= 0")
+    if not counts(manifest.get("max_rank"), 1):
+        problems.append(f"max_rank={str(manifest.get('max_rank'))[:40]} is not an integer >= 1")
+    parallel = manifest.get("parallel")
+    if not isinstance(parallel, dict) or not all(counts(parallel.get(a), 1) for a in AXES):
+        problems.append(f"parallel={str(parallel)[:80]} is not a table of sizes {list(AXES)}")
+    spec = manifest.get("slot_spec")
+    try:
+        LoraSlotSpec(**spec)
+        bad_spec = not (counts(spec["rank"], 1) and type(spec["alpha"]) in (int, float))
+    except (TypeError, KeyError):
+        bad_spec = True
+    if bad_spec:
+        problems.append(f"slot_spec={str(spec)[:80]} is not a slot's rank, alpha, init, seed")
+    shards = manifest.get("shards")
+    if not isinstance(shards, dict) or not all(SHARD_TAG.fullmatch(str(tag)) for tag in shards):
+        problems.append(f"shards={str(shards)[:80]} is not a table by tp..-pp..-ep.. tag")
+    elif not all(
+        isinstance(s, dict) and isinstance(s.get("file"), str) and counts(s.get("bytes"), 0)
+        and isinstance(s.get("factors"), dict) for s in shards.values()
+    ):  # fmt: skip
+        problems.append(f"shards={str(shards)[:80]} is not a table of shards (file, bytes, "
+                        "factors)")  # fmt: skip
+    owner = manifest.get("owner")
+    if owner is not None and not (isinstance(owner, dict) and isinstance(owner.get("run_id"), str)
+                                  and counts(owner.get("step"), 1)):  # fmt: skip
+        problems.append(f"owner={str(owner)[:80]} is not a run_id and a step")
+    return problems
+
+
+def check_owner(directory: str | os.PathLike, *, run_id: str, step: int) -> str | None:
+    """Refuse the slot checkpoint in ``directory`` unless its manifest's ``owner`` is run
+    ``run_id``'s checkpoint of ``step``; a warning (None: none) when it records no owner (saved
+    before manifests recorded one: what holds it is taken on trust)."""
+    path = Path(directory) / MANIFEST
+    owner = read_manifest(directory).get("owner")
+    if owner is None:
+        return (f"warning: {path} records no owner (saved by an older mizzen-train): it is taken "
+                f"as run {run_id}'s slot of step {step} unchecked")  # fmt: skip
+    if (owner["run_id"], owner["step"]) != (run_id, step):
+        raise SlotCheckpointError(
+            f"{path}: the slot checkpoint of run {owner['run_id']!r} step {owner['step']}, found "
+            f"in run {run_id!r}'s checkpoint of step {step}: it was copied in from elsewhere; "
+            "restore the checkpoint's own slot directory, or move the checkpoint away"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -336,13 +415,48 @@ def _read_shard(
             f"{path}: size {found}, manifest says {shard.get('bytes')} bytes; the shard was "
             "changed or lost after its commit"
         )
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = _load_payload(path, shard["bytes"])
     if payload.get("coordinates") != coordinates.tag or payload.get("step") != manifest["step"]:
         raise SlotCheckpointError(
-            f"{path}: holds coordinates={payload.get('coordinates')} step={payload.get('step')}, "
-            f"manifest expects {coordinates.tag} step={manifest['step']}"
+            f"{path}: holds coordinates={str(payload.get('coordinates'))[:40]} "
+            f"step={str(payload.get('step'))[:40]}, manifest expects {coordinates.tag} "
+            f"step={manifest['step']}"
         )
-    return payload["tensors"]
+    return _checked_tensors(path, payload.get("tensors"))
+
+
+def _load_payload(path: Path, size: int) -> dict[str, Any]:
+    """A shard file's table: a regular file of the ``size`` its manifest committed, loaded
+    without running code."""
+    import io
+
+    try:
+        data = read_regular_file(path, size)
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # OSError, a size over the committed one, a corrupt archive
+        raise SlotCheckpointError(
+            f"{path}: unreadable shard ({type(exc).__name__}: {str(exc)[:200]}); restore it"
+        ) from None
+    if not isinstance(payload, dict):
+        raise SlotCheckpointError(f"{path}: holds a {type(payload).__name__}, not a shard table")
+    return payload
+
+
+def _checked_tensors(path: Path, tensors: Any) -> dict[str, torch.Tensor]:
+    """A shard's tensors: each a finite fp32 tensor (how a save writes them)."""
+    if not isinstance(tensors, dict):
+        raise SlotCheckpointError(f"{path}: tensors={str(tensors)[:80]} is not a table")
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32:
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise SlotCheckpointError(f"{path}: {str(name)[:120]} is {kind}, not an fp32 tensor "
+                                      "(a save writes fp32); restore the shard")  # fmt: skip
+        if not bool(torch.isfinite(tensor).all()):
+            raise SlotCheckpointError(
+                f"{path}: {name} holds non-finite values (NaN or inf); an adapter trained on "
+                "would stay NaN. Restore the shard, or resume from an older checkpoint"
+            )
+    return tensors
 
 
 #: ``relayout(factor name, joined tensor, saved TP size, new TP size) -> tensor``: the joined
@@ -490,12 +604,9 @@ def export_adapter(directory: str | os.PathLike) -> ExportedAdapter:
         if ep == 0:
             shards_by_stage.setdefault(pp, []).append((tp, shard))
     exported: dict[str, torch.Tensor] = {}
-    for _pp, shards in sorted(shards_by_stage.items()):
+    for pp, shards in sorted(shards_by_stage.items()):
         shards.sort(key=lambda item: item[0])
-        payloads = [
-            torch.load(root / shard["file"], map_location="cpu", weights_only=True)["tensors"]
-            for _, shard in shards
-        ]
+        payloads = [_read_shard(root, manifest, ShardCoordinates(tp, pp, 0)) for tp, _ in shards]
         for name, meta in shards[0][1]["factors"].items():
             parts = [payload[f"{name}/master"] for payload in payloads]
             if meta["split_dim"] is None:

@@ -804,8 +804,12 @@ class SlotExecutor:
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def save_slot(self, slot: int, directory: str) -> None:
-        """Save one slot (adapter masters, Adam moments, step) to ``directory`` (collective).
+    def save_slot(
+        self, slot: int, directory: str, *, owner: Mapping[str, Any] | None = None
+    ) -> None:
+        """Save one slot (adapter masters, Adam moments, step) to ``directory`` (collective);
+        ``owner``: what holds it, recorded in its manifest (see
+        :func:`mizzen_train.checkpoint.check_owner`).
 
         Pending (not yet stepped) gradients are not part of a checkpoint."""
         self._check_usable("save_slot")
@@ -826,6 +830,7 @@ class SlotExecutor:
                 spec=record.spec,
                 max_rank=self.config.max_rank,
                 factors=factors,
+                owner=owner,
             )
 
     def restore_slot(self, slot: int, directory: str) -> LoraSlotSpec:

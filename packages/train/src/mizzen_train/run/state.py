@@ -2,7 +2,8 @@
 
 Layout::
 
-    <run.dir>/run.json                      run id, creation time, the config it started with
+    <run.dir>/run.json                      run id, creation time, the config it started with,
+                                            the base model's content fingerprint
     <run.dir>/checkpoints/step-00000030/    one complete checkpoint:
         trainer_state.json                  step, run id, each tenant's data stream state, and
                                             the trainer's extra state (RL: adapter versions)
@@ -16,8 +17,14 @@ Invariants:
   temporary directory, which the next start removes.  Resume takes the newest ``step-*``.
 - Names are matched exactly (:data:`CHECKPOINT_NAME`, :data:`PARTIAL_NAME`): anything else under
   ``checkpoints`` (a user's ``step-00000002.keep``) is never read, pruned or removed.
-- ``run.json`` is read only as a regular file of at most :data:`MAX_RECORD_BYTES` (a FIFO, a
-  device or a huge file is refused, never waited on or read whole).
+- Every record of the run directory (``run.json``, ``trainer_state.json``, ``rng.pt``) is read
+  through :func:`~mizzen_train.run.config.read_regular_file` only, as a regular file of at most
+  :data:`MAX_RECORD_BYTES` (a FIFO, a device or a huge file is refused, never waited on or read
+  whole), then checked field by field: a malformed one is a :class:`RunStateError` naming the
+  file and the field.  A checkpoint always has a ``slots`` directory (empty when no tenant had
+  a slot to save).
+- ``--resume`` refuses a ``step-*`` entry of ``checkpoints`` that is not a directory before it
+  trains (a step's checkpoint could not be committed over it).
 - With several ranks (:mod:`mizzen_train.run.parallel`), the writer rank alone creates, commits
   and prunes checkpoint directories; every rank writes only the slot shards the slot checkpoint
   elects it for.  A checkpoint records no parallel layout of its own: the slot checkpoints are
@@ -25,7 +32,9 @@ Invariants:
   same on every rank.
 - A resumed run keeps its run id (``run.json`` is written once, when the run is created); it
   refuses a configuration that changes what was trained (model, data, tenants' LoRA shapes),
-  naming the field.
+  naming the field, and a base model whose files are not those it started on
+  (:mod:`mizzen_train.run.fingerprint`), naming the files.  A ``run.json`` written before runs
+  recorded the fingerprint resumes with a warning that the base could not be checked.
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mizzen_train.run.config import read_regular_file
+from mizzen_train.run.fingerprint import FingerprintError, fingerprint_changes, model_fingerprint
 from mizzen_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+SLOTS_DIR = "slots"
 #: Where slot checkpoints saved at another tensor-parallel size are resharded on restore (a
 #: ``.tmp-`` entry of ``checkpoints/``: a killed start's is removed like a partial checkpoint).
 RESHARD_DIR = ".tmp-reshard"
@@ -108,6 +119,21 @@ def check_run_dir(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> 
                     f"{entry}: not {kind} (the run wrote it as one); restore it, or move it "
                     "away and resume without it"
                 )
+        _check_checkpoint_entries(run_dir / CHECKPOINTS_DIR)
+
+
+def _check_checkpoint_entries(root: Path) -> None:
+    """Every entry of ``checkpoints`` named like a checkpoint is a directory (a run commits a
+    step's checkpoint by renaming a directory to that name)."""
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if checkpoint_step(entry) is not None and not entry.is_dir():
+            raise RunStateError(
+                f"{entry}: not a directory, but named like the checkpoint of step "
+                f"{checkpoint_step(entry)} (the run writes checkpoints as directories); move it "
+                "away and resume"
+            )
 
 
 def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
@@ -140,6 +166,43 @@ def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunI
     return RunIdentity(run_id, created, True)
 
 
+def base_model_record(directory: Path) -> dict[str, Any]:
+    """What ``run.json`` records of the base model in ``directory``: its content fingerprint
+    (:func:`~mizzen_train.run.fingerprint.model_fingerprint`)."""
+    try:
+        return {"files": model_fingerprint(directory)}
+    except FingerprintError as exc:
+        raise RunStateError(f"the base model: {exc}; restore it") from None
+
+
+def check_base_model(run_dir: Path, record: Mapping[str, Any], directory: Path) -> str | None:
+    """Refuse ``directory`` (the base model now, recorded as ``record``) unless its files are
+    those the run started on; a warning (None: none) for a run that recorded no fingerprint."""
+    path = run_dir / RUN_FILE
+    try:
+        stored = json.loads(read_record_text(path))
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
+    base = stored.get("base_model") if isinstance(stored, dict) else None
+    if base is None:
+        return (f"warning: {path} records no fingerprint of the base model (the run was started "
+                f"by an older mizzen-train): {directory} is taken as the base it trained on "
+                "unchecked")  # fmt: skip
+    files = base.get("files") if isinstance(base, dict) else None
+    if not isinstance(files, dict):
+        raise RunStateError(f"{path}: base_model.files={str(files)[:80]} is not a table; "
+                            "restore it")  # fmt: skip
+    changes = fingerprint_changes(files, record["files"])
+    if changes:
+        shown = "; ".join(changes[:4]) + (f"; and {len(changes) - 4} more" if changes[4:] else "")
+        raise RunStateError(
+            f"the base model at {directory} is not the one the run trained on ({path}): "
+            f"{shown}. The checkpoints' adapters belong to that base: restore it at that path, "
+            "or start a new run.dir"
+        )
+    return None
+
+
 def read_run_config(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The configuration table ``run_dir``'s run started with (its ``run.json``), and the
     file's name for messages; RunStateError when it holds no readable run."""
@@ -162,8 +225,15 @@ def read_run_config(run_dir: Path) -> tuple[dict[str, Any], str]:
     return stored, str(path)
 
 
-def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunIdentity:
-    """Create the run (fresh id) or, with ``resume``, read its id and check the config."""
+def open_run(
+    run_dir: Path,
+    config: Mapping[str, Any],
+    *,
+    resume: bool,
+    base_model: Mapping[str, Any] | None = None,
+) -> RunIdentity:
+    """Create the run (fresh id, recording ``base_model``: :func:`base_model_record`) or, with
+    ``resume``, read its id and check the config."""
     path = run_dir / RUN_FILE
     if path.exists() or resume:
         return _read_run(run_dir, config, resume=resume)
@@ -176,6 +246,7 @@ def open_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunId
             "run_id": identity.run_id,
             "created": identity.created,
             "config": config,
+            **({"base_model": dict(base_model)} if base_model is not None else {}),
         },
     )
     return identity
@@ -310,9 +381,10 @@ def save_checkpoint(
     if world.is_writer:
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
+        (tmp / SLOTS_DIR).mkdir()  # present even when no tenant has a slot to save
     world.agreed(lambda: None)  # the directory exists before any rank writes into it
     try:
-        save_slots(tmp / "slots")
+        save_slots(tmp / SLOTS_DIR)
         world.agreed(lambda: _commit_checkpoint(tmp, final, step, run_id, streams, extra)
                      if world.is_writer else None)  # fmt: skip
     finally:
@@ -353,7 +425,7 @@ def _commit_checkpoint(
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # a re-run of a step after a resume from an older checkpoint
+    if final.is_dir() and not final.is_symlink():  # a re-run of a step after an older resume
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(final.parent)
@@ -370,32 +442,81 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
+    """The complete checkpoint ``path`` of run ``run_id``, every record read bounded and checked
+    field by field (RunStateError naming the file and field otherwise)."""
+    state = _read_state(path / STATE_FILE, run_id)
+    if not (path / SLOTS_DIR).is_dir():
+        raise RunStateError(
+            f"{path / SLOTS_DIR}: missing or not a directory, so the checkpoint holds no slots; "
+            "restore it, or move the checkpoint away to use an older one"
+        )
+    return LoadedCheckpoint(
+        path, state["step"], state["streams"], _read_rng(path / RNG_FILE), state["extra"]
+    )
+
+
+def _read_state(where: Path, run_id: str) -> dict[str, Any]:
+    """``trainer_state.json``'s table, its format, run, step, streams and extra checked."""
+    try:
+        state = json.loads(read_record_text(where))
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"{where}: unreadable ({exc}); restore it") from None
+    if not isinstance(state, dict):
+        raise RunStateError(f"{where}: a JSON {type(state).__name__}, not a table; restore it")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise RunStateError(f"{where}: format {state.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
+    if state.get("run_id") != run_id:
+        raise RunStateError(
+            f"{where}: belongs to run {str(state.get('run_id'))[:40]!r}, this is run {run_id!r}; "
+            "the run directory was mixed up"
+        )
+    step = state.get("step")
+    if type(step) is not int or step < 1 or checkpoint_name(step) != where.parent.name:
+        raise RunStateError(f"{where}: step={str(step)[:40]} is not the step of its directory "
+                            f"{where.parent.name}; restore it")  # fmt: skip
+    streams, extra = state.get("streams"), state.setdefault("extra", {})
+    if not isinstance(streams, dict) or not all(isinstance(v, dict) for v in streams.values()):
+        raise RunStateError(f"{where}: streams={str(streams)[:80]} is not a table of tables "
+                            "(one a tenant); restore it")  # fmt: skip
+    if not isinstance(extra, dict):
+        raise RunStateError(f"{where}: extra={str(extra)[:80]} is not a table; restore it")
+    return state
+
+
+def _is_byte_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8
+
+
+def _read_rng(where: Path) -> dict[str, Any]:
+    """``rng.pt``'s generator states, each one tried on a scratch generator (so a malformed
+    state is refused here, before anything is restored)."""
+    import io
+
     import torch
 
     try:
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunStateError(f"{path / STATE_FILE}: unreadable ({exc})") from None
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise RunStateError(f"{path}: format {state.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
-    if state.get("run_id") != run_id:
-        raise RunStateError(
-            f"{path}: belongs to run {state.get('run_id')!r}, this is run {run_id!r}; the run "
-            "directory was mixed up"
-        )
-    step = state.get("step")
-    if not isinstance(step, int) or step < 1:
-        raise RunStateError(f"{path}: step={step!r} is not a positive integer")
-    streams = state.get("streams")
-    if not isinstance(streams, dict):
-        raise RunStateError(f"{path / STATE_FILE}: streams={streams!r} is not a table")
-    try:
-        rng = torch.load(path / RNG_FILE, map_location="cpu", weights_only=True)  # no code
+        data = read_regular_file(where, MAX_RECORD_BYTES)
+        rng = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)  # no code
     except Exception as exc:
-        raise RunStateError(
-            f"{path / RNG_FILE}: unreadable ({type(exc).__name__}: {exc})"
-        ) from None
-    extra = state.get("extra", {})
-    if not isinstance(extra, dict):
-        raise RunStateError(f"{path / STATE_FILE}: extra={extra!r} is not a table")
-    return LoadedCheckpoint(path, step, dict(streams), rng, extra)
+        raise RunStateError(f"{where}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(rng, dict):
+        raise RunStateError(f"{where}: holds a {type(rng).__name__}, not a table of RNG states")
+    cuda = rng.get("cuda", [])
+
+    def byte_tensors(value: Any) -> None:
+        if not isinstance(value, list) or not all(_is_byte_tensor(v) for v in value):
+            raise TypeError("not a list of uint8 tensors")
+
+    for key, check in (("python", lambda v: random.Random().setstate(v)),
+                       ("torch", lambda v: torch.Generator().set_state(v)),
+                       ("cuda", byte_tensors)):  # fmt: skip
+        try:
+            check(rng.get(key) if key != "cuda" else cuda)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise RunStateError(
+                f"{where}: {key} is not the RNG state a checkpoint saves ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); restore it"
+            ) from None
+    return rng

@@ -27,7 +27,10 @@ Invariants:
 - A resumed run continues from the checkpoint's step with the checkpoint's slots, data position
   and RNG states, keeps its run id, evaluates only the points it has no results for (first the
   unsettled points whose snapshots survived), and rewrites nothing it already logged except the
-  training records after the checkpoint, which it produces again.
+  training records after the checkpoint, which it produces again.  It (and ``mizzen-train
+  export``) refuses a base model whose files are not those ``run.json`` fingerprinted, and a
+  slot checkpoint whose manifest names another run or step than the checkpoint holding it (each
+  slot's manifest records its owner: the run id and the checkpoint's step).
 - The process is one rank of the run's world (:mod:`mizzen_train.run.parallel`: one rank, or
   torchrun's ranks split by ``[parallel]``).  Every rank builds the model, restores the slots and
   holds the same global batch (SFT draws it from the same streams on every rank; RL's writer
@@ -83,8 +86,11 @@ from mizzen_train.run.schedule import adam_params, lr_at
 from mizzen_train.run.sections import EvaluatorConfig, RunLayout
 from mizzen_train.run.state import (
     RESHARD_DIR,
+    SLOTS_DIR,
     LoadedCheckpoint,
     RunStateError,
+    base_model_record,
+    check_base_model,
     check_run_dir,
     checkpoint_step,
     checkpoints_dir,
@@ -272,6 +278,7 @@ class Trainer:
             self.model_spec = plugin_spec(config.model.plugin, self.model_dir)
         else:
             self.model_spec = read_llama_config(self.model_dir, dtype=dtype).spec
+        self._check_base_model()  # after the config's own checks: they name the missing file
         self.tokenizer = load_tokenizer(config, self.model_dir)
         self.validate_inputs(self.model_spec)
         if self.world.size > 1:
@@ -282,6 +289,15 @@ class Trainer:
                 context_supported=_context_parallel_supported(),
             )  # fmt: skip
         self.evaluators = [self.build_evaluator(ev, i) for i, ev in enumerate(config.evaluators)]
+
+    def _check_base_model(self) -> None:
+        """The base model's fingerprint (recorded by a fresh run), compared with the one the run
+        recorded when resuming or exporting: a different base at ``model.path`` is refused."""
+        self.base_model = base_model_record(self.model_dir)
+        if self.resume:
+            warning = check_base_model(self.run_dir, self.base_model, self.model_dir)
+            if warning is not None:
+                self.progress.print(warning)
 
     def _check_resume_steps(self) -> None:
         """``--resume`` continues towards ``run.steps``: a run already past it has nothing to
@@ -345,8 +361,9 @@ class Trainer:
         world = self.world
         # everything is validated: only now does the run directory become a run
         opened = world.agreed(
-            lambda: open_run(self.run_dir, config.to_dict(), resume=self.resume)
-            if world.is_writer else None
+            lambda: open_run(
+                self.run_dir, config.to_dict(), resume=self.resume, base_model=self.base_model
+            ) if world.is_writer else None
         )  # fmt: skip
         self.identity = world.share(opened)
         self.metrics_path = self.run_dir / METRICS_FILE
@@ -478,9 +495,20 @@ class Trainer:
         )
 
     def restore_slot(self, name: str, checkpoint: LoadedCheckpoint) -> None:
-        """Tenant ``name``'s slot from ``checkpoint``, refused if its LoRA shape changed."""
+        """Tenant ``name``'s slot from ``checkpoint``, refused if it is not the checkpoint's own
+        (another run's or step's) or its LoRA shape changed."""
+        from mizzen_train.checkpoint import check_owner
+
         tenant, slot = self.tenant_of[name], self.slot_of[name]
-        directory = self._at_this_layout(checkpoint.path / "slots" / name)
+        directory = checkpoint.path / SLOTS_DIR / name
+        world, run_id = self.world, self.identity.run_id
+        warning = world.agreed(
+            lambda: check_owner(directory, run_id=run_id, step=checkpoint.step)
+            if world.is_writer else None
+        )  # fmt: skip
+        if warning is not None:
+            self.progress.print(warning)
+        directory = self._at_this_layout(directory)
         spec = self.executor.restore_slot(slot, str(directory))
         if (spec.rank, spec.alpha) != (tenant.lora_rank, tenant.lora_alpha):
             raise ConfigError(
@@ -686,8 +714,9 @@ class Trainer:
         names, streams, extra = self.checkpoint_state(step)
 
         def save_slots(directory: Path) -> None:
+            owner = {"run_id": self.identity.run_id, "step": step}  # checked on restore
             for name in names:
-                self.executor.save_slot(self.slot_of[name], str(directory / name))
+                self.executor.save_slot(self.slot_of[name], str(directory / name), owner=owner)
 
         path = save_checkpoint(
             self.run_dir,
@@ -730,7 +759,7 @@ class Trainer:
         """Export the checkpoint of ``step`` (None: the newest) of this existing run: every
         tenant it holds a slot of.  After :meth:`validate`, in the rank's world."""
         self._build_model()
-        identity = open_run(self.run_dir, self.config.to_dict(), resume=True)
+        identity = self.identity = open_run(self.run_dir, self.config.to_dict(), resume=True)
         checkpoints = {checkpoint_step(p): p for p in complete_checkpoints(self.run_dir)}
         if not checkpoints or (step is not None and step not in checkpoints):
             held = ", ".join(str(s) for s in sorted(checkpoints)) or "none"
@@ -740,7 +769,7 @@ class Trainer:
             )
         checkpoint = load_checkpoint(checkpoints[step or max(checkpoints)], run_id=identity.run_id)
         names = sorted(
-            p.name for p in (checkpoint.path / "slots").iterdir() if p.name in self.tenant_of
+            p.name for p in (checkpoint.path / SLOTS_DIR).iterdir() if p.name in self.tenant_of
         )
         for name in names:
             self.restore_slot(name, checkpoint)
