@@ -22,7 +22,7 @@ from mizzen_plugins.nemotron_h.scan_backend import scan_backend
 from mizzen_plugins.nemotron_h.ssd import ssd_chunked
 
 register_cuda_ci(
-    est_time=280,
+    est_time=185,
     hardware=["hopper", "blackwell"],
     num_gpus=1,
     labels=["ssm", "plugins"],
