@@ -140,6 +140,7 @@ def cpu(session: nox.Session) -> None:
         "loadfile",
         "--timeout",
         CPU_TEST_TIMEOUT_S,
+        "--durations=30",  # the slowest tests in every log: what to trim when the lane grows
         *_planned_job_args(session),
         env=CPU_TEST_ENV,
     )
