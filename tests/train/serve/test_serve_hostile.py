@@ -296,3 +296,22 @@ def test_a_request_is_recognised_as_a_retry_only_when_it_is_the_same_request(kit
     huge = create(kit, "alice", sid, 10**230, wait=False)
     assert huge.status_code == 400 and "model_seq_id" in huge.json()["detail"], huge.text
     assert "Traceback" not in kit.log()
+
+
+def test_a_damaged_checkpoint_on_the_server_answers_an_incident_not_its_path(kit):
+    sid = session(kit, "alice")
+    model_id = create(kit, "alice", sid, 12).json()["model_id"]
+    save = post(kit, "/api/v1/save_weights", json={"model_id": model_id, "path": "damaged",
+                                                   "seq_id": 1})  # fmt: skip
+    path = result(kit, "alice", save.json()["request_id"])["path"]
+    manifests = [p for p in kit.state_dir.rglob("manifest.json") if "damaged" in str(p)]
+    assert manifests, "the saved checkpoint has no manifest"
+    for manifest in manifests:
+        manifest.write_text("[]")  # the server's own file, damaged under it
+    load = post(kit, "/api/v1/load_weights", json={"model_id": model_id, "path": path, "optimizer": True,
+                                                   "seq_id": 2})  # fmt: skip
+    assert load.status_code == 200, load.text
+    failed = result(kit, "alice", load.json()["request_id"])
+    assert failed.get("category") == "server", failed
+    assert "incident" in failed["error"] and str(kit.state_dir) not in failed["error"], failed
+    result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])

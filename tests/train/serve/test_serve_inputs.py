@@ -169,3 +169,21 @@ def test_an_internal_failure_tells_the_client_an_incident_id_not_the_exception(c
     incident = message.split("incident ")[1].split(",")[0]
     logged = [r for r in caplog.records if incident in r.getMessage()]
     assert logged and "/srv/state" in str(logged[0].exc_info[1])
+
+
+def test_results_are_forgotten_in_the_order_they_finished_never_the_last_one():
+    from mizzen_train.serve.operations import OperationBook
+
+    book = OperationBook(max_queue=4, keep=1000, keep_bytes=1_024)
+    slow, _ = book.submit("alice", "sampler:s", "sample", None, queued=False)
+    quick = []
+    for _ in range(3):
+        op, _ = book.submit("alice", "sampler:s", "sample", None, queued=False)
+        op.succeed("application/x-protobuf", b"q" * 400)
+        quick.append(op)
+    slow.succeed("application/x-protobuf", b"s" * 400)  # finishes last: its client reads it
+    kept = [op for op in [slow, *quick] if book.future("alice", op.request_id) is not None]
+    assert kept == [slow, quick[2]], "not the results that finished last within 1,024 bytes"
+    huge, _ = book.submit("alice", "sampler:s", "sample", None, queued=False)
+    huge.succeed("application/x-protobuf", b"h" * 5_000)  # alone beyond the budget: still read
+    assert book.future("alice", huge.request_id) is huge

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from mizzen_train.errors import SlotCheckpointError
-from mizzen_train.run.config import read_regular_file
+from mizzen_train.input_files import read_json_file, read_regular_file
 from mizzen_train.specs import LoraSlotSpec
 
 FORMAT = "mizzen-slot-checkpoint/1"
@@ -258,7 +258,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
             "before its commit leaves none); point at a directory a save completed in"
         )
     try:
-        manifest = json.loads(read_regular_file(path, MAX_MANIFEST_BYTES))
+        manifest = read_json_file(path, MAX_MANIFEST_BYTES)
     except (OSError, ValueError) as exc:
         raise SlotCheckpointError(f"{path}: unreadable manifest ({exc}); restore it") from None
     if not isinstance(manifest, dict):

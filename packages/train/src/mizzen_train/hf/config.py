@@ -11,7 +11,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from mizzen_train.errors import HFModelError
 from mizzen_train.gpt import GPTSpec
+from mizzen_train.input_files import MAX_MODEL_CONFIG_BYTES, read_json_file
 
 CONFIG_FILE = "config.json"
 _POSITIVE_INTS = (
@@ -53,8 +53,8 @@ def read_llama_config(directory: str | Path, *, dtype: str = "fp32") -> HFLlamaC
             "*.safetensors. Fix: point model.path at such a directory (or 'tiny')"
         )
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = read_json_file(path, MAX_MODEL_CONFIG_BYTES)
+    except (OSError, ValueError) as exc:
         raise HFModelError(f"{path}: unreadable ({exc}). Fix: restore the file") from None
     if not isinstance(raw, dict):
         raise _fail(path, "<root>", type(raw).__name__, "must be a JSON object", "restore it")

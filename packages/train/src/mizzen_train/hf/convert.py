@@ -34,6 +34,7 @@ from mizzen_train.errors import HFModelError
 from mizzen_train.gpt import DTYPES, GPTSpec, build_gpt
 from mizzen_train.hf.config import HFLlamaConfig, export_config, read_llama_config
 from mizzen_train.hf.mapping import LlamaLayout, hf_param_names, megatron_param_name
+from mizzen_train.input_files import MAX_MODEL_CONFIG_BYTES, read_json_file
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,7 +91,7 @@ def _weight_files(directory: Path) -> list[Path]:
     index = directory / INDEX_FILE
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = read_json_file(index, MAX_MODEL_CONFIG_BYTES)["weight_map"]
             names = sorted(set(weight_map.values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise HFModelError(f"{index}: unreadable index ({exc}). Fix: restore it") from None

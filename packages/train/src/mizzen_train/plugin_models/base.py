@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mizzen_train.errors import HFModelError
+from mizzen_train.input_files import MAX_MODEL_CONFIG_BYTES, read_json_file
 
 __all__ = [
     "CONFIG_FILE",
@@ -160,8 +161,8 @@ def _read_config(path: Path) -> dict[str, Any]:
             "model.safetensors. Fix: point model.path at such a directory (or 'tiny')"
         )
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = read_json_file(path, MAX_MODEL_CONFIG_BYTES)
+    except (OSError, ValueError) as exc:
         raise HFModelError(f"{path}: unreadable ({exc}). Fix: restore the file") from None
     if not isinstance(raw, dict):
         raise HFModelError(f"{path}: must hold a JSON object. Fix: restore the file")

@@ -41,12 +41,13 @@ import enum
 import itertools
 import math
 import os
-import stat
 import tomllib
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import Any
+
+from mizzen_train.input_files import read_regular_file
 
 #: A configuration file's size limit; ints beyond 64 bits; how deep a free-form table nests.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -533,28 +534,6 @@ def read_config_source(
         raw = apply_overrides(raw, overrides, values)
         source = f"{source} + --set"
     return raw, source
-
-
-def read_regular_file(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of ``path``: a regular file (opened without waiting on a FIFO, so one is
-    refused, never waited on) of at most ``limit`` bytes.  OSError when it cannot be opened or
-    read; ValueError ("is not a regular file ...", "is N bytes, more than ...") otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        info = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise ValueError("is not a regular file (a directory, FIFO or device)")
-    with os.fdopen(fd, "rb") as handle:  # closes fd
-        if info.st_size > limit:
-            raise ValueError(f"is {info.st_size} bytes, more than {limit}")
-        data = handle.read(limit + 1)
-    if len(data) > limit:  # it grew while being read
-        raise ValueError(f"is more than {limit} bytes")
-    return data
 
 
 def _read_toml(path: str | os.PathLike, source: str) -> dict[str, Any]:

@@ -20,14 +20,13 @@ written again, has the same fingerprint.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mizzen_train.run.config import read_regular_file
+from mizzen_train.input_files import parse_json, read_regular_file
 
 #: The files of a model directory a run reads (weights, config, tokenizer, chat template).
 FINGERPRINTED = (".safetensors", ".json", ".jinja", ".model", ".txt", ".tiktoken")
@@ -115,7 +114,7 @@ def _safetensors_digest(fd: int, size: int, path: Path) -> str:
 def _data_spans(header: bytes, path: Path) -> list[tuple[int, int]]:
     """Each tensor's ``data_offsets`` in the header, in name order."""
     try:
-        table = json.loads(header)
+        table = parse_json(header)
     except (UnicodeDecodeError, ValueError) as exc:
         raise FingerprintError(f"{path}: unreadable safetensors header ({exc})") from None
     if not isinstance(table, dict):

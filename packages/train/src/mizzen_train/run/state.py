@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mizzen_train.run.config import read_regular_file
+from mizzen_train.input_files import parse_json, read_regular_file
 from mizzen_train.run.fingerprint import FingerprintError, fingerprint_changes, model_fingerprint
 from mizzen_train.run.layout import CHECKPOINTS_DIR, METRICS_FILE, RUN_FILE
 
@@ -148,7 +148,7 @@ def _read_run(run_dir: Path, config: Mapping[str, Any], *, resume: bool) -> RunI
             "another run.dir"
         )
     try:
-        record = json.loads(read_record_text(path))
+        record = parse_json(read_record_text(path))
         run_id = record["run_id"]
         created = float(record["created"])
         stored = record["config"]
@@ -180,7 +180,7 @@ def check_base_model(run_dir: Path, record: Mapping[str, Any], directory: Path) 
     those the run started on; a warning (None: none) for a run that recorded no fingerprint."""
     path = run_dir / RUN_FILE
     try:
-        stored = json.loads(read_record_text(path))
+        stored = parse_json(read_record_text(path))
     except (OSError, ValueError) as exc:
         raise RunStateError(f"{path}: unreadable run record ({exc}); restore it") from None
     base = stored.get("base_model") if isinstance(stored, dict) else None
@@ -208,7 +208,7 @@ def read_run_config(run_dir: Path) -> tuple[dict[str, Any], str]:
     file's name for messages; RunStateError when it holds no readable run."""
     path = run_dir / RUN_FILE
     try:
-        record = json.loads(read_record_text(path))
+        record = parse_json(read_record_text(path))
     except FileNotFoundError:
         raise RunStateError(
             f"{run_dir} holds no run ({RUN_FILE} is missing); give a run.dir"
@@ -458,7 +458,7 @@ def load_checkpoint(path: Path, *, run_id: str) -> LoadedCheckpoint:
 def _read_state(where: Path, run_id: str) -> dict[str, Any]:
     """``trainer_state.json``'s table, its format, run, step, streams and extra checked."""
     try:
-        state = json.loads(read_record_text(where))
+        state = parse_json(read_record_text(where))
     except (OSError, ValueError) as exc:
         raise RunStateError(f"{where}: unreadable ({exc}); restore it") from None
     if not isinstance(state, dict):

@@ -188,16 +188,20 @@ MAX_SEQ_ID = 2**63 - 1
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 
 
+def _sequence_number(value: Any, field: str) -> int:
+    """``value`` as a client's sequence number (``seq_id``, ``model_seq_id``): an int in
+    ``[0, MAX_SEQ_ID]``; 400 naming ``field`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ_ID:
+        raise WireError(400, f"{field}: {str(value)[:40]}; must be an integer in "
+                             f"[0, {MAX_SEQ_ID}]. Fix: let the SDK number them")  # fmt: skip
+    return value
+
+
 def _idempotency_key(kind: str, seq_id: Any, request) -> tuple | None:
     """The key a retry of this request is recognised by: its ``seq_id`` (an int in
     ``[0, MAX_SEQ_ID]``), else its ``X-Idempotency-Key`` header, else None (a new request)."""
     if seq_id is not None:
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or not (
-            0 <= seq_id <= MAX_SEQ_ID
-        ):  # fmt: skip
-            raise WireError(400, f"seq_id: {str(seq_id)[:40]}; must be an integer in "
-                                 f"[0, {MAX_SEQ_ID}]. Fix: let the SDK number requests")  # fmt: skip
-        return ("seq", kind, seq_id)
+        return ("seq", kind, _sequence_number(seq_id, "seq_id"))
     header = request.headers.get("x-idempotency-key")
     if header is None:
         return None
@@ -319,12 +323,7 @@ def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, raw,
     """A model of the SDK's id ``<session_id>:train:<model_seq_id>`` (the SDK derives it too),
     its slot reserved now; a retry (the same body) returns the original future."""
     _session(service, tenant, session_id)
-    if isinstance(model_seq_id, bool) or not isinstance(model_seq_id, int) or not (
-        0 <= model_seq_id <= MAX_SEQ_ID
-    ):  # fmt: skip
-        raise WireError(400, f"model_seq_id: {str(model_seq_id)[:40]}; must be an integer in "
-                             f"[0, {MAX_SEQ_ID}]. Fix: let the SDK number models")  # fmt: skip
-    model_id = f"{session_id}:train:{model_seq_id}"
+    model_id = f"{session_id}:train:{_sequence_number(model_seq_id, 'model_seq_id')}"
     known = service.book.find(tenant, model_id, ("create",), _digest(raw))
     if known is not None:
         if model_id in service.scheduler.slot_of and not service.book.closing(model_id):

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mizzen_train.run.config import read_regular_file
+from mizzen_train.input_files import read_regular_file
 
 __all__ = ["KeyFileError", "KeyTable", "read_key_file"]
 

@@ -54,6 +54,14 @@ def add_serve_command(sub) -> None:
     command.add_argument("--help-config", action="store_true", help="list every field and exit")
 
 
+def _say(line: str, stream) -> None:
+    """Print one line of the command through rollout's ``shown_line`` (masked, escaped to one
+    terminal line: names from files cannot drive the terminal), as ``mizzen-train`` does."""
+    from mizzen_rollout.api import shown_line
+
+    print(shown_line(line), file=stream, flush=True)
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -86,7 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         keys, state, sock = _open(config)
     except StartupError as exc:
-        print(f"mizzen-train serve: error: {exc}", file=sys.stderr)
+        _say(f"mizzen-train serve: error: {exc}", sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per operation is ours
@@ -140,7 +148,7 @@ def _serve(config, keys, state, sock: socket.socket) -> int:
     scheduler.start()
     scheduler.ready.wait()
     if scheduler.startup_error is not None:
-        print(f"mizzen-train serve: error: {scheduler.startup_error}", file=sys.stderr)
+        _say(f"mizzen-train serve: error: {scheduler.startup_error}", sys.stderr)
         return 1
     try:
         sampling.start(scheduler.model_dir, scheduler._device()[0])
@@ -155,8 +163,8 @@ def _serve(config, keys, state, sock: socket.socket) -> int:
             if config.server.port_file:
                 with _field("server.port_file", "give a file name in a writable directory"):
                     _write_atomic(config.server.port_file, url)
-            print(f"mizzen-train serve: listening on {url} ({config.base_model_name}, "
-                  f"{config.model.slots} slots)", flush=True)  # fmt: skip
+            _say(f"mizzen-train serve: listening on {url} ({config.base_model_name}, "
+                 f"{config.model.slots} slots)", sys.stdout)  # fmt: skip
             sweeper = asyncio.get_running_loop().create_task(sweep_sessions(service))
             try:
                 await server.serve(sockets=[sock])
@@ -166,7 +174,7 @@ def _serve(config, keys, state, sock: socket.socket) -> int:
         asyncio.run(main())
         return 0
     except StartupError as exc:
-        print(f"mizzen-train serve: error: {exc}", file=sys.stderr)
+        _say(f"mizzen-train serve: error: {exc}", sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

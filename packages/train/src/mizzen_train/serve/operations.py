@@ -22,8 +22,11 @@ Invariants:
   incident id, the exception logged under it; the exception's text (a server path, an engine's
   URL) never reaches the client.
 - A future is visible only to the tenant that submitted it; finished futures are kept for the
-  last ``keep`` operations and within ``keep_bytes`` of results, then forgotten (oldest first).
-  Every operation's result is counted when it finishes, queued or not (a sample's too).
+  last ``keep`` operations and within ``keep_bytes`` of results, then forgotten in the order
+  they finished (the earliest finished first; an unfinished operation is never forgotten, and
+  the one that finished last is kept even alone beyond ``keep_bytes``: a client can always read
+  the result it waited for).  Every operation's result is counted when it finishes, queued or
+  not (a sample's too).
   An operation's payload (its rows) is dropped once it has run: a finished future holds only
   its outcome.
 """
@@ -76,9 +79,9 @@ class KeyReused(WireError):
     """A request's idempotency key (``seq_id`` or ``X-Idempotency-Key``) names an earlier
     request with another body (409)."""
 
-    def __init__(self, key: object) -> None:
-        what = f"seq_id {key[2]}" if isinstance(key, tuple) and key[:1] == ("seq",) else (
-            "X-Idempotency-Key")  # fmt: skip
+    def __init__(self, key: tuple) -> None:
+        kind = key[0]
+        what = {"seq": f"seq_id {key[-1]}", "create": "model_seq_id"}.get(kind, "X-Idempotency-Key")
         super().__init__(
             409, f"{what}: names an earlier request with another body (a retry must resend the "
             "same request). Fix: number each new request anew (the SDK does)",
@@ -161,6 +164,8 @@ class OperationBook:
         self.cond = threading.Condition()
         self.queues: dict[str, deque[Operation]] = {}
         self._futures: OrderedDict[str, Operation] = OrderedDict()
+        #: the finished ones, in the order they finished (what is forgotten first)
+        self._finished: OrderedDict[str, Operation] = OrderedDict()
         self._by_key: dict[tuple[str, str, object], str] = {}
         #: model id -> its queued unload (until that has run)
         self._closing: dict[str, Operation] = {}
@@ -216,10 +221,12 @@ class OperationBook:
             return model_id in self._closing
 
     def _forget_old(self) -> None:
-        while len(self._futures) > self.keep or self._kept_bytes > self.keep_bytes:
-            request_id, op = next(iter(self._futures.items()))
-            if not op.done.is_set():
-                break
+        """Forget the earliest-finished futures until within ``keep`` and ``keep_bytes``, never
+        the last one to finish (call under ``cond``)."""
+        while len(self._finished) > 1 and (
+            len(self._futures) > self.keep or self._kept_bytes > self.keep_bytes
+        ):
+            request_id, op = self._finished.popitem(last=False)
             del self._futures[request_id]
             self._kept_bytes -= op.counted_bytes
         if len(self._by_key) > 2 * self.keep:
@@ -240,8 +247,9 @@ class OperationBook:
     def _count_result(self, op: Operation) -> None:
         """Count a finished operation's result against ``keep_bytes`` (once)."""
         with self.cond:
-            if op.counted_bytes or op.request_id not in self._futures:
+            if op.request_id in self._finished or op.request_id not in self._futures:
                 return
+            self._finished[op.request_id] = op
             op.counted_bytes = op.result_bytes
             self._kept_bytes += op.counted_bytes
             self._forget_old()

@@ -220,7 +220,12 @@ class Scheduler:
         run: Callable[[list[Operation]], None] = getattr(self, f"_run_{group[0].kind}")
         try:
             run(group)
-        except (SlotConfigError, SlotCheckpointError, WireError) as exc:
+        except SlotCheckpointError:  # a checkpoint the server wrote: its damage is not the client's
+            message = internal_error(f"operation {group[0].kind} (a checkpoint on the server)")
+            for op in group:
+                if not op.done.is_set():
+                    op.fail(message, "server")
+        except (SlotConfigError, WireError) as exc:
             if len(group) > 1:
                 for op in group:
                     self._execute([op])

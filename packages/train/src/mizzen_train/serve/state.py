@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mizzen_train.run.config import read_regular_file
+from mizzen_train.input_files import read_json_file
 from mizzen_train.serve.wire import WireError
 
 __all__ = ["KINDS", "ModelRecord", "ServerState", "StateError", "check_name"]
@@ -82,12 +82,12 @@ RESTORE = "Fix: restore it from a backup, or move it away (the server then knows
 def _read_models(path: Path) -> dict[str, ModelRecord]:
     """The records of ``models.json`` at ``path`` (none when it is missing)."""
     try:
-        raw = json.loads(read_regular_file(path, MAX_MODELS_BYTES).decode("utf-8"))
+        raw = read_json_file(path, MAX_MODELS_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise StateError(f"{path}: cannot be read ({exc.strerror}). {RESTORE}") from None
-    except (ValueError, RecursionError) as exc:  # not regular, too large, not UTF-8 or JSON
+    except ValueError as exc:  # not regular, too large, not UTF-8 or JSON, too deep
         raise StateError(f"{path}: {str(exc)[:200]}. {RESTORE}") from None
     if not isinstance(raw, dict):
         raise StateError(f"{path}: is not a JSON object of model records. {RESTORE}")
