@@ -257,3 +257,40 @@ def test_rank_trimming_counts_from_the_end_with_an_expert_axis(kit):
     assert result["values"]
     assert result["error"] is not None and "experts.lora_A" in result["error"]
     assert "non-zero" in result["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("shards", "tp00-pp00-ep00", "factors", "f"), "x"),
+        (("shards", "tp00-pp00-ep00", "factors", "f", "split_dim"), 5),
+        (("shards", "tp00-pp00-ep00", "factors", "f", "rank_axis_from_end"), 0),
+        (("shards", "tp00-pp00-ep00", "factors", "f", "shape"), [2, "3"]),
+        (("slot_spec", "alpha"), float("nan")),
+        (("slot_spec", "alpha"), -1.0),
+        (("slot_spec", "seed"), "0"),
+    ],
+    ids=["factor-not-table", "split-dim", "rank-axis", "shape", "nan-alpha", "negative-alpha",
+         "seed"],
+)  # fmt: skip
+def test_every_manifest_field_a_reader_uses_is_checked(path, value):
+    """A field the export or restore indexes with (split_dim, rank_axis_from_end, shape) or
+    scales with (alpha) is checked in the manifest, before any tensor is read."""
+    import copy
+
+    from mizzen_train.checkpoint import _manifest_problems
+
+    manifest = {
+        "version": "v", "step": 1, "max_rank": 4, "parallel": {"tp": 1, "pp": 1, "ep": 1},
+        "slot_spec": {"rank": 2, "alpha": 2.0, "init": "kaiming_uniform", "seed": 0},
+        "shards": {"tp00-pp00-ep00": {"file": "s.pt", "bytes": 1, "factors": {
+            "f": {"shape": [2, 3], "split_dim": 0, "rank_axis_from_end": 1}}}},
+    }  # fmt: skip
+    assert _manifest_problems(manifest) == []
+    damaged = copy.deepcopy(manifest)
+    *parents, last = path
+    target = damaged
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    assert _manifest_problems(damaged), f"{'.'.join(path)}={value!r} passed"

@@ -44,6 +44,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -290,10 +291,27 @@ def _manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     parallel = manifest.get("parallel")
     if not isinstance(parallel, dict) or not all(counts(parallel.get(a), 1) for a in AXES):
         problems.append(f"parallel={str(parallel)[:80]} is not a table of sizes {list(AXES)}")
+
+    def factor(meta: Any) -> bool:  # {"shape", "split_dim", "rank_axis_from_end"}
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not (isinstance(shape, list) and 1 <= len(shape) <= 8):
+            return False
+        split = meta.get("split_dim")
+        return (
+            all(counts(size, 0) for size in shape)
+            and (split is None or (type(split) is int and 0 <= split < len(shape)))
+            and type(meta.get("rank_axis_from_end")) is int
+            and 1 <= meta["rank_axis_from_end"] <= len(shape)
+        )
+
     spec = manifest.get("slot_spec")
     try:
         LoraSlotSpec(**spec)
-        bad_spec = not (counts(spec["rank"], 1) and type(spec["alpha"]) in (int, float))
+        alpha = spec["alpha"]
+        bad_spec = not (
+            counts(spec["rank"], 1) and type(alpha) in (int, float) and 0 < alpha < math.inf
+            and isinstance(spec.get("init", ""), str) and type(spec.get("seed", 0)) is int
+        )  # fmt: skip
     except (TypeError, KeyError):
         bad_spec = True
     if bad_spec:
@@ -303,10 +321,11 @@ def _manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
         problems.append(f"shards={str(shards)[:80]} is not a table by tp..-pp..-ep.. tag")
     elif not all(
         isinstance(s, dict) and isinstance(s.get("file"), str) and counts(s.get("bytes"), 0)
-        and isinstance(s.get("factors"), dict) for s in shards.values()
+        and isinstance(s.get("factors"), dict) and all(map(factor, s["factors"].values()))
+        for s in shards.values()
     ):  # fmt: skip
         problems.append(f"shards={str(shards)[:80]} is not a table of shards (file, bytes, "
-                        "factors)")  # fmt: skip
+                        "factors of a shape, split_dim and rank_axis_from_end)")  # fmt: skip
     owner = manifest.get("owner")
     if owner is not None and not (isinstance(owner, dict) and isinstance(owner.get("run_id"), str)
                                   and counts(owner.get("step"), 1)):  # fmt: skip
