@@ -12,6 +12,7 @@ values, and a base model at ``model.path`` other than the one the run trained on
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from mizzen_ci import register_cpu_ci
 
-register_cpu_ci(est_time=420, labels=["train"])
+register_cpu_ci(est_time=230, labels=["train"])
 
 CONFIG = """
 [run]
@@ -237,23 +238,7 @@ def _damage_slot(slot, damage: str) -> None:
     (slot / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize(
-    ("damage", "needle"),
-    [
-        ("fifo-state", "trainer_state.json: unreadable (is not a regular file"),
-        ("list-state", "trainer_state.json: a JSON list, not a table"),
-        ("rng-empty", "rng.pt: python is not the RNG state a checkpoint saves"),
-        ("list-manifest", "manifest.json: a JSON list, not a manifest table"),
-        ("other-step-slot", "the slot checkpoint of run"),
-        ("nan-masters", "holds non-finite values"),
-        ("step-file", "step-00000006: not a directory, but named like the checkpoint of step 6"),
-    ],
-)
-def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path, damage, needle):
-    """Each record of the newest checkpoint is read bounded and checked: a FIFO, a record of the
-    wrong shape, a slot directory of another step, non-finite masters, a file where a step's
-    checkpoint directory would go -- one error line naming the file, exit 2, never a hang, a
-    traceback or a run that trains on it."""
+def _damage_checkpoint(run_dir, damage: str) -> None:
     import torch
 
     newest = run_dir / "checkpoints" / "step-00000004"
@@ -274,6 +259,20 @@ def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path,
         _damage_slot(newest / "slots" / "a", damage)
     else:  # a resume to 6 would train 5 and 6, then fail to commit step 6's checkpoint
         (run_dir / "checkpoints" / "step-00000006").write_text("x")
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("fifo-state", "trainer_state.json: unreadable (is not a regular file"),
+        ("other-step-slot", "the slot checkpoint of run"),
+    ],
+)
+def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path, damage, needle):
+    """End to end, through ``--resume``: a FIFO in place of a record (never waited on) and a slot
+    directory of another step (the trainer's owner check) -- one error line naming the file,
+    exit 2, never a hang, a traceback or a run that trains on it."""
+    _damage_checkpoint(run_dir, damage)
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)), timeout=90)
     _refused(result, needle)
@@ -281,15 +280,47 @@ def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path,
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics, "it trained before refusing"
 
 
-@pytest.mark.parametrize("damage", ["no-slots", "nan-masters"])
-def test_export_of_a_damaged_checkpoint_is_one_line(run_dir, damage):
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("list-state", "trainer_state.json: a JSON list, not a table"),
+        ("rng-empty", "rng.pt: python is not the RNG state a checkpoint saves"),
+        ("list-manifest", "manifest.json: a JSON list, not a manifest table"),
+        ("nan-masters", "holds non-finite values"),
+        ("step-file", "step-00000006: not a directory, but named like the checkpoint of step 6"),
+    ],
+)
+def test_each_checkpoint_record_is_checked_by_its_reader(run_dir, damage, needle):
+    """The readers a resume and an export go through (the same errors the CLI prints as one
+    line, above), called directly: a record of the wrong shape, non-finite masters, a file where
+    a step's checkpoint directory would go."""
+    import json
+
+    from mizzen_train.checkpoint import SlotCheckpointError, export_adapter, read_manifest
+    from mizzen_train.run.state import (
+        RunStateError,
+        check_run_dir,
+        load_checkpoint,
+        read_run_config,
+    )
+
+    _damage_checkpoint(run_dir, damage)
     newest = run_dir / "checkpoints" / "step-00000004"
-    if damage == "no-slots":
-        shutil.rmtree(newest / "slots")
-    else:
-        _damage_slot(newest / "slots" / "a", damage)
-    needle = "slots: missing or not a directory" if damage == "no-slots" else "non-finite"
-    _refused(_train("export", str(run_dir), timeout=90), needle)
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    readers = {
+        "list-state": lambda: load_checkpoint(newest, run_id=run_id),
+        "rng-empty": lambda: load_checkpoint(newest, run_id=run_id),
+        "list-manifest": lambda: read_manifest(newest / "slots" / "a"),
+        "nan-masters": lambda: export_adapter(newest / "slots" / "a"),
+        "step-file": lambda: check_run_dir(run_dir, read_run_config(run_dir)[0], resume=True),
+    }
+    with pytest.raises((RunStateError, SlotCheckpointError), match=re.escape(needle)):
+        readers[damage]()
+
+
+def test_export_of_a_checkpoint_without_slots_is_one_line(run_dir):
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000004" / "slots")
+    _refused(_train("export", str(run_dir), timeout=90), "slots: missing or not a directory")
 
 
 def test_another_base_model_at_the_same_path_is_refused(run_dir, tmp_path):
