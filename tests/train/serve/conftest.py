@@ -1,7 +1,8 @@
 """Fixtures of the ``mizzen-train serve`` tests: a real server process on 127.0.0.1 (the tiny
 Llama on CPU, the embedded engine for sampling) driven by the official ``tinker`` SDK, unmodified.
 
-- ``serve_kit`` (module scope): one server per test module; ``kit.client(tenant)`` is an SDK
+- ``serve_kit`` (module scope): one server per test module, started with the module's
+  ``SERVE_OVERRIDES`` (``--set`` items) when it has them; ``kit.client(tenant)`` is an SDK
   ``ServiceClient`` holding that tenant's key; ``kit.restart(**overrides)`` stops the server
   and starts it again on the same state directory (``--set`` overrides, e.g. a small queue).
 - Keys live in a file (mode 0600) under the module's temporary directory; no key is passed on
@@ -173,9 +174,11 @@ def _exited(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def serve_kit(tmp_path_factory):
+def serve_kit(tmp_path_factory, request):
+    """The module's server, started with the module's ``SERVE_OVERRIDES`` (``--set`` items; a
+    module that needs other limits gets them at the first start, not by a second one)."""
     kit = ServeKit(tmp_path_factory.mktemp("serve"))
-    kit.start()
+    kit.start(*getattr(request.module, "SERVE_OVERRIDES", ()))
     try:
         yield kit
     finally:

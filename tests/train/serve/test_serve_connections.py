@@ -33,9 +33,11 @@ MARGIN_S = 10.0  # a busy two-core box: the deadline plus this, never less than 
 HEALTHZ = b"GET /api/v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
+SERVE_OVERRIDES = (f"server.head_timeout_s={HEAD_TIMEOUT_S}", f"server.max_connections={CAP}")
+
+
 @pytest.fixture(scope="module")
 def kit(serve_kit):
-    serve_kit.restart(f"server.head_timeout_s={HEAD_TIMEOUT_S}", f"server.max_connections={CAP}")
     return serve_kit
 
 

@@ -23,9 +23,11 @@ BASE = "tiny-llama"
 SEQUENCE = [ord(c) + 3 for c in "the cat sat on the mat, and the dog sat on the log!"]
 
 
+SERVE_OVERRIDES = ("server.max_models_per_key=2", "server.body_timeout_s=1.5")
+
+
 @pytest.fixture(scope="module")
 def kit(serve_kit):
-    serve_kit.restart("server.max_models_per_key=2", "server.body_timeout_s=1.5")
     return serve_kit
 
 
