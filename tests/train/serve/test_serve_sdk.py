@@ -144,9 +144,14 @@ def test_save_and_load_round_trip_keeps_the_optimizer(serve_kit):
     serve_kit.unload("carol", training, restored, weights_only)
 
 
-def _tenant_run(kit, tenant, seed, results, key):
+def _tenant_run(kit, tenant, seed, results, key, start=None):
+    """One tenant's 4 SFT steps and a forward; with ``start`` (a barrier) its operations are
+    submitted only once every tenant holds a model, so they wait in the queues together (a
+    tenant whose client came up late could otherwise run all its steps alone)."""
     service = kit.client(tenant)
     training = service.create_lora_training_client(base_model=BASE, rank=8, seed=seed).result()
+    if start is not None:
+        start.wait(120)
     offset = 3 * seed
     data = [sft_datum([t + offset for t in SEQUENCE]), sft_datum(SEQUENCE[::-1])]
     results[key] = [*sft_steps(training, data, 4), forward_logprobs(training, data)]
@@ -168,7 +173,8 @@ def test_three_concurrent_tenants_equal_their_runs_one_at_a_time(serve_kit):
         _tenant_run(serve_kit, tenant, seed, alone, tenant)
     steps_before, ops_before = _executor_counts(serve_kit)
     together: dict = {}
-    threads = [threading.Thread(target=_tenant_run, args=(serve_kit, t, s, together, t))
+    start = threading.Barrier(len(tenants))
+    threads = [threading.Thread(target=_tenant_run, args=(serve_kit, t, s, together, t, start))
                for t, s in tenants]  # fmt: skip
     for thread in threads:
         thread.start()
