@@ -138,6 +138,7 @@ def cpu(session: nox.Session) -> None:
         os.environ.get("MIZZEN_XDIST", "auto"),
         "--dist",
         "loadfile",
+        "--no-loadscope-reorder",  # files in the plugin's order: heaviest est_time first
         "--timeout",
         CPU_TEST_TIMEOUT_S,
         "--durations=30",  # the slowest tests in every log: what to trim when the lane grows

@@ -102,3 +102,31 @@ def test_a_file_the_plan_runs_as_the_base_declares_it_runs_though_disabled(repo:
     ran = repo.runpytest("tests/test_disabled.py", "--mizzen-as-planned", "tests/test_disabled.py")
     ran.assert_outcomes(failed=1)
     ran.stdout.fnmatch_lines(["*the head broke it*"])
+
+
+def test_files_run_heaviest_first_and_xdist_hands_them_out_in_that_order(pytester: pytest.Pytester):
+    """Items are ordered by their file's est_time, descending, a file's tests in their own order;
+    with ``--dist loadfile --no-loadscope-reorder`` (the CPU lane) a single xdist worker runs the
+    files in that order too, not by how many tests each has."""
+    pytester.makefile(".toml", **{"ci/fleet": FLEET})
+    pytester.makepyprojecttoml("[tool.pytest.ini_options]\n")
+    files = {"a_light": (1, 5), "b_heavy": (300, 1), "c_middle": (40, 3), "d_tie": (40, 2)}
+    for name, (est, tests) in files.items():
+        body = "".join(f"def test_{i}():\n    pass\n" for i in range(tests))
+        (pytester.path / "tests").mkdir(exist_ok=True)
+        (pytester.path / "tests" / f"test_{name}.py").write_text(
+            HEAD + f"register_cpu_ci(est_time={est})\n{body}"
+        )
+    expected = [
+        "test_b_heavy.py::test_0",
+        *[f"test_c_middle.py::test_{i}" for i in range(3)],
+        *[f"test_d_tie.py::test_{i}" for i in range(2)],
+        *[f"test_a_light.py::test_{i}" for i in range(5)],
+    ]
+    collected = pytester.runpytest("--collect-only", "-q", "tests")
+    assert [line.removeprefix("tests/") for line in collected.outlines[: len(expected)]] == expected
+    ran = pytester.runpytest(
+        "-n", "1", "--dist", "loadfile", "--no-loadscope-reorder", "-v", "tests"
+    )
+    order = [line.split(" PASSED ")[-1].strip() for line in ran.outlines if " PASSED " in line]
+    assert [o.removeprefix("tests/") for o in order] == expected

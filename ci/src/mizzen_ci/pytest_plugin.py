@@ -16,6 +16,10 @@ Invariants:
 - A file is known by its own path, never by a link's target: a symbolic link named like a test
   file is a collection error carrying the registry's "symlink" violation, not a second copy of
   the file it points at.
+- In a lane, files run heaviest first: items are ordered by their file's registered
+  ``est_time``, descending (a file's own tests keep their order; ties keep pytest's).  Under
+  ``--dist loadfile --no-loadscope-reorder`` xdist hands files out in that order, so the longest
+  ones start first and the lane does not end waiting on one started last (``nox -s cpu``).
 - Every path, reason and registry message it reports goes through
   :func:`mizzen_ci.output.plain` (a file name or a skip reason cannot print a workflow command or
   a terminal escape); a malformed ``[tool.mizzen.registry]`` is a usage error naming the file.
@@ -283,6 +287,23 @@ def pytest_pycollect_makemodule(module_path: Path, parent):
         node.mizzen_reason = reg.disabled
         return node
     return None
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    state = _state(config)
+    if state is not None:
+        items[:] = heaviest_files_first(state, items)
+
+
+def heaviest_files_first(state: LaneState, items: list) -> list:
+    """``items`` ordered by their file's registered ``est_time``, descending; stable, so a
+    file's items stay together and in order (an unregistered file counts as 0)."""
+    cost: dict[Path, float] = {}
+    for item in items:
+        if item.path not in cost:
+            reg = state.registrations.get(state.rel(item.path) or "")
+            cost[item.path] = reg.est_time if reg is not None else 0.0
+    return sorted(items, key=lambda item: -cost[item.path])
 
 
 # --------------------------------------------------------------------------------------------
