@@ -109,7 +109,9 @@ def test_a_fifo_or_a_directory_as_config_is_refused_without_opening_it(tmp_path,
         ("run.steps=2147483648", "must be <= 2147483647"),  # no high of its own: the default
         # the tiny model's values, not only its keys
         ('model.tiny.seed="x"', "model.tiny.seed='x': must be an integer"),
-        ("model.tiny.hidden_size=0", "must be in [1, 1048576]"),
+        ("model.tiny.hidden_size=0", "must be in [1, 65536]"),
+        ("model.tiny.vocab_size=10", "the byte tokenizer uses 259 token ids"),
+        ('model.tiny.model_type="gpt2"', "must be one of ['llama']"),
         ("model.tiny.hidden_size=66", "must divide hidden_size=66"),
         ("model.tiny.tie_word_embeddings=1", "must be true or false"),
     ],

@@ -201,6 +201,8 @@ def config_with(tmp_path, server=None, tiny=None):
         ({"rms_norm_eps": "x"}, "model.tiny.rms_norm_eps"),
         ({"tie_word_embeddings": 1}, "model.tiny.tie_word_embeddings"),
         ({"model_type": "gpt2"}, "model.tiny.model_type"),
+        ({"initializer_range": 0}, "model.tiny.initializer_range"),
+        ({"hidden_size": 66}, "model.tiny.num_attention_heads"),
         ({"no_such_field": 1}, "model.tiny.no_such_field"),
     ],
 )
@@ -211,17 +213,45 @@ def test_tiny_fields_are_checked_like_every_field(tmp_path, tiny, field):
 
 
 def test_tiny_fields_are_the_tiny_configs_and_their_values_typed(tmp_path):
-    from dataclasses import fields
-
+    """The fields of ``[model.tiny]`` are the packaged tiny config's (and head_dim, rope_theta):
+    each is accepted at its packaged value, a value of another type is refused naming it, any
+    other key is refused listing exactly these, and a float field's integer is kept a float."""
     from mizzen_rollout.api import load_tiny_config
-    from mizzen_train.serve.config import TinySection
 
-    assert {f.name for f in fields(TinySection)} == set(load_tiny_config()) | {
-        "head_dim",
-        "rope_theta",
-    }
+    packaged = {**load_tiny_config(), "head_dim": 16, "rope_theta": 10000.0}
+    assert config_with(tmp_path, tiny=packaged).model.tiny == packaged
+    for name, value in packaged.items():
+        with pytest.raises(ConfigError) as caught:
+            config_with(tmp_path, tiny={name: 1 if isinstance(value, str) else "x"})
+        assert caught.value.field == f"model.tiny.{name}", str(caught.value)
+        assert caught.value.rule.startswith("must be "), str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        config_with(tmp_path, tiny={"no_such_field": 1})
+    assert caught.value.fix == f"use some of {sorted(packaged)}"
     config = config_with(tmp_path, tiny={"initializer_range": 1, "num_hidden_layers": 1})
     assert config.model.tiny == {"initializer_range": 1.0, "num_hidden_layers": 1}
+    assert isinstance(config.model.tiny["initializer_range"], float)
+
+
+def test_tiny_is_checked_by_the_rule_a_training_run_uses(tmp_path):
+    """``[model.tiny]`` has one rule (``check_tiny``) for the server and a training run: what a
+    run refused, the server refuses too -- heads that do not divide the width, a table beside a
+    real model's path, a seed (the server's is model.seed)."""
+    with pytest.raises(ConfigError) as caught:
+        config_with(tmp_path, tiny={"num_attention_heads": 3})
+    assert caught.value.field == "model.tiny.num_attention_heads"
+    assert "must divide hidden_size=64" in str(caught.value)
+    config_with(tmp_path, tiny={"num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 8})
+    with pytest.raises(ConfigError) as caught:
+        config_with(tmp_path, tiny={"seed": 1})
+    assert caught.value.field == "model.tiny.seed" and "model.seed" in caught.value.fix
+    (tmp_path / "llama").mkdir()
+    raw = {"server": {"state_dir": str(tmp_path / "s"), "api_keys_file": str(tmp_path / "keys")},
+           "model": {"path": str(tmp_path / "llama"), "tiny": {"num_hidden_layers": 1}}}  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        parse_serve_config(raw, source="serve.toml")
+    assert caught.value.field == "model.tiny" and "serve.toml: " in str(caught.value)
+    assert caught.value.rule == 'applies to model.path = "tiny" only'
 
 
 def test_path_fields_are_checked_for_their_use(tmp_path):

@@ -135,6 +135,27 @@ def test_shape_and_type_rules():
     assert "training=1: unknown section" in refused(patch={"training": 1})
 
 
+def test_tiny_is_checked_by_the_rule_the_server_uses():
+    """``[model.tiny]`` has one rule (``check_tiny``) for a training run and the server: what the
+    server refused, a run refuses too -- a vocabulary the byte tokenizer does not fit, another
+    architecture, a size or a weight scale out of its range."""
+    assert (
+        "model.tiny.vocab_size=10: must be in [259, 262144] (the byte tokenizer uses 259 token "
+        "ids). Fix: use e.g. vocab_size = 259" in refused(patch={"model.tiny": {"vocab_size": 10}})
+    )
+    assert "model.tiny.model_type='gpt2': must be one of ['llama']" in refused(
+        patch={"model.tiny": {"model_type": "gpt2"}}
+    )
+    assert "model.tiny.num_hidden_layers=300: must be in [1, 256]" in refused(
+        patch={"model.tiny": {"num_hidden_layers": 300}}
+    )
+    assert "model.tiny.initializer_range=20: must be in (0, 10]" in refused(
+        patch={"model.tiny": {"initializer_range": 20}}
+    )
+    tiny = {"model_type": "llama", "vocab_size": 259, "seed": 1, "initializer_range": 1}
+    assert parse(patch={"model.tiny": tiny}).model.tiny == tiny  # kept as written: its digest
+
+
 def test_overrides_and_flags_set_every_field():
     from mizzen_train.cli import _field_values, build_parser
     from mizzen_train.run.config import ConfigError, apply_overrides

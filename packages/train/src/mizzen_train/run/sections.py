@@ -13,6 +13,8 @@ Invariants:
   :mod:`mizzen_train.rl.config`) and never import each other's.
 - The checks below raise :class:`~mizzen_train.run.config.ConfigError` naming the field.
 - The eval points of a run are defined once, by :meth:`RunLayout.eval_points`.
+- A ``[model.tiny]`` table has one rule, :func:`check_tiny`: a training run's ``[model]`` and the
+  server's (:mod:`mizzen_train.serve.config`) both call it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ __all__ = [
     "check_model",
     "check_run_and_tenants",
     "check_tenant_names",
+    "check_tiny",
     "run_sections",
 ]
 
@@ -350,24 +353,12 @@ def check_adapter_training(
 
 
 def check_model(model: ModelConfig, source: str, *, tensor_parallel: int = 1) -> None:
-    """``[model]``'s rules; ``tensor_parallel``: the run's TP size (plugin models need 1)."""
+    """``[model]``'s rules; ``tensor_parallel``: the run's TP size (plugin models need 1).
+    ``[model.tiny]`` is checked by :func:`check_tiny` (its table kept as written: its digest
+    names the tiny base model a run directory holds)."""
     if model.plugin:
         _check_plugin(model, source, tensor_parallel)
-    if model.path == "tiny":
-        fields = _tiny_fields(model.plugin)
-        unknown = sorted(set(model.tiny) - fields)
-        if unknown:
-            raise ConfigError(
-                f"model.tiny.{unknown[0]}", model.tiny[unknown[0]],
-                f"is not a field of the tiny {model.plugin or 'Llama'} config",
-                f"use some of {sorted(fields)}", source=source,
-            )  # fmt: skip
-        _check_tiny_values(model, source)
-    elif model.tiny:
-        raise ConfigError(
-            "model.tiny", model.tiny, 'applies to model.path = "tiny" only',
-            "remove [model.tiny], or set model.path = \"tiny\"", source=source,
-        )  # fmt: skip
+    check_tiny(model.tiny, source, path=model.path, plugin=model.plugin)
 
 
 def check_eval(
@@ -515,47 +506,126 @@ def _check_plugin(model: ModelConfig, source: str, tensor_parallel: int) -> None
         )  # fmt: skip
 
 
-#: the tiny model's numbers: sizes and ids within these (a bigger one fails allocating), seeds
-#: within MAX_LORA_SEED, floats positive and finite
+#: The tiny model's ranges (a plugin's tiny field of the same name has the same): a size or id
+#: past these fails allocating.  Any other integer field is in [1, MAX_TINY_SIZE] when it counts
+#: something (``*_size``, ``num_*``), else in [0, MAX_TINY_SIZE]; any other float in (0, 1e12].
 MAX_TINY_SIZE = 2**20
-_TINY_FLOATS = frozenset({"rope_theta"})
-_TINY_SIZES = frozenset({"head_dim", "max_position_embeddings", "vocab_size"})
+MAX_TINY_VOCAB = 262_144
+MAX_TINY_WIDTH = 65_536
+_TINY_RANGES: dict[str, tuple[float, float]] = {
+    "vocab_size": (259, MAX_TINY_VOCAB),
+    "hidden_size": (1, MAX_TINY_WIDTH),
+    "intermediate_size": (1, MAX_TINY_WIDTH),
+    "num_hidden_layers": (1, 256),
+    "num_attention_heads": (1, MAX_TINY_WIDTH),
+    "num_key_value_heads": (1, MAX_TINY_WIDTH),
+    "head_dim": (1, MAX_TINY_WIDTH),
+    "max_position_embeddings": (1, MAX_TINY_SIZE),
+    "bos_token_id": (0, MAX_TINY_VOCAB - 1),
+    "eos_token_id": (0, MAX_TINY_VOCAB - 1),
+    "pad_token_id": (0, MAX_TINY_VOCAB - 1),
+    "seed": (0, MAX_LORA_SEED),
+    "rms_norm_eps": (1e-12, 1.0),
+    "initializer_range": (0.0, 10.0),  # floats are positive: (0, 10]
+    "rope_theta": (1.0, 1e12),
+}
+#: Why a range is what it is, shown with its rule.
+_TINY_WHY = {"vocab_size": " (the byte tokenizer uses 259 token ids)"}
+#: The string fields with a fixed set of values (a plugin's tiny config has no model_type field:
+#: the plugin decides it).
+_TINY_CHOICES = {"model_type": ("llama",)}
+#: The fields a Llama's table may set beyond the packaged config's (transformers' LlamaConfig
+#: takes them), each with the value it has there: its type is the value's.
+_LLAMA_EXTRAS: dict[str, Any] = {"head_dim": 16, "rope_theta": 10000.0}
 
 
-def _check_tiny_values(model: ModelConfig, source: str) -> None:
-    """Each ``[model.tiny]`` value of its default's type and in range (the default decides:
-    an int, a float or a bool), and the attention heads dividing the hidden size."""
-    defaults = _tiny_defaults(model.plugin)
-    for name, value in model.tiny.items():
-        default = defaults.get(name, 1.0 if name in _TINY_FLOATS else 1)
-        where = f"model.tiny.{name}"
+def check_tiny(
+    tiny: Mapping[str, Any], source: str, *, path: str, plugin: str = "", seed: bool = True
+) -> dict[str, Any]:
+    """The one rule of a ``[model.tiny]`` table (overrides of the packaged tiny Llama's config,
+    or of ``plugin``'s tiny config), for a training run's ``[model]`` and the server's alike.
 
-        def fail(rule: str, fix: str, where=where, value=value) -> ConfigError:
-            return ConfigError(where, value, rule, fix, source=source)
+    - It applies to ``path == "tiny"`` only.
+    - Its keys are fields of that config (a Llama's also ``head_dim`` and ``rope_theta``), and
+      ``seed`` where ``seed`` says the table carries the weights' seed; any other is refused
+      naming the fields there are.
+    - Each value has the type of the field's default (a bool, an integer, a float, a string),
+      is in the field's range (``_TINY_RANGES``: ``vocab_size`` >= 259, the byte
+      tokenizer's) and among its choices (``model_type``: "llama").
+    - A Llama's attention heads divide its hidden size (unless ``head_dim`` is set), and its
+      key/value heads divide its attention heads.
 
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise fail("must be true or false", "write true or false")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise fail("must be an integer", f"write e.g. {name} = {default}")
-            high = MAX_LORA_SEED if name == "seed" else MAX_TINY_SIZE
-            size = name in _TINY_SIZES or name.endswith("_size") or name.startswith("num_")
-            low = 1 if size else 0
-            if not low <= value <= high:
-                raise fail(f"must be in [{low}, {high}]", f"use e.g. {name} = {default}")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise fail("must be a number", f"write e.g. {name} = {default}")
-            if not 0 < value <= 1e12:
-                raise fail("must be positive and at most 1e12", f"use e.g. {name} = {default}")
-    if model.plugin:  # a plugin's head size may be its own (its config class checks it)
-        return
-    merged = {**defaults, **model.tiny}
-    hidden, heads = merged.get("hidden_size"), merged.get("num_attention_heads")
-    groups = merged.get("num_key_value_heads", heads)
-    numbers = all(isinstance(n, int) and n > 0 for n in (hidden, heads, groups))
-    if numbers and (heads % groups or ("head_dim" not in merged and hidden % heads)):
+    Returns the table with each float field a float (an integer ``1`` as ``1.0``); raises
+    :class:`~mizzen_train.run.config.ConfigError` naming ``model.tiny.<field>``."""
+    if path != "tiny":
+        if tiny:
+            raise ConfigError(
+                "model.tiny", tiny, 'applies to model.path = "tiny" only',
+                "remove [model.tiny], or set model.path = \"tiny\"", source=source,
+            )  # fmt: skip
+        return {}
+    defaults = _tiny_defaults(plugin, seed)
+    _check_tiny_keys(tiny, defaults, source, plugin=plugin, seed=seed)
+    typed = {name: _tiny_value(name, v, defaults[name], source) for name, v in tiny.items()}
+    if not plugin:  # a plugin's head size may be its own (its config class checks it)
+        _check_tiny_heads({**defaults, **typed}, "head_dim" in typed, source)
+    return typed
+
+
+def _check_tiny_keys(
+    tiny: Mapping[str, Any], defaults: Mapping[str, Any], source: str, *, plugin: str, seed: bool
+) -> None:
+    unknown = sorted(set(tiny) - set(defaults))
+    if unknown:
+        name = unknown[0]
+        fix = f"use some of {sorted(defaults)}"
+        if name == "seed" and not seed:
+            fix = "set the weights' seed as model.seed"
+        raise ConfigError(
+            f"model.tiny.{name}", tiny[name],
+            f"is not a field of the tiny {plugin or 'Llama'} config", fix, source=source,
+        )  # fmt: skip
+
+
+def _tiny_value(name: str, value: Any, default: Any, source: str) -> Any:
+    """``value`` of ``[model.tiny]``'s field ``name`` checked against the field's type (its
+    ``default``'s), range and choices; a float field's as a float."""
+
+    def fail(rule: str, fix: str = f"use e.g. {name} = {json.dumps(default)}") -> ConfigError:
+        return ConfigError(f"model.tiny.{name}", value, rule, fix, source=source)
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise fail("must be true or false", "write true or false")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail("must be an integer")
+        counts = name.endswith("_size") or name.startswith("num_")
+        low, high = _TINY_RANGES.get(name, (1 if counts else 0, MAX_TINY_SIZE))
+        if not low <= value <= high:
+            raise fail(f"must be in [{low}, {high}]{_TINY_WHY.get(name, '')}")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fail("must be a finite number")
+        low, high = _TINY_RANGES.get(name, (0.0, 1e12))
+        if not (value > 0 and low <= value <= high):  # NaN fails every comparison
+            raise fail(f"must be in {'(0' if low <= 0 else f'[{low:g}'}, {high:g}]")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str):
+            raise fail("must be a string")
+        choices = list(_TINY_CHOICES.get(name, (value,)))
+        if value not in choices:
+            raise fail(f"must be one of {choices}", f"use one of {choices}, or leave it out")
+    return value  # a list or table field: the plugin's config class checks it
+
+
+def _check_tiny_heads(merged: Mapping[str, Any], head_dim_set: bool, source: str) -> None:
+    """The attention heads divide the hidden size (unless ``head_dim`` is set: a head's own
+    width), and the key/value heads divide the attention heads."""
+    hidden, heads = merged["hidden_size"], merged["num_attention_heads"]
+    groups = merged["num_key_value_heads"]
+    if heads % groups or (not head_dim_set and hidden % heads):
         raise ConfigError(
             "model.tiny.num_attention_heads", heads,
             f"must divide hidden_size={hidden}, and num_key_value_heads={groups} must divide "
@@ -564,21 +634,16 @@ def _check_tiny_values(model: ModelConfig, source: str) -> None:
         )  # fmt: skip
 
 
-def _tiny_defaults(plugin: str = "") -> dict[str, Any]:
+def _tiny_defaults(plugin: str, seed: bool) -> dict[str, Any]:
+    """The fields a ``[model.tiny]`` table may set, each with its value when unset (``seed``:
+    with the weights' seed, 0)."""
     if plugin:
         import mizzen_plugins
 
-        return dict(mizzen_plugins.get(plugin).tiny_config or {})
-    from mizzen_rollout.api import load_tiny_config
+        packaged = dict(mizzen_plugins.get(plugin).tiny_config or {})
+        packaged.pop("model_type", None)  # the plugin's, not a field to override
+    else:
+        from mizzen_rollout.api import load_tiny_config
 
-    return dict(load_tiny_config())
-
-
-def _tiny_fields(plugin: str = "") -> set[str]:
-    if plugin:
-        import mizzen_plugins
-
-        return set(mizzen_plugins.get(plugin).tiny_config or {}) - {"model_type"} | {"seed"}
-    from mizzen_rollout.api import load_tiny_config
-
-    return (set(load_tiny_config()) - {"model_type"}) | {"seed", "head_dim", "rope_theta"}
+        packaged = {**load_tiny_config(), **_LLAMA_EXTRAS}
+    return {**packaged, "seed": 0} if seed else packaged

@@ -6,18 +6,21 @@ Read by the run configuration machinery (:mod:`mizzen_train.run.config`): a TOML
     [server]   host, port, state_dir (required), api_keys_file (required), limits
     [model]    path (an HF Llama directory, or "tiny"), name (what clients ask for), device,
                dtype, slots, max_rank, micro_batch_size, seq_bucket, threads
-    [model.tiny]  overrides of the packaged tiny Llama's fields (path = "tiny")
+    [model.tiny]  overrides of the packaged tiny Llama's fields (path = "tiny"; the weights'
+                  seed is model.seed)
     [sampling] engine ("embedded" | "none"), max_new_tokens
 
 Invariants:
 - Everything read is untrusted: an unknown key, a wrong type or a value out of range raises
   :class:`~mizzen_train.run.config.ConfigError` naming the source, the field, the rule and the fix,
-  before anything is built.  ``[model.tiny]`` is checked field by field like a section
-  (:class:`TinySection`), and every path is checked for its use (``state_dir`` a directory or
+  before anything is built.  ``[model.tiny]`` is checked by the rule a training run's is
+  (:func:`mizzen_train.run.sections.check_tiny`: its keys, each value's type and range, the
+  heads dividing the width), and every path is checked for its use (``state_dir`` a directory or
   creatable, ``port_file`` a writable file name, ...).
 - API keys are never part of the configuration (only the path of the file holding them), so a
   configuration can be printed or logged.
-- This module imports the standard library and the config machinery only.
+- This module imports the standard library and the config machinery only (``check_tiny``'s
+  module, which reads the packaged tiny config, when a configuration is parsed).
 """
 
 from __future__ import annotations
@@ -39,17 +42,12 @@ from mizzen_train.run.config import (
     Presence,
     Section,
     build_config,
-    build_section,
     config_help,
     opt,
     read_config_source,
 )
 
-__all__ = ["SECTIONS", "ServeConfig", "TinySection", "load_serve_config"]
-#: the largest vocabulary, width and depth a tiny model may be given
-MAX_TINY_VOCAB = 262_144
-MAX_TINY_WIDTH = 65_536
-MAX_TINY_DEPTH = 256
+__all__ = ["SECTIONS", "ServeConfig", "load_serve_config"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,11 @@ class ServerSection:
 class ModelSection:
     path: str = opt(kind="str", help='the base model: an HF Llama directory, or "tiny"')
     name: str = opt("", kind="str", help="the base model name clients ask for (default: path)")
-    tiny: Mapping = opt({}, kind="table", help='overrides of the tiny Llama (path = "tiny")')
+    tiny: Mapping = opt(
+        {}, kind="table",
+        help='with path = "tiny": fields of the packaged tiny Llama config to override (and '
+        "head_dim, rope_theta)",
+    )  # fmt: skip
     device: str = opt("auto", kind="str", choices=("auto", "cpu", "cuda"), help="device")
     dtype: str = opt("auto", kind="str", choices=("auto", "fp32", "bf16"), help="dtype")
     slots: int = opt(4, kind="int", low=1, high=1024, help="K: LoRA slots (live models)")
@@ -115,34 +117,6 @@ class ModelSection:
     threads: int = opt(
         0, kind="int", low=0, high=MAX_THREADS, help="torch CPU threads (0: torch's default)"
     )
-
-
-def _tiny(kind: str, help: str, **limits):
-    return opt(None, kind=kind, help=f"{help} (None: as packaged)", **limits)
-
-
-@dataclass(frozen=True)
-class TinySection:
-    """``[model.tiny]``: the fields of the packaged tiny Llama config a server may override."""
-
-    model_type: str | None = _tiny("str", "architecture", choices=("llama",))
-    vocab_size: int | None = _tiny(
-        "int", "vocabulary (the byte tokenizer uses 259)", low=259, high=MAX_TINY_VOCAB
-    )
-    hidden_size: int | None = _tiny("int", "width", low=1, high=MAX_TINY_WIDTH)
-    intermediate_size: int | None = _tiny("int", "MLP width", low=1, high=MAX_TINY_WIDTH)
-    num_hidden_layers: int | None = _tiny("int", "layers", low=1, high=MAX_TINY_DEPTH)
-    num_attention_heads: int | None = _tiny("int", "attention heads", low=1, high=MAX_TINY_WIDTH)
-    num_key_value_heads: int | None = _tiny("int", "KV heads", low=1, high=MAX_TINY_WIDTH)
-    head_dim: int | None = _tiny("int", "width of a head", low=1, high=MAX_TINY_WIDTH)
-    max_position_embeddings: int | None = _tiny("int", "longest sequence", low=1, high=1 << 20)
-    rms_norm_eps: float | None = _tiny("float", "RMSNorm epsilon", low=1e-12, high=1.0)
-    initializer_range: float | None = _tiny("float", "std of the weights", low=0.0, high=10.0)
-    rope_theta: float | None = _tiny("float", "RoPE base", low=1.0, high=1e12)
-    bos_token_id: int | None = _tiny("int", "BOS token", low=0, high=MAX_TINY_VOCAB - 1)
-    eos_token_id: int | None = _tiny("int", "EOS token", low=0, high=MAX_TINY_VOCAB - 1)
-    pad_token_id: int | None = _tiny("int", "padding token", low=0, high=MAX_TINY_VOCAB - 1)
-    tie_word_embeddings: bool | None = _tiny("bool", "share embedding and unembedding")
 
 
 @dataclass(frozen=True)
@@ -165,7 +139,6 @@ class ServeConfig:
         "server": Section(ServerSection, Presence.REQUIRED),
         "model": Section(ModelSection, Presence.REQUIRED),
         "sampling": Section(SamplingSection, Presence.DEFAULTED),
-        "model.tiny": Section(TinySection, Presence.OPTIONAL),  # in model.tiny (a table)
     }
 
     @property
@@ -237,18 +210,16 @@ def _port_file_problem(value: str) -> str:
     return f"its directory {path.parent} {problem}" if problem else ""
 
 
-def _checked_tiny(config: ServeConfig) -> ServeConfig:
-    """``config`` with ``model.tiny`` checked by :class:`TinySection` (only the fields set)."""
-    tiny = build_section(TinySection, config.model.tiny, "model.tiny", config.source)
-    fields = {k: v for k, v in dataclasses.asdict(tiny).items() if v is not None}
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, tiny=fields))
-
-
 def parse_serve_config(raw: Mapping[str, Any], *, source: str = "<config>") -> ServeConfig:
+    """Validate a configuration table: its sections, ``[model.tiny]`` (kept with its floats
+    typed: the tiny base model's directory is named by a digest of it), then the paths."""
+    from mizzen_train.run.sections import check_tiny
+
     config = build_config(
         ServeConfig, dict(raw), SECTIONS, source=source, many_fix="(no list sections)"
     )
-    config = _checked_tiny(config)
+    tiny = check_tiny(config.model.tiny, source, path=config.model.path, seed=False)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, tiny=tiny))
     config.check()
     return config
 
