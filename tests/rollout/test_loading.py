@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from mizzen_ci import register_cpu_ci
-from mizzen_rollout.api import ObjectSpecError, RewardSpecError, load_object, load_reward
+from mizzen_rollout.api import (
+    ObjectSpecError,
+    RewardSpecError,
+    check_spec_form,
+    load_object,
+    load_reward,
+)
 
 register_cpu_ci(est_time=2, labels=["rollout"])
 
@@ -55,3 +61,19 @@ def test_without_builtins_the_rule_names_the_kind_and_callers_keep_their_error_t
     with pytest.raises(RewardSpecError, match="reward 'x' is neither built in") as caught:
         load_reward("x")
     assert isinstance(caught.value, ObjectSpecError)
+
+
+@pytest.mark.parametrize("spec", ["nonsense", ":f", "pkg.mod:", "b:"])
+def test_the_form_alone_is_checked_by_the_loaders_rule_without_importing(spec):
+    """``check_spec_form`` (a stored run's configuration, read without running its code) refuses
+    what ``load_object`` refuses for its form, with the same message, and imports nothing."""
+    with pytest.raises(ObjectSpecError) as loaded:
+        load_object(spec, what="thing", builtins={"b": len})
+    with pytest.raises(ObjectSpecError) as checked:
+        check_spec_form(spec, what="thing", builtins={"b": len})
+    assert str(checked.value) == str(loaded.value)
+    before = set(sys.modules)
+    check_spec_form("b", what="thing", builtins={"b": len})
+    check_spec_form("no_such_module_xyz:f", what="thing")
+    check_spec_form("/nowhere/r.py:f", what="thing")
+    assert set(sys.modules) == before

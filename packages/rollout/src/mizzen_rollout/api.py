@@ -24,8 +24,9 @@ The surface, by concern:
   :class:`RolloutMetrics`, the group filters :func:`drop_groups_with_aborted` and
   :func:`drop_groups_with_failed`;
 - rewards: :data:`RewardFn`, :func:`load_reward`, :class:`RewardSpecError`, :func:`score_samples`;
-- the one ``module:function`` loader: :func:`load_object`, :class:`ObjectSpecError` (rewards,
-  user evaluators and advantage estimators resolve their specs with it);
+- the one ``module:function`` loader: :func:`load_object`, :func:`check_spec_form` (its form,
+  nothing imported), :class:`ObjectSpecError` (rewards, user evaluators and advantage estimators
+  resolve their specs with it);
 - prompt data: :class:`PromptDataset`, :class:`PromptRecord`, :class:`DatasetKeys`,
   :class:`DataCursor`, :class:`DataError`;
 - prompt rendering: :func:`render_prompt` and :data:`Prompt` (what an engine generates from; the
@@ -91,7 +92,7 @@ from .engines.launcher import (
     launch_embedded,
     launch_sglang,
 )
-from .loading import ObjectSpecError, load_object
+from .loading import ObjectSpecError, check_spec_form, load_object
 from .manager import EngineSpec, RolloutManager
 from .masking import (
     MIN_SECRET_LENGTH,
@@ -178,6 +179,7 @@ __all__ = [
     "SecretTooShortError",
     "ServerProcess",
     "adapter_config_dict",
+    "check_spec_form",
     "check_worker_env",
     "describe_env",
     "drop_groups_with_aborted",

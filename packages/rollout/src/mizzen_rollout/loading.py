@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["ObjectSpecError", "load_object"]
+__all__ = ["ObjectSpecError", "check_spec_form", "load_object"]
 
 
 class ObjectSpecError(ValueError):
@@ -44,11 +44,10 @@ def load_object(
     ``what`` names the thing in errors ("reward", "evaluator"); ``builtins`` are the names that
     resolve without an import; ``kind`` is what the attribute is ("function", "factory").
     """
+    check_spec_form(spec, what=what, builtins=builtins, kind=kind)
     if builtins and spec in builtins:
         return builtins[spec]
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ObjectSpecError(f"{what} {spec!r} {_not_a_spec(builtins, kind)}")
+    module_name, _, attr = spec.rpartition(":")
     obj = getattr(_module(module_name, spec, what), attr, None)
     if obj is None:
         raise ObjectSpecError(
@@ -60,6 +59,23 @@ def load_object(
             f"{what} {spec!r}: {attr!r} is {type(obj).__name__}, not callable. Fix: name a {kind}"
         )
     return obj
+
+
+def check_spec_form(
+    spec: str,
+    *,
+    what: str,
+    builtins: Mapping[str, Any] | None = None,
+    kind: str = "function",
+) -> None:
+    """``spec`` has the rule's form (a built-in name, or text before and after its last ``:``);
+    nothing is imported.  For a configuration read without running its code (an export of a
+    stored run)."""
+    if builtins and spec in builtins:
+        return
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ObjectSpecError(f"{what} {spec!r} {_not_a_spec(builtins, kind)}")
 
 
 def _not_a_spec(builtins: Mapping[str, Any] | None, kind: str) -> str:

@@ -31,12 +31,18 @@ LLAMA_100M: dict[str, int] = {
 }
 
 
+#: Fields transformers' ``LlamaConfig`` takes that the packaged tiny config leaves out, each with
+#: the value it has for the packaged model (its type is the field's): a ``[model.tiny]`` table
+#: may set them too (:func:`mizzen_train.run.sections.check_tiny`).
+LLAMA_EXTRA_FIELDS: dict[str, Any] = {"head_dim": 16, "rope_theta": 10000.0}
+
+
 def tiny_llama_config(**overrides: Any) -> dict[str, Any]:
     """The embedded engine's tiny Llama config with ``overrides`` applied (a plain dict)."""
     from mizzen_rollout.api import load_tiny_config
 
     config = load_tiny_config()
-    unknown = sorted(set(overrides) - set(config) - {"head_dim", "rope_theta"})
+    unknown = sorted(set(overrides) - set(config) - set(LLAMA_EXTRA_FIELDS))
     if unknown:
         raise ValueError(
             f"tiny llama overrides {unknown} are not fields of the tiny config; use some of "

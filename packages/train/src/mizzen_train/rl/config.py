@@ -193,16 +193,17 @@ rl_config_help = RlConfig.help_text
 
 
 def _check_advantage_form(spec: str, fail: Any) -> None:
-    """A built-in estimator's name or ``module:function`` (the loader's form), never imported."""
+    """A built-in estimator's name or ``module:function``, by the loader's rule
+    (:func:`mizzen_rollout.api.check_spec_form`), never imported."""
+    from mizzen_rollout.api import ObjectSpecError, check_spec_form
     from mizzen_train.rl.advantages import ESTIMATORS
 
-    module, sep, function = spec.rpartition(":")
-    if spec not in ESTIMATORS and not (sep and module and function):
-        raise fail(
-            "algo.advantage", spec,
-            f"is neither built in ({sorted(ESTIMATORS)}) nor 'module:function'",
-            "use grpo or mean, or 'my_pkg.module:function' / 'path/to/file.py:function'",
-        )  # fmt: skip
+    try:
+        check_spec_form(spec, what="advantage estimator", builtins=ESTIMATORS)
+    except ObjectSpecError as exc:
+        rule, _, fix = str(exc).partition(" Fix: ")
+        rule = rule.removeprefix(f"advantage estimator {spec!r} ").removesuffix(".")
+        raise fail("algo.advantage", spec, rule, fix or "use grpo or mean") from None
 
 
 def load_advantage(config: RlConfig) -> AdvantageFn:

@@ -407,11 +407,17 @@ def flag_value(key: str, kind: str, text: str) -> Any:
 
 
 def apply_overrides(
-    raw: dict[str, Any], overrides: Sequence[str], values: Sequence[tuple[str, Any]] = ()
+    raw: dict[str, Any],
+    overrides: Sequence[str],
+    values: Sequence[tuple[str, Any]] = (),
+    *,
+    source: str = "<config>",
 ) -> dict[str, Any]:
-    """``raw`` with every ``(KEY, value)`` of ``values`` (typed: the ``--section.field`` flags)
-    and then every ``KEY=VALUE`` of ``overrides`` applied (dotted keys; list items by index)."""
-    check_depth(raw, source="--set")
+    """``raw`` (read from ``source``) with every ``(KEY, value)`` of ``values`` (typed: the
+    ``--section.field`` flags) and then every ``KEY=VALUE`` of ``overrides`` applied (dotted
+    keys; list items by index).  Too deep a ``raw`` is ``source``'s error, too deep a result
+    the overrides'."""
+    check_depth(raw, source=source)
     raw = _deep_copy(raw)
     for key, value in values:
         _set(raw, key, value)
@@ -531,7 +537,7 @@ def read_config_source(
             path = shipped[name]
         raw = _read_toml(path, source)
     if overrides or values:
-        raw = apply_overrides(raw, overrides, values)
+        raw = apply_overrides(raw, overrides, values, source=source)
         source = f"{source} + --set"
     return raw, source
 

@@ -534,9 +534,6 @@ _TINY_WHY = {"vocab_size": " (the byte tokenizer uses 259 token ids)"}
 #: The string fields with a fixed set of values (a plugin's tiny config has no model_type field:
 #: the plugin decides it).
 _TINY_CHOICES = {"model_type": ("llama",)}
-#: The fields a Llama's table may set beyond the packaged config's (transformers' LlamaConfig
-#: takes them), each with the value it has there: its type is the value's.
-_LLAMA_EXTRAS: dict[str, Any] = {"head_dim": 16, "rope_theta": 10000.0}
 
 
 def check_tiny(
@@ -644,6 +641,7 @@ def _tiny_defaults(plugin: str, seed: bool) -> dict[str, Any]:
         packaged.pop("model_type", None)  # the plugin's, not a field to override
     else:
         from mizzen_rollout.api import load_tiny_config
+        from mizzen_train.hf.tiny import LLAMA_EXTRA_FIELDS
 
-        packaged = {**load_tiny_config(), **_LLAMA_EXTRAS}
+        packaged = {**load_tiny_config(), **LLAMA_EXTRA_FIELDS}
     return {**packaged, "seed": 0} if seed else packaged

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from mizzen_train.serve.wire import WireError
+from mizzen_train.serve.wire import WireError, check_token_ids
 
 __all__ = ["LOSSES", "TenantRows", "build_rows", "join_rows", "loss_sums"]
 
@@ -144,8 +144,7 @@ def _one_row(index, datum, needed, loss_fn, vocab_size, max_seq_len, rows) -> No
         raise WireError(400, f"{where}.loss_fn_inputs.target_tokens: not whole numbers. Fix: "
                              "send token ids (int64)")  # fmt: skip
     for name, ids in (("model_input", tokens), ("loss_fn_inputs.target_tokens", targets)):
-        if ids.min() < 0 or ids.max() >= vocab_size:
-            raise WireError(400, f"{where}.{name}: token ids must be in [0, {vocab_size})")
+        check_token_ids(f"{where}.{name}", ids, vocab_size)
     weights = arrays.get("weights", np.ones(length)).astype(np.float32)
     if loss_fn == "cross_entropy" and np.isfinite(weights).all() and (weights < 0).any():
         raise WireError(400, f"{where}.loss_fn_inputs.weights: negative. Fix: weights >= 0")

@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "PROTOBUF",
     "WireError",
+    "check_token_ids",
     "decode_forward_backward",
     "encode_forward_backward_output",
     "encode_sample_response",
@@ -51,6 +52,22 @@ class WireError(ValueError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def check_token_ids(field: str, ids: Sequence[int] | np.ndarray, vocab_size: int) -> None:
+    """The one rule of the token ids a request carries (a training row's inputs and targets, a
+    sampling prompt, stop tokens): each in ``[0, vocab_size)``; else WireError(400) naming
+    ``field`` and the first id outside."""
+    if isinstance(ids, np.ndarray):
+        outside_at = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+        outside = int(ids[outside_at[0]]) if outside_at.size else None
+    else:
+        outside = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if outside is not None:
+        raise WireError(
+            400, f"{field}: token id {outside} is outside the vocabulary [0, {vocab_size}). "
+            "Fix: tokenize with the served model's tokenizer",
+        )  # fmt: skip
 
 
 def parse_json[T](model: type[T], body: bytes, what: str) -> T:
