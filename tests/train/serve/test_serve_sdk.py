@@ -312,7 +312,7 @@ def test_refusals_are_clear_4xx_and_the_server_keeps_serving(serve_kit):
         assert response.status_code == status, (path, response.text)
         assert message in response.json()["detail"], (path, response.text)
     # token ids beyond the vocabulary, through the SDK
-    with pytest.raises(Exception, match=r"token ids must be in \[0, "):
+    with pytest.raises(Exception, match=r"token id \d+ is outside the vocabulary \[0, "):
         training.forward_backward([sft_datum([1, 2, 99999])], "cross_entropy").result()
     # keys: none, unknown, another tenant's model
     assert (
@@ -336,7 +336,12 @@ def test_restart_keeps_saved_state_and_a_full_queue_answers_429(serve_kit):
     saved = training.save_state("before-restart").result().path
     before = forward_logprobs(training, data)
 
-    serve_kit.restart("server.max_queue=1")
+    # the caps of sessions are the next test's
+    serve_kit.restart(
+        "server.max_queue=1",
+        "server.max_sessions_per_key=2",
+        "server.max_sampling_sessions_per_key=2",
+    )
     service = serve_kit.client("alice")
     restored = service.create_training_client_from_state_with_optimizer(saved).result()
     for a, b in zip(forward_logprobs(restored, data), before, strict=True):
@@ -363,6 +368,48 @@ def test_restart_keeps_saved_state_and_a_full_queue_answers_429(serve_kit):
     assert refused.headers["Retry-After"] == "1"
     # the SDK honours Retry-After: a pipelined client still gets every result
     assert len(sft_steps(restored, data, 3)) == 3
+
+
+def test_a_key_holds_bounded_sessions_and_its_samplers_end_with_their_session(serve_kit):
+    """Under the previous test's restart (two sessions and two sampling sessions per key): a
+    third session is refused (422) until one is finished; a third sampling session ends the
+    key's least recently used one; finishing a session ends the sampling sessions opened in it
+    (before: both grew without bound, and samplers outlived their session)."""
+    types = _types()
+    hello = types.CreateSessionRequest(tags=[], user_metadata={}, sdk_version="0.38.0")
+
+    def new_session():
+        return post(serve_kit, "/api/v1/create_session", "bob", json=hello.model_dump(mode="json"))
+
+    first, second = (new_session().json()["session_id"] for _ in range(2))
+    refused = new_session()
+    assert refused.status_code == 422, refused.text
+    assert "server.max_sessions_per_key" in refused.json()["detail"], refused.text
+
+    def sampler(session_id):
+        body = {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": BASE}
+        opened = post(serve_kit, "/api/v1/create_sampling_session", "bob", json=body)
+        assert opened.status_code == 200, opened.text
+        return opened.json()["sampling_session_id"]
+
+    def sampler_status(sampler_id):
+        headers = serve_kit.headers("bob")
+        url = f"{serve_kit.url}/api/v1/samplers/{sampler_id}"
+        return httpx.get(url, headers=headers, timeout=60).status_code
+
+    a, b = sampler(first), sampler(second)
+    assert sampler_status(a) == 200  # a is now used more recently than b
+    c = sampler(first)
+    assert [sampler_status(x) for x in (a, b, c)] == [200, 404, 200]
+    gone = httpx.get(f"{serve_kit.url}/api/v1/samplers/{b}", headers=serve_kit.headers("bob"),
+                     timeout=60)  # fmt: skip
+    assert "server.max_sampling_sessions_per_key" in gone.json()["detail"], gone.text
+
+    finished = post(serve_kit, f"/api/v1/sessions/{first}/finish", "bob", json={})
+    assert finished.status_code == 200, finished.text
+    assert [sampler_status(x) for x in (a, c)] == [404, 404]  # opened in the finished session
+    assert new_session().status_code == 200  # the finished one no longer counts
+    assert post(serve_kit, f"/api/v1/sessions/{second}/finish", "bob", json={}).status_code == 200
 
 
 def _slots_used(kit) -> int:

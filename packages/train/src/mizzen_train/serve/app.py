@@ -17,8 +17,12 @@ Invariants:
 - A session lives from ``create_session`` until the SDK finishes it
   (``/api/v1/sessions/{id}/finish``, what ``ServiceClient.close`` sends) or until no heartbeat or
   request names it for ``server.session_timeout_s``; then its live models are unloaded (their
-  slots freed, queued operations first) and the id answers 404 like an unknown one.  Saved
-  checkpoints and published samplers outlive it.
+  slots freed, queued operations first), the sampling sessions opened in it end, and the id
+  answers 404 like an unknown one.  Saved checkpoints (sampler weights too: a new sampling
+  client loads them) outlive it.
+- What one key holds is bounded: ``server.max_sessions_per_key`` live sessions (one more is
+  422), ``server.max_models_per_key`` models (likewise), ``server.max_sampling_sessions_per_key``
+  sampling sessions (one more ends the key's least recently used).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mizzen_train.serve.operations import Closing, Overloaded, internal_error
-from mizzen_train.serve.state import ModelRecord, check_name
+from mizzen_train.serve.state import ModelRecord, check_name, model_id_of, session_of_model
 from mizzen_train.serve.wire import PROTOBUF, WireError, decode_forward_backward, parse_json
 from mizzen_train.specs import MAX_LORA_SEED
 
@@ -79,8 +83,7 @@ def end_session(service: Service, session_id: str, why: str) -> int:
     record = service.sessions.pop(session_id, None)
     if record is None:
         return 0
-    prefix = f"{session_id}:train:"
-    models = [m for m in list(service.scheduler.slot_of) if m.startswith(prefix)]
+    models = [m for m in list(service.scheduler.slot_of) if session_of_model(m) == session_id]
     try:  # a retry resubmits nothing twice: the unload of a model is keyed by the session's end
         for model_id in models:
             service.book.submit(record.tenant, model_id, "unload_model", None, key=("end",))
@@ -88,8 +91,9 @@ def end_session(service: Service, session_id: str, why: str) -> int:
         record.last_seen = float("-inf")
         service.sessions[session_id] = record
         raise
-    log.info("session %s tenant=%s ended (%s); %d model(s) unloaded", session_id,
-             record.tenant, why, len(models))  # fmt: skip
+    samplers = service.sampling.end_sessions_of(session_id)
+    log.info("session %s tenant=%s ended (%s); %d model(s) unloaded, %d sampling session(s) "
+             "ended", session_id, record.tenant, why, len(models), samplers)  # fmt: skip
     return len(models)
 
 
@@ -177,7 +181,7 @@ def _owned_model(service: Service, tenant: str, model_id: Any, *, unload: bool =
     if not unload and service.book.closing(model_id):
         raise Closing(model_id)
     # a request on a model is a request of its session: it keeps the session alive
-    session = service.sessions.get(model_id.partition(":train:")[0])
+    session = service.sessions.get(session_of_model(model_id))
     if session is not None and session.tenant == tenant:
         session.last_seen = time.monotonic()
     return service.scheduler.slot_of[model_id]
@@ -262,6 +266,13 @@ async def create_session(service, tenant, request):
     from tinker import types
 
     parse_json(types.CreateSessionRequest, await _body(request, service), "create_session")
+    cap = service.config.server.max_sessions_per_key
+    if sum(record.tenant == tenant for record in service.sessions.values()) >= cap:
+        raise WireError(
+            422, f"this key holds {cap} live sessions (server.max_sessions_per_key). Fix: close "
+            "a ServiceClient you no longer use (ServiceClient.close), or wait until one without "
+            "a heartbeat expires (server.session_timeout_s)",
+        )  # fmt: skip
     session_id = f"sess-{uuid.uuid4().hex}"
     service.sessions[session_id] = SessionRecord(tenant, time.monotonic())
     log.info("session %s tenant=%s", session_id, tenant)
@@ -323,7 +334,7 @@ def _new_model(service, tenant, session_id, model_seq_id, rank, seed, kind, raw,
     """A model of the SDK's id ``<session_id>:train:<model_seq_id>`` (the SDK derives it too),
     its slot reserved now; a retry (the same body) returns the original future."""
     _session(service, tenant, session_id)
-    model_id = f"{session_id}:train:{_sequence_number(model_seq_id, 'model_seq_id')}"
+    model_id = model_id_of(session_id, _sequence_number(model_seq_id, "model_seq_id"))
     known = service.book.find(tenant, model_id, ("create",), _digest(raw))
     if known is not None:
         if model_id in service.scheduler.slot_of and not service.book.closing(model_id):
@@ -511,6 +522,13 @@ async def weights_info(service, tenant, request):
                   "train_unembed": False, "train_mlp": True, "train_attn": True})  # fmt: skip
 
 
+_NO_SAMPLER = (
+    "no live sampling session of this key (it ends with the session it was opened in, or as "
+    "the key's least recently used beyond server.max_sampling_sessions_per_key). Fix: create "
+    "a sampling client again"
+)
+
+
 async def create_sampling_session(service, tenant, request):
     from tinker import types
 
@@ -519,8 +537,9 @@ async def create_sampling_session(service, tenant, request):
     )
     _session(service, tenant, body.session_id)
     session_id = await asyncio.to_thread(
-        service.sampling.create_session, tenant, body.model_path, body.base_model
-    )
+        service.sampling.create_session, tenant, body.model_path, body.base_model,
+        body.session_id,
+    )  # fmt: skip
     return _json({"type": "create_sampling_session", "sampling_session_id": session_id})
 
 
@@ -528,7 +547,7 @@ async def get_sampler(service, tenant, request):
     session_id = request.path_params["sampler_id"]
     session = service.sampling.session_of(tenant, session_id)
     if session is None:
-        raise WireError(404, "sampler: no sampler of this key")
+        raise WireError(404, f"sampler: {_NO_SAMPLER}")
     return _json({"sampler_id": session_id, "base_model": session.base_model,
                   "model_path": session.model_path})  # fmt: skip
 
@@ -542,7 +561,7 @@ async def asample(service, tenant, request):
     body = parse_json(types.SampleRequest, raw, "asample")
     session = service.sampling.session_of(tenant, body.sampling_session_id)
     if session is None:
-        raise WireError(404, "sampling_session_id: no sampling session of this key")
+        raise WireError(404, f"sampling_session_id: {_NO_SAMPLER}")
     scheduler = service.scheduler
     requests = service.sampling.prepare(
         session, body, vocab_size=scheduler.vocab_size, max_seq_len=scheduler.max_seq_len

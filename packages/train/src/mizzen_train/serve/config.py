@@ -61,6 +61,14 @@ class ServerSection:
     port_file: str = opt("", kind="str", help="write the bound URL here once serving")
     max_queue: int = opt(64, kind="int", low=1, high=100_000, help="pending operations per model")
     max_models_per_key: int = opt(8, kind="int", low=1, help="live models one API key may hold")
+    max_sessions_per_key: int = opt(
+        64, kind="int", low=1, high=100_000,
+        help="live sessions (ServiceClients) one API key may hold; one more is refused (422)",
+    )  # fmt: skip
+    max_sampling_sessions_per_key: int = opt(
+        64, kind="int", low=1, high=100_000,
+        help="live sampling sessions of one API key; one more ends the key's least recently used",
+    )  # fmt: skip
     max_body_bytes: int = opt(
         16 * 1024 * 1024, kind="int", low=1024, high=MAX_BYTES, help="largest request body accepted"
     )

@@ -23,11 +23,12 @@ import asyncio
 import hashlib
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from mizzen_train.serve.state import ServerState
-from mizzen_train.serve.wire import WireError, encode_sample_response
+from mizzen_train.serve.wire import WireError, check_token_ids, encode_sample_response
 
 __all__ = ["Sampling"]
 
@@ -35,6 +36,7 @@ __all__ = ["Sampling"]
 @dataclass(frozen=True)
 class SamplingSession:
     tenant: str
+    parent: str  # the session (ServiceClient) it was opened in: it ends with that one
     base_model: str
     model_path: str | None
     adapter: str | None
@@ -45,6 +47,8 @@ class Sampling:
         self.config = config
         self.state = state
         self.sessions: dict[str, SamplingSession] = {}
+        #: each key's live sampling session ids, least recently used first
+        self.recency: dict[str, OrderedDict[str, None]] = {}
         self.loaded: set[str] = set()
         self._lock = threading.Lock()
         self.engine = None
@@ -79,7 +83,11 @@ class Sampling:
 
     # -- sessions -------------------------------------------------------------------------------
 
-    def create_session(self, tenant: str, model_path: str | None, base_model: str | None) -> str:
+    def create_session(
+        self, tenant: str, model_path: str | None, base_model: str | None, parent: str
+    ) -> str:
+        """A sampling session of ``tenant`` in session ``parent``; when the key already holds
+        ``server.max_sampling_sessions_per_key``, its least recently used one ends."""
         if not self.enabled:
             raise WireError(501, "sampling is off on this server (sampling.engine = 'none')")
         adapter = None
@@ -96,18 +104,42 @@ class Sampling:
             )  # fmt: skip
         session_id = f"samp-{uuid.uuid4().hex}"
         with self._lock:
+            recent = self.recency.setdefault(tenant, OrderedDict())
+            while len(recent) >= self.config.server.max_sampling_sessions_per_key:
+                oldest, _ = recent.popitem(last=False)
+                self.sessions.pop(oldest, None)
             self.sessions[session_id] = SamplingSession(
-                tenant, self.config.base_model_name, model_path, adapter
+                tenant, parent, self.config.base_model_name, model_path, adapter
             )
+            recent[session_id] = None
         return session_id
 
     def session_of(self, tenant: str, session_id: object) -> SamplingSession | None:
-        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
-        return session if session is not None and session.tenant == tenant else None
+        """``tenant``'s live sampling session ``session_id`` (now its most recently used), or
+        ``None``."""
+        with self._lock:
+            session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+            if session is None or session.tenant != tenant:
+                return None
+            self.recency[tenant].move_to_end(session_id)
+            return session
 
-    def publish(self, tenant: str, model_path: str, directory: Path) -> str:
-        """Load a just-saved sampler adapter and open a session on it (from any thread)."""
-        return self.create_session(tenant, model_path, None)
+    def end_sessions_of(self, parent: str) -> int:
+        """End every sampling session opened in session ``parent``; how many."""
+        with self._lock:
+            ended = [sid for sid, s in self.sessions.items() if s.parent == parent]
+            for session_id in ended:
+                session = self.sessions.pop(session_id)
+                recent = self.recency[session.tenant]
+                recent.pop(session_id, None)
+                if not recent:
+                    del self.recency[session.tenant]
+        return len(ended)
+
+    def publish(self, tenant: str, model_path: str, directory: Path, parent: str) -> str:
+        """Load a just-saved sampler adapter and open a session on it in session ``parent``
+        (from any thread)."""
+        return self.create_session(tenant, model_path, None, parent)
 
     @staticmethod
     def _adapter_name(model_path: str) -> str:
@@ -171,11 +203,7 @@ class Sampling:
         stop_ids = () if isinstance(stop, str) else tuple(
             s for s in (stop or ()) if isinstance(s, int))  # fmt: skip
         for field, ids in (("prompt", prompt), ("sampling_params.stop", stop_ids)):
-            outside = next((t for t in ids if not 0 <= t < vocab_size), None)
-            if outside is not None:
-                raise WireError(400, f"{field}: token id {outside} is outside the vocabulary "
-                                     f"[0, {vocab_size}). Fix: tokenize with the served "
-                                     "model's tokenizer")  # fmt: skip
+            check_token_ids(field, ids, vocab_size)
         try:
             return [
                 GenerateRequest(

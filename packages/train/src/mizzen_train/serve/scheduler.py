@@ -36,7 +36,7 @@ import numpy as np
 
 from mizzen_train.serve.batching import TenantRows, join_rows, loss_sums
 from mizzen_train.serve.operations import Operation, OperationBook, internal_error
-from mizzen_train.serve.state import ModelRecord, ServerState
+from mizzen_train.serve.state import ModelRecord, ServerState, session_of_model
 from mizzen_train.serve.wire import PROTOBUF, WireError, encode_forward_backward_output
 
 __all__ = ["Scheduler"]
@@ -52,7 +52,7 @@ class Scheduler:
         self.state = state
         self.book = book
         self.metrics = metrics
-        self.publish = publish  # (model_id, name, directory) -> None, loads an adapter to sample
+        self.publish = publish  # (tenant, path, directory, session) -> sampling session id
         self.slot_of: dict[str, int] = {}
         self.owner_of: dict[str, str] = {}  # model id -> tenant, for every reserved slot
         self.ready = threading.Event()
@@ -353,7 +353,11 @@ class Scheduler:
             ),
         )  # fmt: skip
         path = f"tinker://{op.model_id}/sampler_weights/{name}"
-        sampling_session_id = self.publish(op.tenant, path, directory) if session else None
+        sampling_session_id = (
+            self.publish(op.tenant, path, directory, session_of_model(op.model_id))
+            if session
+            else None
+        )
         body = {"path": path, "type": "save_weights_for_sampler"}
         if sampling_session_id is not None:
             body["sampling_session_id"] = sampling_session_id

@@ -41,13 +41,34 @@ from pathlib import Path
 from mizzen_train.input_files import read_json_file
 from mizzen_train.serve.wire import WireError
 
-__all__ = ["KINDS", "ModelRecord", "ServerState", "StateError", "check_name"]
+__all__ = [
+    "KINDS",
+    "ModelRecord",
+    "ServerState",
+    "StateError",
+    "check_name",
+    "model_id_of",
+    "session_of_model",
+]
 
 MAX_MODELS_BYTES = 64 * 1024 * 1024
 
 NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 #: Tinker path segment -> SDK checkpoint type
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def model_id_of(session_id: str, model_seq_id: int) -> str:
+    """The SDK's id of a session's model (the SDK derives it too): ``<session>:train:<seq>``."""
+    return f"{session_id}{_MODEL_OF_SESSION}{model_seq_id}"
+
+
+def session_of_model(model_id: str) -> str:
+    """The session a model id of :func:`model_id_of` belongs to."""
+    return model_id.partition(_MODEL_OF_SESSION)[0]
+
+
+_MODEL_OF_SESSION = ":train:"
 
 
 def check_name(value: object, field: str) -> str:
