@@ -9,7 +9,8 @@ runs as real subprocesses (``sft``, ``rl``).  Each fixture hands out one typed o
   ``slots/slot_kit.py`` (shared with the 2-GPU worker script beside it); GPU test files use them
   through ``kit`` but never the fork launcher.
 - ``sft`` (:class:`e2e_runs.SftRuns`) and ``rl`` (:class:`e2e_runs.RlRuns`): the e2e protocols,
-  defined in ``e2e_runs.py`` beside this file.
+  defined in ``e2e_runs.py`` beside this file; ``sft`` also writes the small run of the CLI and
+  run-directory tests and runs ``python -m mizzen_train`` commands to completion (``cli``).
 
 Invariants: megatron-core (and ``slot_kit.py``) is imported by the ``kit`` fixture, before any
 fork, so a rank inherits it and starts in well under a second; nothing here imports megatron at
@@ -129,11 +130,13 @@ def kit(run_ranks: Callable[..., list[Any]]) -> MegatronKit:
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sft() -> e2e_runs.SftRuns:
-    """Write SFT configurations, launch ``python -m mizzen_train sft`` subprocesses, read their
-    metrics and find the engine processes they start; run the e2e protocols (an uninterrupted
-    run, a killed-and-resumed one, or both at once with ``side_by_side``)."""
+    """Write SFT configurations (the e2e colours run, the small run of the CLI and run-directory
+    tests), launch ``python -m mizzen_train`` subprocesses or run them to completion (``cli``),
+    read their metrics and find the engine processes they start; run the e2e protocols (an
+    uninterrupted run, a killed-and-resumed one, or both at once with ``side_by_side``).
+    Session-scoped (module-scoped fixtures use it): the object keeps no state."""
     return e2e_runs.SftRuns()
 
 

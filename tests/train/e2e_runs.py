@@ -1,10 +1,12 @@
 """Train runs as real subprocesses, for the e2e tests: the ``sft`` and ``rl`` fixtures' classes.
 
-- :class:`RunProcesses`: write a run's TOML, launch ``python -m mizzen_train <command>``, read
-  its ``metrics.jsonl`` (a line being written is skipped), find the engine processes it started
+- :class:`RunProcesses`: write a run's TOML, launch ``python -m mizzen_train <command>`` (or run
+  a command to completion, its output captured: :meth:`~RunProcesses.cli`), read its
+  ``metrics.jsonl`` (a line being written is skipped), find the engine processes it started
   (``/proc``) and tell whether a process is still the one it was (pid and start time).
 - :class:`SftRuns`: the SFT e2e protocol on those (the colours configuration, an uninterrupted
-  run, a SIGKILLed-and-resumed one, both side by side, and the checks of a finished run).
+  run, a SIGKILLed-and-resumed one, both side by side, and the checks of a finished run), and
+  the small run of the CLI and run-directory tests (:meth:`~SftRuns.small_sections`).
 - :class:`RlRuns`: the RL e2e protocol (the toy two-tenant configuration, the reference-and-faulty
   run pair with NaN injection, SIGKILL and ``--resume``, the per-run checks).
 
@@ -96,6 +98,22 @@ class RunProcesses:
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         env.setdefault("RAY_AUTH_MODE", "disabled")
         return env
+
+    def cli(
+        self,
+        *argv: str,
+        cwd: Path | str | None = None,
+        timeout: float = 240.0,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m mizzen_train <argv>`` to completion (``timeout`` seconds at most) in
+        ``cwd``, its stdout and stderr captured as text; no GPU (``CUDA_VISIBLE_DEVICES=""``),
+        ``env`` on top of :meth:`env`."""
+        return subprocess.run(
+            [sys.executable, "-m", "mizzen_train", *argv],
+            capture_output=True, text=True, timeout=timeout, cwd=cwd,
+            env={**self.env(), "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+        )  # fmt: skip
 
     def launch(
         self,
@@ -240,6 +258,28 @@ class SftRuns(RunProcesses):
                  "reward": "f1", "max_new_tokens": 16, "limit": 16},
                 {"kind": "loss", "name": "heldout", "data": "example:colours_eval"},
             ],
+        }  # fmt: skip
+
+    def small_sections(
+        self,
+        run_dir: Path | str,
+        *,
+        steps: int = 4,
+        checkpoint_interval: int = 2,
+        lr: float = 1e-3,
+        data: str = "example:colours_train",
+        **run: Any,
+    ) -> Sections:
+        """The small run of the CLI and run-directory tests: the tiny Llama (its defaults), one
+        tenant ``a`` on ``data`` (4 rows, ``lr``), no eval; ``run`` adds ``[run]`` keys
+        (``threads=1``).  ``run_dir`` is written as given (a relative one is read from the
+        run's working directory)."""
+        return {
+            "run": {"dir": str(run_dir), "steps": steps,
+                    "checkpoint_interval": checkpoint_interval, **run},
+            "model": {"path": "tiny"},
+            "data": {"seq_len": 144},
+            "tenants": [{"name": "a", "data": data, "rows": 4, "lr": lr}],
         }  # fmt: skip
 
     def run_to_completion(

@@ -13,9 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -25,44 +22,30 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=60, labels=["train"])
 
-CONFIG = """
-[run]
-dir = "{run_dir}"
-steps = 2
-checkpoint_interval = 2
-threads = 1
-[model]
-path = "tiny"
-[data]
-seq_len = 144
-[[tenants]]
-name = "a"
-data = "{data}"
-rows = 4
-lr = 1e-3
-"""
-
-ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mizzen_train", *args],
-        capture_output=True, text=True, timeout=240, cwd=cwd, env=ENV,
-    )  # fmt: skip
-
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    """A folder of bad inputs (and one good configuration, good.toml)."""
+def inputs(sft, tmp_path_factory) -> Path:
+    """A folder of bad inputs (and one good configuration, good.toml: the small run of 2 steps,
+    one thread)."""
     root = tmp_path_factory.mktemp("inputs")
+
+    def small(run_dir, data="example:colours_train"):
+        return sft.small_sections(run_dir, steps=2, data=str(data), threads=1)
+
+    unknown_key = small("r", data="x") | {"model.tiny": {"sneed": 1}}
+    bad_type = small("r", data="x")
+    bad_type["run"]["steps"] = "2"
+    configs = {
+        "good.toml": small(root / "run"),
+        "unknown_key.toml": unknown_key,
+        "bad_type.toml": bad_type,
+        "no_data.toml": small(root / "r", data=root / "missing.jsonl"),
+    }
+    for name, sections in configs.items():
+        sft.write_config(root / name, sections)
     files = {
-        "good.toml": CONFIG.format(run_dir=root / "run", data="example:colours_train"),
         "bad_toml.toml": "[run\nsteps = 2\n",
-        "unknown_key.toml": CONFIG.format(run_dir="r", data="x") + "[model.tiny]\nsneed = 1\n",
-        "bad_type.toml": CONFIG.format(run_dir="r", data="x").replace("steps = 2", 'steps = "2"'),
         "not_utf8.toml": b"[run]\ndir = '\xff'\n",
-        "no_data.toml": CONFIG.format(run_dir=root / "r", data=root / "missing.jsonl"),
         "metrics.jsonl": "not json\n",
         "a_file": "",
     }
@@ -104,8 +87,10 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize(("argv", "needle"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_a_bad_input_is_one_line_with_the_fix(inputs: Path, argv: list[str], needle: str) -> None:
-    out = _cli(*argv, cwd=inputs)
+def test_a_bad_input_is_one_line_with_the_fix(
+    sft, inputs: Path, argv: list[str], needle: str
+) -> None:
+    out = sft.cli(*argv, cwd=inputs)
     lines = out.stderr.splitlines()
     assert out.returncode == 2, out.stderr[-3000:]
     assert len(lines) == 1 and needle in lines[0], out.stderr[-3000:]
@@ -113,10 +98,10 @@ def test_a_bad_input_is_one_line_with_the_fix(inputs: Path, argv: list[str], nee
     assert any(word in lines[0].lower() for word in ("fix", "give", "use", "see", "add")), lines
 
 
-def test_a_missing_data_file_is_refused_before_the_run_dir_or_a_model_is_written(inputs: Path):
+def test_a_missing_data_file_is_refused_before_the_run_dir_or_a_model_is_written(sft, inputs: Path):
     """Before: the base model was written into the run dir (~10 s) and the error named neither
     the config file nor where a relative path is read from."""
-    out = _cli("sft", "--config", "no_data.toml", cwd=inputs)
+    out = sft.cli("sft", "--config", "no_data.toml", cwd=inputs)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.startswith("mizzen-train sft: error: no_data.toml: tenants[0].data="), (
         out.stderr
@@ -125,11 +110,13 @@ def test_a_missing_data_file_is_refused_before_the_run_dir_or_a_model_is_written
     assert not (inputs / "r").exists()
 
 
-def test_a_run_shows_one_summary_line_for_third_party_warnings(inputs: Path) -> None:
+def test_a_run_shows_one_summary_line_for_third_party_warnings(sft, inputs: Path) -> None:
     """SFT, 2 steps of the tiny model: the run's own lines and one summary line, nothing else
     (before: megatron's and torch's warnings, a progress bar -- about 20 lines).  The run also
     logs to TensorBoard ([run] loggers), which adds no line either."""
-    out = _cli("sft", "--config", "good.toml", "--set", 'run.loggers=["tensorboard"]', cwd=inputs)
+    out = sft.cli(
+        "sft", "--config", "good.toml", "--set", 'run.loggers=["tensorboard"]', cwd=inputs
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stderr.splitlines()
     own = [line for line in lines if line.startswith("[mizzen-train sft] ")]
@@ -163,12 +150,12 @@ def test_every_option_has_help_and_shows_its_default_once() -> None:
                 assert action.help, (prog, action.option_strings)
 
 
-def test_version_is_the_installed_distributions(tmp_path: Path) -> None:
-    out = _cli("--version", cwd=tmp_path)
+def test_version_is_the_installed_distributions(sft, tmp_path: Path) -> None:
+    out = sft.cli("--version", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == f"mizzen-train {version('mizzen-train')}"
 
 
-def test_the_fix_a_missing_field_suggests_is_one_set_accepts(inputs: Path) -> None:
+def test_the_fix_a_missing_field_suggests_is_one_set_accepts(sft, inputs: Path) -> None:
     """A tenant without ``data``: the error's ``--set`` is in the form ``--set`` reads (it said
     ``--set tenants[0].data=...``, which ``--set`` refuses), and that override completes it."""
     from mizzen_train.sft.config import SftConfig
@@ -176,7 +163,7 @@ def test_the_fix_a_missing_field_suggests_is_one_set_accepts(inputs: Path) -> No
     config = inputs / "no_data_field.toml"
     config.write_text("\n".join(line for line in (inputs / "good.toml").read_text().splitlines()
                                 if not line.startswith("data = ")))  # fmt: skip
-    out = _cli("sft", "--config", config.name, cwd=inputs)
+    out = sft.cli("sft", "--config", config.name, cwd=inputs)
     assert out.returncode == 2 and "or with --set tenants.0.data=..." in out.stderr, out.stderr
     loaded = SftConfig.load(str(config), ['tenants.0.data="example:colours_train"'])
     assert loaded.tenants[0].data == "example:colours_train"

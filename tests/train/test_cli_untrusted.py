@@ -13,10 +13,7 @@ from __future__ import annotations
 import fcntl
 import io
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,32 +21,8 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=120, labels=["train"])
 
-ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
 #: OSC (set the window title), clear the screen, then a forged line
 HOSTILE = "evil\x1b]0;PWNED\x07\x1b[2J\nfake: line"
-
-CONFIG = """
-[run]
-dir = "{run_dir}"
-steps = 1
-checkpoint_interval = 1
-[model]
-path = "tiny"
-[data]
-seq_len = 144
-[[tenants]]
-name = "a"
-data = "example:colours_train"
-rows = 4
-lr = 1e-3
-"""
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mizzen_train", *args],
-        capture_output=True, text=True, timeout=240, cwd=cwd, env=ENV,
-    )  # fmt: skip
 
 
 def _one_escaped_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -61,25 +34,27 @@ def _one_escaped_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("where", ["entry", "lock"])
-def test_names_from_the_run_directory_are_shown_escaped_on_one_line(tmp_path, where):
+def test_names_from_the_run_directory_are_shown_escaped_on_one_line(sft, tmp_path, where):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (tmp_path / "c.toml").write_text(CONFIG.format(run_dir=run_dir))
+    sft.write_config(
+        tmp_path / "c.toml", sft.small_sections(run_dir, steps=1, checkpoint_interval=1)
+    )
     if where == "entry":  # a file the run directory should not hold
         (run_dir / HOSTILE).touch()
-        line = _one_escaped_line(_cli("sft", "--config", "c.toml", cwd=tmp_path))
+        line = _one_escaped_line(sft.cli("sft", "--config", "c.toml", cwd=tmp_path))
         assert "is not empty and holds no run" in line, line
     else:  # the lock's holder wrote this instead of its pid
         lock = run_dir / ".lock"
         lock.write_text(HOSTILE)
         with open(lock, "rb") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
-            line = _one_escaped_line(_cli("sft", "--config", "c.toml", cwd=tmp_path))
+            line = _one_escaped_line(sft.cli("sft", "--config", "c.toml", cwd=tmp_path))
         assert "is in use by pid" in line, line
     assert "evil\\x1b]0;PWNED\\x07\\x1b[2J\\nfake: line" in line, line
 
 
-def test_export_never_imports_code_the_run_record_names(tmp_path):
+def test_export_never_imports_code_the_run_record_names(sft, tmp_path):
     from mizzen_train.rl.config import RlConfig
 
     marker = tmp_path / "PWNED"
@@ -96,7 +71,7 @@ def test_export_never_imports_code_the_run_record_names(tmp_path):
         tenant["reward"] = f"{hook}:f"
     record = {"format": "mizzen-sft-run/1", "run_id": "x", "created": 0, "config": config}
     (run_dir / "run.json").write_text(json.dumps(record))
-    result = _cli("export", str(run_dir), cwd=tmp_path)
+    result = sft.cli("export", str(run_dir), cwd=tmp_path)
     assert not marker.exists(), "export imported the hook named by run.json"
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
 

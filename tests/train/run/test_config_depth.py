@@ -16,21 +16,6 @@ from mizzen_train.sft.config import SftConfig
 register_cpu_ci(est_time=5, labels=["train"])
 
 DEEP = 3000
-BASE = """
-[run]
-dir = "r"
-steps = 1
-checkpoint_interval = 1
-[data]
-seq_len = 144
-[[tenants]]
-name = "a"
-data = "example:colours_train"
-rows = 4
-lr = 1e-3
-[model]
-path = "tiny"
-"""
 
 
 def _refused(path, overrides) -> str:
@@ -48,11 +33,15 @@ def test_a_deep_set_key_is_one_bounded_error(head):
 
 
 @pytest.mark.parametrize("overrides", [[], ["run.steps=2"]])
-def test_a_deep_toml_table_is_one_bounded_error(tmp_path, overrides):
-    path = tmp_path / "deep.toml"
-    path.write_text(BASE + f"[model.tiny{'.a' * DEEP}]\nb = 1\n")
+def test_a_deep_toml_table_is_one_bounded_error(sft, tmp_path, overrides):
+    path = sft.write_config(
+        tmp_path / "deep.toml", sft.small_sections("r", steps=1, checkpoint_interval=1)
+    )
+    path.write_text(path.read_text() + f"\n[model.tiny{'.a' * DEEP}]\nb = 1\n")
     message = _refused(path, overrides)
     assert "deeper than" in message, message
+    # the file's depth is the file's error, with or without overrides (before: "--set" named)
+    assert message.startswith(f"{path}: model.tiny.a."), message[:200]
 
 
 def test_a_deep_value_is_shown_bounded():

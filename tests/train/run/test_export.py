@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -18,38 +16,19 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=90, labels=["train"])
 
-CONFIG = """
-[run]
-dir = "{run_dir}"
-steps = 4
-checkpoint_interval = 2
-[model]
-path = "tiny"
-[data]
-seq_len = 144
-[[tenants]]
-name = "a"
-data = "example:colours_train"
-rows = 4
-lr = 5e-2
-"""
 
-
-def _mizzen_train(*argv: str, cwd) -> str:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mizzen_train", *argv],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def _ok(done) -> str:
+    """The output of a command that must succeed."""
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr + done.stdout
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(sft, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    (root / "run.toml").write_text(CONFIG.format(run_dir="run"))
-    output = _mizzen_train("sft", "--config", "run.toml", cwd=root)  # run.dir relative to cwd
+    sft.write_config(root / "run.toml", sft.small_sections("run", lr=5e-2))
+    # run.dir relative to cwd
+    output = _ok(sft.cli("sft", "--config", "run.toml", cwd=root, timeout=300))
     return root, output
 
 
@@ -81,13 +60,13 @@ def test_the_final_export_loads_with_peft_from_anywhere(finished_run, tmp_path, 
     torch.testing.assert_close(_logits(again, ids), _logits(loaded, ids))
 
 
-def test_export_command_writes_an_older_checkpoint_with_its_merged_model(finished_run):
+def test_export_command_writes_an_older_checkpoint_with_its_merged_model(sft, finished_run):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     root, _ = finished_run
-    output = _mizzen_train("export", "run", "--step", "2", "--merged", cwd=root)
+    output = _ok(sft.cli("export", "run", "--step", "2", "--merged", cwd=root, timeout=300))
     step2 = root / "run" / "export" / "step-00000002" / "a"
     assert "mizzen-train export: wrote" in output and step2.is_dir(), output
     merged = AutoModelForCausalLM.from_pretrained(str(step2 / "merged"), torch_dtype=torch.float32)
@@ -106,20 +85,16 @@ def test_export_command_writes_an_older_checkpoint_with_its_merged_model(finishe
     assert final.read_bytes() != (step2 / "adapter" / "adapter_model.safetensors").read_bytes()
 
 
-def test_export_of_a_missing_step_is_one_line(finished_run):
+def test_export_of_a_missing_step_is_one_line(sft, finished_run):
     root, _ = finished_run
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mizzen_train", "export", "run", "--step", "3"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = sft.cli("export", "run", "--step", "3", cwd=root, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "no complete checkpoint of step 3 (checkpoints: 2, 4)" in last, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
 
 
-def test_export_reads_past_an_eval_section_a_newer_rule_refuses(finished_run):
+def test_export_reads_past_an_eval_section_a_newer_rule_refuses(sft, finished_run):
     # a run started before eval.snapshot_dir had to be a directory of its own (snapshot_dir =
     # "export" was accepted): its checkpoints still export (an export evaluates nothing)
     root, _ = finished_run
@@ -130,6 +105,6 @@ def test_export_reads_past_an_eval_section_a_newer_rule_refuses(finished_run):
         "evaluators": [{"kind": "loss", "data": "example:colours_eval"}],
     }  # fmt: skip
     (root / "older" / "run.json").write_text(json.dumps(record))
-    output = _mizzen_train("export", "older", "--step", "2", cwd=root)
+    output = _ok(sft.cli("export", "older", "--step", "2", cwd=root, timeout=300))
     assert "mizzen-train export: wrote" in output, output
     assert (root / "older" / "export" / "step-00000002" / "a" / "adapter").is_dir()

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -23,41 +22,17 @@ from mizzen_ci import register_cpu_ci
 
 register_cpu_ci(est_time=230, labels=["train"])
 
-CONFIG = """
-[run]
-dir = "{run_dir}"
-steps = {steps}
-checkpoint_interval = 2
-[model]
-path = "tiny"
-[data]
-seq_len = 144
-[[tenants]]
-name = "a"
-data = "example:colours_train"
-rows = 4
-lr = 1e-3
-"""
 
-
-def _train(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
-    return subprocess.run(
-        [sys.executable, "-m", "mizzen_train", *argv],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
-
-
-def _config(tmp_path, run_dir, steps: int):
-    path = tmp_path / f"run-{steps}.toml"
-    path.write_text(CONFIG.format(run_dir=run_dir, steps=steps))
-    return path
+def _config(sft, tmp_path, run_dir, steps: int):
+    """The small run (``sft.small_sections``, checkpoints every 2 steps) of ``steps`` steps."""
+    sections = sft.small_sections(run_dir, steps=steps)
+    return sft.write_config(tmp_path / f"run-{steps}.toml", sections)
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(sft, tmp_path_factory):
     root = tmp_path_factory.mktemp("finished")
-    done = _train("sft", "--config", str(_config(root, root / "run", 4)))
+    done = sft.cli("sft", "--config", str(_config(sft, root, root / "run", 4)), timeout=120)
     assert done.returncode == 0, done.stderr
     return root / "run"
 
@@ -76,7 +51,7 @@ def _refused(result: subprocess.CompletedProcess, *needles: str) -> None:
         assert needle in result.stderr, result.stderr
 
 
-def test_a_users_folder_beside_the_checkpoints_survives_pruning_and_export(run_dir, tmp_path):
+def test_a_users_folder_beside_the_checkpoints_survives_pruning_and_export(sft, run_dir, tmp_path):
     checkpoints = run_dir / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002", "step-00000004"]
     backup = checkpoints / "step-00000002.keep"
@@ -84,72 +59,78 @@ def test_a_users_folder_beside_the_checkpoints_survives_pruning_and_export(run_d
     (checkpoints / ".tmp-notes").mkdir()  # not a partial checkpoint's name either
     for lookalike in ("step-000000002", "step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0669"):
         shutil.copytree(checkpoints / "step-00000002", checkpoints / lookalike)
-    resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 8)))
+    config = _config(sft, tmp_path, run_dir, 8)
+    resumed = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     kept = sorted(p.name for p in checkpoints.iterdir())
     assert kept == sorted([".tmp-notes", "step-00000002.keep", "step-000000002",
                            "step-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0669",
                            "step-00000006", "step-00000008"]), kept  # fmt: skip
-    exported = _train("export", str(run_dir), "--step", "8")
+    exported = sft.cli("export", str(run_dir), "--step", "8", timeout=120)
     assert exported.returncode == 0, exported.stderr[-2000:]
 
 
-def test_resume_below_the_newest_checkpoint_is_refused(run_dir, tmp_path):
+def test_resume_below_the_newest_checkpoint_is_refused(sft, run_dir, tmp_path):
     before = sorted(p.name for p in run_dir.rglob("*"))
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 2)))
+    config = _config(sft, tmp_path, run_dir, 2)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     _refused(
         result, "run.steps=2", "newest checkpoint is step 4", "Fix: resume with run.steps >= 4"
     )
     assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 
-def test_a_refused_start_leaves_nothing_behind(tmp_path):
+def test_a_refused_start_leaves_nothing_behind(sft, tmp_path):
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "metrics.jsonl").write_text("my own metrics\n")
-    result = _train("sft", "--config", str(_config(tmp_path, foreign, 4)))
+    result = sft.cli("sft", "--config", str(_config(sft, tmp_path, foreign, 4)), timeout=120)
     _refused(result, "is not empty and holds no run (metrics.jsonl)")
     assert sorted(p.name for p in foreign.iterdir()) == ["metrics.jsonl"]
     assert (foreign / "metrics.jsonl").read_text() == "my own metrics\n"
     missing = tmp_path / "not" / "there"
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, missing, 4)))
+    config = _config(sft, tmp_path, missing, 4)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     _refused(result, "holds no run")
     assert not (tmp_path / "not").exists()
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     for run_dir in (a_file, a_file / "sub"):
-        _refused(_train("sft", "--config", str(_config(tmp_path, run_dir, 4))), str(a_file))
+        config = _config(sft, tmp_path, run_dir, 4)
+        _refused(sft.cli("sft", "--config", str(config), timeout=120), str(a_file))
     assert a_file.read_text() == "x"
 
 
 @pytest.mark.parametrize("entry", ["run.json", ".lock"])
-def test_a_fifo_in_place_of_a_record_is_refused_not_waited_on(run_dir, tmp_path, entry):
+def test_a_fifo_in_place_of_a_record_is_refused_not_waited_on(sft, run_dir, tmp_path, entry):
     (run_dir / entry).unlink()
     os.mkfifo(run_dir / entry)
-    config = _config(tmp_path, run_dir, 4)
-    _refused(_train("sft", "--resume", "--config", str(config), timeout=60), "not a regular file")
+    config = _config(sft, tmp_path, run_dir, 4)
+    _refused(sft.cli("sft", "--resume", "--config", str(config), timeout=60), "not a regular file")
     if entry == "run.json":
-        _refused(_train("export", str(run_dir), timeout=60), "not a regular file")
+        _refused(sft.cli("export", str(run_dir), timeout=60), "not a regular file")
 
 
-def test_a_run_record_with_a_malformed_tenant_table_is_refused(run_dir, tmp_path):
+def test_a_run_record_with_a_malformed_tenant_table_is_refused(sft, run_dir, tmp_path):
     import json
 
     record = json.loads((run_dir / "run.json").read_text())
     record["config"]["tenants"] = 5
     (run_dir / "run.json").write_text(json.dumps(record))
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 4)))
+    config = _config(sft, tmp_path, run_dir, 4)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     _refused(result, "config.tenants is not a list of tables")
 
 
 @pytest.mark.parametrize(("entry", "make"), [("metrics.jsonl", "dir"), ("checkpoints", "file")])
 def test_an_entry_of_the_wrong_kind_is_refused_before_anything_changes(
-    run_dir, tmp_path, entry, make
+    sft, run_dir, tmp_path, entry, make
 ):
     shutil.rmtree(run_dir / entry) if (run_dir / entry).is_dir() else (run_dir / entry).unlink()
     (run_dir / entry).mkdir() if make == "dir" else (run_dir / entry).write_text("x")
     before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    config = _config(sft, tmp_path, run_dir, 6)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     _refused(result, f"{run_dir / entry}: not a")
     assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
 
@@ -190,19 +171,20 @@ def test_metrics_records_of_the_wrong_shape_are_dropped_as_broken(run_dir):
     assert records[-len(written) :] == written and broken == len(odd)
 
 
-def test_checkpoints_on_another_volume_behind_a_link_resume(run_dir, tmp_path):
+def test_checkpoints_on_another_volume_behind_a_link_resume(sft, run_dir, tmp_path):
     elsewhere = tmp_path / "volume" / "checkpoints"
     elsewhere.parent.mkdir()
     shutil.move(run_dir / "checkpoints", elsewhere)
     (run_dir / "checkpoints").symlink_to(elsewhere)
-    resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    config = _config(sft, tmp_path, run_dir, 6)
+    resumed = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming from" in resumed.stderr and "step 4" in resumed.stderr, resumed.stderr[-2000:]
     assert (elsewhere / "step-00000006").is_dir()
 
 
 @pytest.mark.parametrize("damage", ["no-slots", "no-cursor", "cursor-seed"])
-def test_a_damaged_newest_checkpoint_is_one_line(run_dir, tmp_path, damage):
+def test_a_damaged_newest_checkpoint_is_one_line(sft, run_dir, tmp_path, damage):
     import json
 
     newest = run_dir / "checkpoints" / "step-00000004"
@@ -215,7 +197,8 @@ def test_a_damaged_newest_checkpoint_is_one_line(run_dir, tmp_path, damage):
     else:
         state["streams"]["a"]["cursor"]["seed"] = "x"
     state_file.write_text(json.dumps(state))
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    config = _config(sft, tmp_path, run_dir, 6)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     _refused(result)
     assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
 
@@ -268,13 +251,16 @@ def _damage_checkpoint(run_dir, damage: str) -> None:
         ("other-step-slot", "the slot checkpoint of run"),
     ],
 )
-def test_a_malformed_or_foreign_checkpoint_record_is_one_line(run_dir, tmp_path, damage, needle):
+def test_a_malformed_or_foreign_checkpoint_record_is_one_line(
+    sft, run_dir, tmp_path, damage, needle
+):
     """End to end, through ``--resume``: a FIFO in place of a record (never waited on) and a slot
     directory of another step (the trainer's owner check) -- one error line naming the file,
     exit 2, never a hang, a traceback or a run that trains on it."""
     _damage_checkpoint(run_dir, damage)
     metrics = (run_dir / "metrics.jsonl").read_bytes()
-    result = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)), timeout=90)
+    config = _config(sft, tmp_path, run_dir, 6)
+    result = sft.cli("sft", "--resume", "--config", str(config), timeout=90)
     _refused(result, needle)
     assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics, "it trained before refusing"
@@ -318,12 +304,12 @@ def test_each_checkpoint_record_is_checked_by_its_reader(run_dir, damage, needle
         readers[damage]()
 
 
-def test_export_of_a_checkpoint_without_slots_is_one_line(run_dir):
+def test_export_of_a_checkpoint_without_slots_is_one_line(sft, run_dir):
     shutil.rmtree(run_dir / "checkpoints" / "step-00000004" / "slots")
-    _refused(_train("export", str(run_dir), timeout=90), "slots: missing or not a directory")
+    _refused(sft.cli("export", str(run_dir), timeout=90), "slots: missing or not a directory")
 
 
-def test_another_base_model_at_the_same_path_is_refused(run_dir, tmp_path):
+def test_another_base_model_at_the_same_path_is_refused(sft, run_dir, tmp_path):
     """The base model's files are fingerprinted in run.json: the same shapes with other weights
     (another seed) at the same path are refused on resume and export, naming the file."""
     from mizzen_train.hf.tiny import write_tiny_llama
@@ -332,13 +318,13 @@ def test_another_base_model_at_the_same_path_is_refused(run_dir, tmp_path):
     other = write_tiny_llama(tmp_path / "other", seed=1)
     shutil.copyfile(other / "model.safetensors", base / "model.safetensors")
     needle = "model.safetensors has other content"
-    config = _config(tmp_path, run_dir, 6)
-    _refused(_train("sft", "--resume", "--config", str(config), timeout=90), needle)
-    _refused(_train("export", str(run_dir), timeout=90), needle)
+    config = _config(sft, tmp_path, run_dir, 6)
+    _refused(sft.cli("sft", "--resume", "--config", str(config), timeout=90), needle)
+    _refused(sft.cli("export", str(run_dir), timeout=90), needle)
     assert not (run_dir / "checkpoints" / "step-00000006").exists()
 
 
-def test_records_of_an_older_run_resume_with_a_warning(run_dir, tmp_path):
+def test_records_of_an_older_run_resume_with_a_warning(sft, run_dir, tmp_path):
     """A run.json without a base fingerprint and slot manifests without an owner (what an older
     mizzen-train wrote) resume, each unchecked record named in a warning line."""
     import json
@@ -350,7 +336,8 @@ def test_records_of_an_older_run_resume_with_a_warning(run_dir, tmp_path):
     manifest = json.loads(manifest_path.read_text())
     del manifest["owner"]
     manifest_path.write_text(json.dumps(manifest))
-    resumed = _train("sft", "--resume", "--config", str(_config(tmp_path, run_dir, 6)))
+    config = _config(sft, tmp_path, run_dir, 6)
+    resumed = sft.cli("sft", "--resume", "--config", str(config), timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "records no fingerprint of the base model" in resumed.stderr, resumed.stderr[-2000:]
     assert "records no owner" in resumed.stderr, resumed.stderr[-2000:]
