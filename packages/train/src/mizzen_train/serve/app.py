@@ -391,8 +391,11 @@ async def forward_backward(service, tenant, request):
     body = await _body(request, service)
     if PROTOBUF not in request.headers.get("content-type", ""):
         raise WireError(415, f"forward_backward: send {PROTOBUF} (the SDK's encoding)")
-    parsed, forward_only = decode_forward_backward(
-        body, content_encoding=request.headers.get("content-encoding", ""),
+    # decoding (zstd, protobuf, the SDK's types) and building the rows of a body of up to
+    # server.max_body_bytes take their time: in a thread, so the event loop keeps answering
+    parsed, forward_only = await asyncio.to_thread(
+        decode_forward_backward, body,
+        content_encoding=request.headers.get("content-encoding", ""),
         limit=service.config.server.max_body_bytes,
     )  # fmt: skip
     if parsed.seq_id == 0:  # the protobuf's unset value: the SDK numbers these from 1
@@ -405,10 +408,10 @@ async def forward_backward(service, tenant, request):
         )
     slot = _owned_model(service, tenant, parsed.model_id)
     scheduler = service.scheduler
-    rows = build_rows(
-        fb.data, fb.loss_fn, fb.loss_fn_config, slot=slot, vocab_size=scheduler.vocab_size,
-        max_seq_len=scheduler.max_seq_len, seq_bucket=service.config.model.seq_bucket,
-        forward_only=forward_only,
+    rows = await asyncio.to_thread(
+        build_rows, fb.data, fb.loss_fn, fb.loss_fn_config, slot=slot,
+        vocab_size=scheduler.vocab_size, max_seq_len=scheduler.max_seq_len,
+        seq_bucket=service.config.model.seq_bucket, forward_only=forward_only,
     )  # fmt: skip
     if len(rows.inputs) > service.config.server.max_batch_rows:
         raise WireError(413, f"data: {len(rows.inputs)} rows; at most "
