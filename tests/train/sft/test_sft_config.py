@@ -156,6 +156,42 @@ def test_tiny_is_checked_by_the_rule_the_server_uses():
     assert parse(patch={"model.tiny": tiny}).model.tiny == tiny  # kept as written: its digest
 
 
+@pytest.mark.parametrize(
+    ("tiny", "needle"),
+    [
+        ({"head_dim": 7}, "model.tiny.head_dim=7: makes heads 7 wide; rotary embeddings need"),
+        ({"hidden_size": 12}, "model.tiny.num_attention_heads=4: makes heads 3 wide"),
+        (
+            {"hidden_size": 65536, "intermediate_size": 65536, "num_hidden_layers": 256},
+            "parameters; a tiny one has at most 2,147,483,648",
+        ),
+        (
+            {"plugin": "deepseek_v4", "compress_ratios": "x"},
+            "makes no valid deepseek_v4 config (invalid literal for int()",
+        ),
+        (
+            {"plugin": "nemotron_h", "hybrid_override_pattern": "XYZ"},
+            "makes no valid nemotron_h config (NemotronH config is inconsistent",
+        ),
+    ],
+    ids=[
+        "odd-head-dim",
+        "odd-derived-width",
+        "too-many-parameters",
+        "plugin-field",
+        "plugin-whole",
+    ],
+)
+def test_a_tiny_model_that_cannot_be_built_is_refused_before_anything_runs(tiny, needle):
+    """What a build would fail on later (with a traceback, or an error naming a generated
+    config.json): an odd head width, a model too large to draw in memory, a plugin config its
+    config class refuses -- refused as the config's error, naming model.tiny."""
+    tiny = dict(tiny)
+    plugin = tiny.pop("plugin", "")
+    patch = {"model.tiny": tiny, **({"model.plugin": plugin} if plugin else {})}
+    assert needle in refused(patch=patch)
+
+
 def test_overrides_and_flags_set_every_field():
     from mizzen_train.cli import _field_values, build_parser
     from mizzen_train.run.config import ConfigError, apply_overrides

@@ -549,8 +549,10 @@ def check_tiny(
     - Each value has the type of the field's default (a bool, an integer, a float, a string),
       is in the field's range (``_TINY_RANGES``: ``vocab_size`` >= 259, the byte
       tokenizer's) and among its choices (``model_type``: "llama").
-    - A Llama's attention heads divide its hidden size (unless ``head_dim`` is set), and its
-      key/value heads divide its attention heads.
+    - A Llama's attention heads divide its hidden size (unless ``head_dim`` is set), its
+      key/value heads divide its attention heads, a head's width is even (rotary embeddings
+      turn pairs) and the whole has at most :data:`MAX_TINY_PARAMETERS` (it is drawn in memory).
+    - A plugin's table, merged into its tiny config, is a config its config class accepts.
 
     Returns the table with each float field a float (an integer ``1`` as ``1.0``); raises
     :class:`~mizzen_train.run.config.ConfigError` naming ``model.tiny.<field>``."""
@@ -564,9 +566,51 @@ def check_tiny(
     defaults = _tiny_defaults(plugin, seed)
     _check_tiny_keys(tiny, defaults, source, plugin=plugin, seed=seed)
     typed = {name: _tiny_value(name, v, defaults[name], source) for name, v in tiny.items()}
-    if not plugin:  # a plugin's head size may be its own (its config class checks it)
+    if plugin:  # a plugin's head size may be its own: its config class checks the whole
+        _check_plugin_tiny(plugin, typed, source)
+    else:
         _check_tiny_heads({**defaults, **typed}, "head_dim" in typed, source)
+        _check_tiny_size({**defaults, **typed}, "head_dim" in typed, source)
     return typed
+
+
+def _check_plugin_tiny(plugin: str, typed: Mapping[str, Any], source: str) -> None:
+    """``plugin``'s tiny config with ``typed`` merged in is one its config class accepts."""
+    import mizzen_plugins
+
+    model = mizzen_plugins.get(plugin)
+    merged = {**(model.tiny_config or {}), **{k: v for k, v in typed.items() if k != "seed"}}
+    try:
+        model.config_from_hf(merged)
+    except (ValueError, TypeError, KeyError) as exc:
+        reason = " ".join(str(exc).split())[:300]
+        raise ConfigError(
+            "model.tiny", dict(typed), f"makes no valid {plugin} config ({reason})",
+            f"change the fields it names, or leave them as {plugin}'s tiny config has them",
+            source=source,
+        ) from None  # fmt: skip
+
+
+#: The largest tiny Llama (about 8 GiB of fp32 weights): it is drawn in memory from code.
+MAX_TINY_PARAMETERS = 2**31
+
+
+def _check_tiny_size(merged: Mapping[str, Any], head_dim_set: bool, source: str) -> None:
+    hidden, heads = merged["hidden_size"], merged["num_attention_heads"]
+    groups = merged["num_key_value_heads"]
+    width = merged["head_dim"] if head_dim_set else hidden // heads
+    attention = hidden * width * (2 * heads + 2 * groups)  # q and o, k and v
+    per_layer = attention + 3 * hidden * merged["intermediate_size"]
+    embeddings = merged["vocab_size"] * hidden * (1 if merged["tie_word_embeddings"] else 2)
+    parameters = merged["num_hidden_layers"] * per_layer + embeddings
+    if parameters > MAX_TINY_PARAMETERS:
+        raise ConfigError(
+            "model.tiny", {k: merged[k] for k in ("hidden_size", "intermediate_size",
+                                                  "num_hidden_layers", "vocab_size")},
+            f"makes a model of {parameters:,} parameters; a tiny one has at most "
+            f"{MAX_TINY_PARAMETERS:,}", "use smaller sizes, or a model directory as model.path",
+            source=source,
+        )  # fmt: skip
 
 
 def _check_tiny_keys(
@@ -628,6 +672,15 @@ def _check_tiny_heads(merged: Mapping[str, Any], head_dim_set: bool, source: str
             f"must divide hidden_size={hidden}, and num_key_value_heads={groups} must divide "
             "it", "choose heads that divide the hidden size (e.g. hidden_size = 64, "
             "num_attention_heads = 4, num_key_value_heads = 2)", source=source,
+        )  # fmt: skip
+    width = merged["head_dim"] if head_dim_set else hidden // heads
+    if width % 2:
+        field = "head_dim" if head_dim_set else "num_attention_heads"
+        raise ConfigError(
+            f"model.tiny.{field}", merged[field],
+            f"makes heads {width} wide; rotary embeddings need an even width",
+            "choose sizes whose head width is even (e.g. hidden_size = 64, "
+            "num_attention_heads = 4: 16)", source=source,
         )  # fmt: skip
 
 
