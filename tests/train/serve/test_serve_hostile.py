@@ -317,3 +317,24 @@ def test_a_damaged_checkpoint_on_the_server_answers_an_incident_not_its_path(kit
     assert failed.get("category") == "server", failed
     assert "incident" in failed["error"] and str(kit.state_dir) not in failed["error"], failed
     result(kit, "alice", unload(kit, "alice", model_id).json()["request_id"])
+
+
+def test_a_sampler_is_never_opened_in_a_session_that_ended_while_its_save_was_queued(kit):
+    """``save_weights_and_get_sampling_client`` queued behind slow steps, then the session is
+    finished: the save still runs (the weights are kept), but opens no sampler in the ended
+    session -- its future fails naming the saved path (before: a sampler outlived its session)."""
+    logged = len(kit.log())
+    sid = session(kit, "dave")
+    model_id = create(kit, "dave", sid, 0).json()["model_id"]
+    steps = [forward_backward(kit, "dave", model_id, seq, rows=48) for seq in (1, 2, 3)]
+    assert all(s.status_code == 200 for s in steps), [s.text for s in steps]
+    save = post(kit, "/api/v1/save_weights_for_sampler", "dave",
+                json={"model_id": model_id, "seq_id": 4, "sampling_session_seq_id": 0})  # fmt: skip
+    assert save.status_code == 200, save.text
+    finished = post(kit, f"/api/v1/sessions/{sid}/finish", "dave", json={})
+    assert finished.status_code == 200, finished.text
+    failed = result(kit, "dave", save.json()["request_id"])
+    assert failed.get("category") == "user", failed
+    assert "no sampler was opened" in failed["error"], failed
+    assert f"tinker://{model_id}/sampler_weights/" in failed["error"], failed
+    assert "Traceback" not in kit.log()[logged:]

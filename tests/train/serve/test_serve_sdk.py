@@ -336,12 +336,7 @@ def test_restart_keeps_saved_state_and_a_full_queue_answers_429(serve_kit):
     saved = training.save_state("before-restart").result().path
     before = forward_logprobs(training, data)
 
-    # the caps of sessions are the next test's
-    serve_kit.restart(
-        "server.max_queue=1",
-        "server.max_sessions_per_key=2",
-        "server.max_sampling_sessions_per_key=2",
-    )
+    serve_kit.restart("server.max_queue=1")
     service = serve_kit.client("alice")
     restored = service.create_training_client_from_state_with_optimizer(saved).result()
     for a, b in zip(forward_logprobs(restored, data), before, strict=True):
@@ -371,10 +366,11 @@ def test_restart_keeps_saved_state_and_a_full_queue_answers_429(serve_kit):
 
 
 def test_a_key_holds_bounded_sessions_and_its_samplers_end_with_their_session(serve_kit):
-    """Under the previous test's restart (two sessions and two sampling sessions per key): a
-    third session is refused (422) until one is finished; a third sampling session ends the
-    key's least recently used one; finishing a session ends the sampling sessions opened in it
-    (before: both grew without bound, and samplers outlived their session)."""
+    """With two sessions and two sampling sessions per key: a third session is refused (422)
+    until one is finished; a third sampling session ends the key's least recently used one;
+    finishing a session ends the sampling sessions opened in it (before: both grew without
+    bound, and samplers outlived their session)."""
+    serve_kit.restart("server.max_sessions_per_key=2", "server.max_sampling_sessions_per_key=2")
     types = _types()
     hello = types.CreateSessionRequest(tags=[], user_metadata={}, sdk_version="0.38.0")
 

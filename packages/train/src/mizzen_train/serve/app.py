@@ -266,15 +266,23 @@ async def create_session(service, tenant, request):
     from tinker import types
 
     parse_json(types.CreateSessionRequest, await _body(request, service), "create_session")
-    cap = service.config.server.max_sessions_per_key
-    if sum(record.tenant == tenant for record in service.sessions.values()) >= cap:
+    server = service.config.server
+    if sum(record.tenant == tenant for record in service.sessions.values()) >= (
+        server.max_sessions_per_key
+    ):
+        wait = (
+            f", or wait until one without a heartbeat expires ({server.session_timeout_s:g} s)"
+            if server.session_timeout_s > 0
+            else " (sessions never expire on this server: server.session_timeout_s = 0)"
+        )
         raise WireError(
-            422, f"this key holds {cap} live sessions (server.max_sessions_per_key). Fix: close "
-            "a ServiceClient you no longer use (ServiceClient.close), or wait until one without "
-            "a heartbeat expires (server.session_timeout_s)",
+            422, f"this key holds {server.max_sessions_per_key} live sessions "
+            "(server.max_sessions_per_key). Fix: close a ServiceClient you no longer use "
+            f"(ServiceClient.close){wait}",
         )  # fmt: skip
     session_id = f"sess-{uuid.uuid4().hex}"
     service.sessions[session_id] = SessionRecord(tenant, time.monotonic())
+    service.sampling.open_parent(session_id)
     log.info("session %s tenant=%s", session_id, tenant)
     return _json({"type": "create_session", "session_id": session_id})
 

@@ -49,6 +49,8 @@ class Sampling:
         self.sessions: dict[str, SamplingSession] = {}
         #: each key's live sampling session ids, least recently used first
         self.recency: dict[str, OrderedDict[str, None]] = {}
+        #: the live sessions (ServiceClients) a sampling session may be opened in
+        self.parents: set[str] = set()
         self.loaded: set[str] = set()
         self._lock = threading.Lock()
         self.engine = None
@@ -104,6 +106,11 @@ class Sampling:
             )  # fmt: skip
         session_id = f"samp-{uuid.uuid4().hex}"
         with self._lock:
+            if parent not in self.parents:  # it ended while the adapter loaded, or before
+                raise WireError(
+                    404, "session_id: the session ended before the sampling session opened in "
+                    "it. Fix: open sampling clients from a live ServiceClient",
+                )  # fmt: skip
             recent = self.recency.setdefault(tenant, OrderedDict())
             while len(recent) >= self.config.server.max_sampling_sessions_per_key:
                 oldest, _ = recent.popitem(last=False)
@@ -124,9 +131,16 @@ class Sampling:
             self.recency[tenant].move_to_end(session_id)
             return session
 
-    def end_sessions_of(self, parent: str) -> int:
-        """End every sampling session opened in session ``parent``; how many."""
+    def open_parent(self, parent: str) -> None:
+        """Session ``parent`` is live: sampling sessions may be opened in it."""
         with self._lock:
+            self.parents.add(parent)
+
+    def end_sessions_of(self, parent: str) -> int:
+        """Session ``parent`` ended: end every sampling session opened in it, and open no more
+        in it; how many ended."""
+        with self._lock:
+            self.parents.discard(parent)
             ended = [sid for sid, s in self.sessions.items() if s.parent == parent]
             for session_id in ended:
                 session = self.sessions.pop(session_id)

@@ -353,11 +353,15 @@ class Scheduler:
             ),
         )  # fmt: skip
         path = f"tinker://{op.model_id}/sampler_weights/{name}"
-        sampling_session_id = (
-            self.publish(op.tenant, path, directory, session_of_model(op.model_id))
-            if session
-            else None
-        )
+        try:
+            sampling_session_id = (
+                self.publish(op.tenant, path, directory, session_of_model(op.model_id))
+                if session
+                else None
+            )
+        except WireError as exc:  # its session ended while this was queued
+            op.fail(f"the weights are saved at {path}, but no sampler was opened: {exc}", "user")
+            return
         body = {"path": path, "type": "save_weights_for_sampler"}
         if sampling_session_id is not None:
             body["sampling_session_id"] = sampling_session_id
