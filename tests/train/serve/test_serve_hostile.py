@@ -337,4 +337,35 @@ def test_a_sampler_is_never_opened_in_a_session_that_ended_while_its_save_was_qu
     assert failed.get("category") == "user", failed
     assert "no sampler was opened" in failed["error"], failed
     assert f"tinker://{model_id}/sampler_weights/" in failed["error"], failed
+    assert "discarded" in failed["error"], failed
+    assert _sampler_weights(kit, model_id) == []  # unnamed weights no session samples: gone
     assert "Traceback" not in kit.log()[logged:]
+
+
+def _sampler_weights(kit, model_id) -> list[str]:
+    found = kit.state_dir / "checkpoints" / model_id / "sampler_weights"
+    return sorted(p.name for p in found.iterdir()) if found.is_dir() else []
+
+
+def test_unnamed_sampler_weights_live_as_long_as_a_session_samples_them(kit):
+    """``save_weights_and_get_sampling_client`` (no name) writes weights only its sampling
+    session uses: when that session ends (here with its session) they are deleted, so a
+    training loop that publishes every step does not fill the disk; named ones stay."""
+    sid = session(kit, "dave")
+    model_id = create(kit, "dave", sid, 1).json()["model_id"]
+    unnamed = post(kit, "/api/v1/save_weights_for_sampler", "dave",
+                   json={"model_id": model_id, "seq_id": 1, "sampling_session_seq_id": 0})  # fmt: skip
+    published = result(kit, "dave", unnamed.json()["request_id"])
+    assert "sampling_session_id" in published, published
+    named = post(kit, "/api/v1/save_weights_for_sampler", "dave",
+                 json={"model_id": model_id, "seq_id": 2, "path": "keep"})  # fmt: skip
+    assert result(kit, "dave", named.json()["request_id"])["path"].endswith("/keep")
+    unnamed_name = published["path"].rsplit("/", 1)[1]
+    assert _sampler_weights(kit, model_id) == sorted(["keep", unnamed_name])
+    sampler = f"{kit.url}/api/v1/samplers/{published['sampling_session_id']}"
+    assert httpx.get(sampler, headers=kit.headers("dave"), timeout=60).status_code == 200
+
+    finished = post(kit, f"/api/v1/sessions/{sid}/finish", "dave", json={})
+    assert finished.status_code == 200, finished.text
+    assert httpx.get(sampler, headers=kit.headers("dave"), timeout=60).status_code == 404
+    assert _sampler_weights(kit, model_id) == ["keep"]

@@ -18,8 +18,9 @@ Invariants:
   (``/api/v1/sessions/{id}/finish``, what ``ServiceClient.close`` sends) or until no heartbeat or
   request names it for ``server.session_timeout_s``; then its live models are unloaded (their
   slots freed, queued operations first), the sampling sessions opened in it end, and the id
-  answers 404 like an unknown one.  Saved checkpoints (sampler weights too: a new sampling
-  client loads them) outlive it.
+  answers 404 like an unknown one.  Saved checkpoints (named sampler weights too: a new
+  sampling client loads them) outlive it; unnamed sampler weights go with the last sampling
+  session that samples them (:mod:`.sampling`).
 - What one key holds is bounded: ``server.max_sessions_per_key`` live sessions (one more is
   422), ``server.max_models_per_key`` models (likewise), ``server.max_sampling_sessions_per_key``
   sampling sessions (one more ends the key's least recently used).

@@ -10,6 +10,11 @@ Invariants:
 - A session belongs to the tenant that created it; its adapter is one of that tenant's
   checkpoints (checked through :meth:`ServerState.owned_checkpoint`).
 - Adapters are loaded lazily after a restart: a session on a saved sampler checkpoint loads it.
+- Sampling sessions are bounded: they end with the session they were opened in, and a key
+  holds at most ``server.max_sampling_sessions_per_key`` (one more ends its least recently
+  used).  Unnamed sampler weights (``save_weights_and_get_sampling_client``) are deleted from
+  disk once no live sampling session samples them, so they are bounded too; named ones stay
+  (the engine keeps every adapter it loaded in memory until the server stops).
 - A sample request is checked whole (:meth:`Sampling.prepare`: counts against the limits, token
   ids inside the vocabulary, prompt plus ``max_tokens`` inside the context, sampling values
   through :class:`~mizzen_rollout.api.SamplingParams`' ranges) before it is queued: the engine
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 import threading
 import uuid
 from collections import OrderedDict
@@ -42,6 +48,18 @@ class SamplingSession:
     adapter: str | None
 
 
+def _discard(directories: list[Path]) -> None:
+    """Remove each directory: renamed aside first (the path is gone at once, whole), then
+    deleted."""
+    for directory in directories:
+        aside = directory.with_name(f".discarded-{directory.name}-{uuid.uuid4().hex[:8]}")
+        try:
+            directory.rename(aside)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 class Sampling:
     def __init__(self, config, state: ServerState) -> None:
         self.config = config
@@ -51,6 +69,8 @@ class Sampling:
         self.recency: dict[str, OrderedDict[str, None]] = {}
         #: the live sessions (ServiceClients) a sampling session may be opened in
         self.parents: set[str] = set()
+        #: Tinker path -> directory of the unnamed sampler weights a session samples
+        self.unnamed: dict[str, Path] = {}
         self.loaded: set[str] = set()
         self._lock = threading.Lock()
         self.engine = None
@@ -80,8 +100,13 @@ class Sampling:
             self.client = SGLangClient(self.engine.url, timeout_s=300.0)
 
     def stop(self) -> None:
+        """Stop the engine; every sampling session ends with the server, so the unnamed sampler
+        weights they sampled go too."""
         if self.engine is not None:
             self.engine.stop()
+        with self._lock:
+            unused, self.unnamed = list(self.unnamed.values()), {}
+        _discard(unused)
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -112,13 +137,16 @@ class Sampling:
                     "it. Fix: open sampling clients from a live ServiceClient",
                 )  # fmt: skip
             recent = self.recency.setdefault(tenant, OrderedDict())
+            evicted = []
             while len(recent) >= self.config.server.max_sampling_sessions_per_key:
                 oldest, _ = recent.popitem(last=False)
-                self.sessions.pop(oldest, None)
+                evicted.append(self.sessions.pop(oldest))
             self.sessions[session_id] = SamplingSession(
                 tenant, parent, self.config.base_model_name, model_path, adapter
             )
             recent[session_id] = None
+            unused = self._unused_unnamed(evicted)
+        _discard(unused)
         return session_id
 
     def session_of(self, tenant: str, session_id: object) -> SamplingSession | None:
@@ -142,18 +170,39 @@ class Sampling:
         with self._lock:
             self.parents.discard(parent)
             ended = [sid for sid, s in self.sessions.items() if s.parent == parent]
+            sessions = []
             for session_id in ended:
                 session = self.sessions.pop(session_id)
+                sessions.append(session)
                 recent = self.recency[session.tenant]
                 recent.pop(session_id, None)
                 if not recent:
                     del self.recency[session.tenant]
+            unused = self._unused_unnamed(sessions)
+        _discard(unused)
         return len(ended)
 
+    def _unused_unnamed(self, ended: list[SamplingSession]) -> list[Path]:
+        """The directories of unnamed sampler weights no live session samples any more, now
+        forgotten (call under ``_lock``, after ``ended`` left ``sessions``)."""
+        paths = {s.model_path for s in ended if s.model_path in self.unnamed}
+        paths -= {s.model_path for s in self.sessions.values()}
+        return [self.unnamed.pop(path) for path in sorted(paths)]
+
     def publish(self, tenant: str, model_path: str, directory: Path, parent: str) -> str:
-        """Load a just-saved sampler adapter and open a session on it in session ``parent``
-        (from any thread)."""
-        return self.create_session(tenant, model_path, None, parent)
+        """Load just-saved unnamed sampler weights (``save_weights_and_get_sampling_client``)
+        and open a session on them in session ``parent`` (from any thread).  They live as long
+        as a session samples them: discarded when none does any more (also at once, when
+        ``parent`` has ended)."""
+        with self._lock:
+            self.unnamed[model_path] = directory
+        try:
+            return self.create_session(tenant, model_path, None, parent)
+        except BaseException:
+            with self._lock:
+                unused = [self.unnamed.pop(model_path)]
+            _discard(unused)
+            raise
 
     @staticmethod
     def _adapter_name(model_path: str) -> str:

@@ -360,7 +360,8 @@ class Scheduler:
                 else None
             )
         except WireError as exc:  # its session ended while this was queued
-            op.fail(f"the weights are saved at {path}, but no sampler was opened: {exc}", "user")
+            op.fail(f"no sampler was opened, and the unnamed sampler weights {path} were "
+                    f"discarded: {exc}", "user")  # fmt: skip
             return
         body = {"path": path, "type": "save_weights_for_sampler"}
         if sampling_session_id is not None:
