@@ -369,3 +369,28 @@ def test_unnamed_sampler_weights_live_as_long_as_a_session_samples_them(kit):
     assert finished.status_code == 200, finished.text
     assert httpx.get(sampler, headers=kit.headers("dave"), timeout=60).status_code == 404
     assert _sampler_weights(kit, model_id) == ["keep"]
+
+
+def test_concurrent_samplers_on_one_checkpoint_load_it_once(kit):
+    """Four sampling clients opened at once on a saved (not yet loaded) sampler checkpoint: one
+    engine load, four sessions (before: each asked the engine, which refused every load after
+    the first -- three 500s with tracebacks)."""
+    import concurrent.futures
+
+    logged = len(kit.log())
+    sid = session(kit, "carol")
+    model_id = create(kit, "carol", sid, 7).json()["model_id"]
+    saved = post(kit, "/api/v1/save_weights_for_sampler", "carol",
+                 json={"model_id": model_id, "seq_id": 1, "path": "shared"})  # fmt: skip
+    path = result(kit, "carol", saved.json()["request_id"])["path"]
+    body = {"session_id": sid, "sampling_session_seq_id": 0, "model_path": path}
+
+    def open_sampler(_):
+        return post(kit, "/api/v1/create_sampling_session", "carol", json=body)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        opened = list(pool.map(open_sampler, range(4)))
+    assert [r.status_code for r in opened] == [200] * 4, [r.text[:200] for r in opened]
+    assert len({r.json()["sampling_session_id"] for r in opened}) == 4
+    assert "Traceback" not in kit.log()[logged:]
+    result(kit, "carol", unload(kit, "carol", model_id).json()["request_id"])

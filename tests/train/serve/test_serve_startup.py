@@ -184,6 +184,33 @@ def test_models_json_round_trips_and_an_int_created_is_a_float(tmp_path):
     assert ServerState(tmp_path).models == {"m1": ModelRecord(**{**RECORD, "created": 2.0})}
 
 
+def test_a_checkpoint_discarded_while_listed_is_left_out_not_a_500(tmp_path, monkeypatch):
+    """Unnamed sampler weights are discarded from another thread when their last sampling
+    session ends; a listing that meets one half-gone lists the rest (it raised
+    FileNotFoundError: a 500 with a traceback, found by a hostile review)."""
+    from pathlib import Path
+
+    from mizzen_train.serve.sampling import _discard
+    from mizzen_train.serve.state import ServerState
+
+    state = ServerState(tmp_path)
+    for name in ("kept", "sampler-going"):
+        directory = state.checkpoint_dir("m1", "sampler_weights", name)
+        directory.mkdir(parents=True)
+        (directory / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    rglob = Path.rglob
+
+    def discarded_meanwhile(self, pattern, **kwargs):  # the discard lands after is_dir()
+        if self.name == "sampler-going":
+            _discard([self])
+        return rglob(self, pattern, **kwargs)
+
+    monkeypatch.setattr(Path, "rglob", discarded_meanwhile)
+    listed = state.list_checkpoints("m1")
+    assert [c["checkpoint_id"] for c in listed] == ["sampler_weights/kept"]
+    assert listed[0]["size_bytes"] == 10
+
+
 def config_with(tmp_path, server=None, tiny=None):
     keys = tmp_path / "keys"
     keys.write_text(KEY_LINE)

@@ -29,10 +29,12 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,8 @@ from mizzen_train.specs import MAX_LORA_SEED
 
 __all__ = ["build_app", "sweep_sessions"]
 
+#: threads that decode forward_backward bodies (each holds at most server.max_body_bytes)
+DECODE_THREADS = 4
 log = logging.getLogger("mizzen_train.serve")
 
 
@@ -58,6 +62,9 @@ class Service:
         self.sampling = sampling
         self.metrics = metrics
         self.sessions: dict[str, SessionRecord] = {}
+        #: decoding request bodies, apart from the default pool (where threads may wait minutes
+        #: on the engine's adapter loads): one tenant's loads never hold another's decoding
+        self.decode_pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="serve-decode")
 
 
 @dataclass
@@ -394,6 +401,12 @@ async def get_info(service, tenant, request):
 # -- handlers: training -----------------------------------------------------------------------
 
 
+async def _decoded(service: Service, function, *args, **kwargs):
+    """``function(*args, **kwargs)`` on the service's decoding threads."""
+    call = functools.partial(function, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(service.decode_pool, call)
+
+
 async def forward_backward(service, tenant, request):
     from mizzen_train.serve.batching import build_rows
 
@@ -402,8 +415,8 @@ async def forward_backward(service, tenant, request):
         raise WireError(415, f"forward_backward: send {PROTOBUF} (the SDK's encoding)")
     # decoding (zstd, protobuf, the SDK's types) and building the rows of a body of up to
     # server.max_body_bytes take their time: in a thread, so the event loop keeps answering
-    parsed, forward_only = await asyncio.to_thread(
-        decode_forward_backward, body,
+    parsed, forward_only = await _decoded(
+        service, decode_forward_backward, body,
         content_encoding=request.headers.get("content-encoding", ""),
         limit=service.config.server.max_body_bytes,
     )  # fmt: skip
@@ -417,8 +430,8 @@ async def forward_backward(service, tenant, request):
         )
     slot = _owned_model(service, tenant, parsed.model_id)
     scheduler = service.scheduler
-    rows = await asyncio.to_thread(
-        build_rows, fb.data, fb.loss_fn, fb.loss_fn_config, slot=slot,
+    rows = await _decoded(
+        service, build_rows, fb.data, fb.loss_fn, fb.loss_fn_config, slot=slot,
         vocab_size=scheduler.vocab_size, max_seq_len=scheduler.max_seq_len,
         seq_bucket=service.config.model.seq_bucket, forward_only=forward_only,
     )  # fmt: skip

@@ -72,6 +72,7 @@ class Sampling:
         #: Tinker path -> directory of the unnamed sampler weights a session samples
         self.unnamed: dict[str, Path] = {}
         self.loaded: set[str] = set()
+        self._loading: dict[str, threading.Lock] = {}  # adapter -> the lock of its load
         self._lock = threading.Lock()
         self.engine = None
         self.client = None
@@ -209,6 +210,14 @@ class Sampling:
         return "lora-" + hashlib.sha256(model_path.encode()).hexdigest()[:20]
 
     def _load_threadsafe(self, adapter: str, directory: Path) -> None:
+        """Load ``adapter`` on the engine once, however many threads ask at the same time
+        (each adapter's load under its own lock; the engine refuses a second load)."""
+        with self._lock:
+            loading = self._loading.setdefault(adapter, threading.Lock())
+        with loading:
+            self._load_once(adapter, directory)
+
+    def _load_once(self, adapter: str, directory: Path) -> None:
         if adapter in self.loaded:
             return
         assert self.loop is not None and self.client is not None
@@ -222,11 +231,6 @@ class Sampling:
             raise RuntimeError("_load_threadsafe called on the event loop")
         asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=300)
         self.loaded.add(adapter)
-
-    async def load(self, adapter: str, directory: Path) -> None:
-        if adapter not in self.loaded:
-            await self.client.load_lora_adapter(adapter, str(directory))
-            self.loaded.add(adapter)
 
     # -- sampling -------------------------------------------------------------------------------
 

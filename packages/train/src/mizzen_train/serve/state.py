@@ -211,11 +211,15 @@ class ServerState:
             for entry in sorted(base.iterdir()) if base.is_dir() else []:
                 if entry.name.startswith(".") or not entry.is_dir():
                     continue
-                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                try:
+                    size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                    modified = entry.stat().st_mtime
+                except FileNotFoundError:  # discarded while listed (unnamed sampler weights)
+                    continue
                 found.append({
                     "checkpoint_id": f"{kind}/{entry.name}",
                     "checkpoint_type": kind_type,
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.stat().st_mtime)),
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(modified)),
                     "tinker_path": f"tinker://{model_id}/{kind}/{entry.name}",
                     "size_bytes": size,
                 })  # fmt: skip
