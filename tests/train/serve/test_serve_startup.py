@@ -211,6 +211,30 @@ def test_a_checkpoint_discarded_while_listed_is_left_out_not_a_500(tmp_path, mon
     assert listed[0]["size_bytes"] == 10
 
 
+def test_a_restart_deletes_unnamed_sampler_weights_and_half_written_checkpoints(tmp_path):
+    """Unnamed sampler weights live only while a sampling session samples them, and sessions end
+    with the server however it ended (a SIGKILL included): the next start deletes them, with any
+    half-written or half-deleted directory; named checkpoints stay.  No client can take the
+    ``unnamed-`` names."""
+    from mizzen_train.serve.state import ServerState, check_name
+    from mizzen_train.serve.wire import WireError
+
+    first = ServerState(tmp_path)
+    kept = [first.checkpoint_dir("m1", "sampler_weights", "keep"),
+            first.checkpoint_dir("m1", "weights", "unnamed-is-a-weights-name-here")]  # fmt: skip
+    gone = [first.checkpoint_dir("m1", "sampler_weights", "unnamed-0123456789ab"),
+            first.checkpoint_dir("m1", "weights", ".tmp-step-1a2b3c4d"),
+            first.checkpoint_dir("m2", "sampler_weights", ".discarded-unnamed-x-5e6f")]  # fmt: skip
+    for directory in kept + gone:
+        directory.mkdir(parents=True)
+        (directory / "adapter_model.safetensors").write_bytes(b"x")
+    assert ServerState(tmp_path).swept == 3
+    assert [d.exists() for d in kept + gone] == [True, True, False, False, False]
+    assert check_name("keep", "path") == "keep"
+    with pytest.raises(WireError, match="the server's names of unnamed sampler weights"):
+        check_name("unnamed-mine", "path")
+
+
 def config_with(tmp_path, server=None, tiny=None):
     keys = tmp_path / "keys"
     keys.write_text(KEY_LINE)

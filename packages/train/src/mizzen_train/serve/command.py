@@ -115,6 +115,9 @@ def _open(config):
             state = ServerState(config.state_dir)
     except (KeyFileError, StateError) as exc:
         raise StartupError(str(exc)) from None
+    if state.swept:
+        _say(f"mizzen-train serve: deleted {state.swept} leftover(s) of the last server "
+             "(unnamed sampler weights, half-written checkpoints)", sys.stderr)  # fmt: skip
     try:
         fit_descriptor_limit(config.server.max_connections)
     except ValueError as exc:

@@ -36,7 +36,12 @@ import numpy as np
 
 from mizzen_train.serve.batching import TenantRows, join_rows, loss_sums
 from mizzen_train.serve.operations import Operation, OperationBook, internal_error
-from mizzen_train.serve.state import ModelRecord, ServerState, session_of_model
+from mizzen_train.serve.state import (
+    UNNAMED_PREFIX,
+    ModelRecord,
+    ServerState,
+    session_of_model,
+)
 from mizzen_train.serve.wire import PROTOBUF, WireError, encode_forward_backward_output
 
 __all__ = ["Scheduler"]
@@ -343,7 +348,7 @@ class Scheduler:
 
         op = group[0]
         name, session = op.payload
-        name = name or f"sampler-{uuid.uuid4().hex[:12]}"
+        name = name or f"{UNNAMED_PREFIX}{uuid.uuid4().hex[:12]}"
         slot = self.slot_of[op.model_id]
         directory = self.state.write_checkpoint(
             op.model_id, "sampler_weights", name,

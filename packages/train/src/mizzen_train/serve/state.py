@@ -17,7 +17,9 @@ Invariants:
   model must belong to the asking tenant (:meth:`ServerState.owned_checkpoint`), else it does not
   exist for that tenant.
 - A restart keeps every saved checkpoint and every model's owner; a model's live (unsaved)
-  weights live only in its slot and end with the process.
+  weights live only in its slot and end with the process, and so do unnamed sampler weights
+  (named ``unnamed-*``, a prefix no client may use) and half-written directories: deleted at
+  startup, however the last server ended.
 - ``models.json`` is read as untrusted input: a regular file of at most
   :data:`MAX_MODELS_BYTES`, a JSON object of records with exactly :class:`ModelRecord`'s fields
   and types, each under its own ``model_id``; anything else is a :class:`StateError` naming the
@@ -43,6 +45,7 @@ from mizzen_train.serve.wire import WireError
 
 __all__ = [
     "KINDS",
+    "UNNAMED_PREFIX",
     "ModelRecord",
     "ServerState",
     "StateError",
@@ -71,13 +74,24 @@ def session_of_model(model_id: str) -> str:
 _MODEL_OF_SESSION = ":train:"
 
 
+#: The names of unnamed sampler weights (``save_weights_and_get_sampling_client``): the
+#: server's, never a client's, so a restart can tell them apart and delete them.
+UNNAMED_PREFIX = "unnamed-"
+
+
 def check_name(value: object, field: str) -> str:
+    """A client's checkpoint name: ``NAME``, and not one of the server's unnamed ones."""
     if not isinstance(value, str) or not NAME.fullmatch(value):
         raise WireError(
             400,
             f"{field}: {str(value)[:80]!r} is not a checkpoint name. Fix: use 1-64 of "
             "[A-Za-z0-9._-], not starting with '.'; names, never paths",
         )
+    if value.startswith(UNNAMED_PREFIX):
+        raise WireError(
+            400, f"{field}: {value[:80]!r} starts with {UNNAMED_PREFIX!r}, the server's names of "
+            "unnamed sampler weights. Fix: choose another name",
+        )  # fmt: skip
     return value
 
 
@@ -149,6 +163,26 @@ class ServerState:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.models: dict[str, ModelRecord] = _read_models(root / "models.json")
+        self.swept = self._sweep()
+
+    def _sweep(self) -> int:
+        """Delete what no live server owns at startup: unnamed sampler weights (their sampling
+        sessions ended with the last server, however it ended) and half-written or half-deleted
+        checkpoint directories (``.tmp-*``, ``.discarded-*``); how many."""
+        leftovers = [
+            entry
+            for kind_dir in self.checkpoints.glob("*/*")
+            if kind_dir.is_dir() and not kind_dir.is_symlink()
+            for entry in kind_dir.iterdir()
+            if entry.name.startswith((".tmp-", ".discarded-"))
+            or (kind_dir.name == "sampler_weights" and entry.name.startswith(UNNAMED_PREFIX))
+        ]
+        for entry in leftovers:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        return len(leftovers)
 
     def add_model(self, record: ModelRecord) -> None:
         with self._lock:
