@@ -201,8 +201,8 @@ class Sampling:
             return self.create_session(tenant, model_path, None, parent)
         except BaseException:
             with self._lock:
-                unused = [self.unnamed.pop(model_path)]
-            _discard(unused)
+                self.unnamed.pop(model_path, None)  # stop() may have taken it already
+            _discard([directory])
             raise
 
     @staticmethod
